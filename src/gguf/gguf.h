@@ -1,0 +1,207 @@
+// GGUF reader and writer.
+//
+// ---- The GGUF format (versions 2 and 3; all integers little-endian) -------------------------
+//
+//   header:
+//     u32  magic            "GGUF" = bytes 47 47 55 46 (0x46554747 read as u32)
+//     u32  version          2 or 3 (version 1 used u32 counts and is not supported)
+//     u64  n_tensors
+//     u64  n_kv
+//   n_kv key/value pairs:
+//     string key            (u64 length, then that many bytes of UTF-8, no terminator)
+//     u32    value_type     0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool (1 byte, 0/1),
+//                           8 string, 9 array, 10 u64, 11 i64, 12 f64
+//     value                 the bytes of that type; an array is: u32 elem_type, u64 count,
+//                           count elements (nested arrays are legal in the format)
+//   n_tensors tensor infos:
+//     string name
+//     u32    n_dims         1..4
+//     u64    dims[n_dims]   fastest-varying first: a weight [n_in, n_out] is n_out rows of n_in
+//     u32    type           ggml type id (quant/types.h)
+//     u64    offset         of the tensor's data, relative to the start of the data section;
+//                           a multiple of the alignment
+//   padding to `alignment`  (key "general.alignment" (u32), default 32)
+//   data section            tensor data, each tensor at data_start + offset
+//
+// ---- Reader ---------------------------------------------------------------------------------
+// GgufFile::Open validates everything before any of it is used: magic, version, counts and
+// string lengths bounded by the file size, known value and tensor types, dimension products
+// without overflow, row sizes a multiple of the block size, offsets aligned and inside the file,
+// no two tensors overlapping, no duplicate keys or tensor names. Any defect returns a Corruption
+// (or NotSupported) Status naming the file, the field and its byte offset. Tensor data is
+// memory-mapped read-only, never copied.
+//
+// Thread safety: a GgufFile is immutable after Open; all const methods may be called
+// concurrently. GgufWriter is single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "quant/types.h"
+
+namespace estream {
+
+constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF"
+constexpr uint32_t kGgufDefaultAlignment = 32;
+constexpr int kGgufMaxDims = 4;
+
+enum class GgufType : uint32_t {
+  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+};
+const char* GgufTypeName(GgufType t);
+
+// One metadata value. Scalars are kept widened (integers in i/u, floats in f); arrays keep their
+// element type and hold scalars or strings (nested arrays are parsed into `array`).
+struct GgufValue {
+  GgufType type = GgufType::kU32;
+  uint64_t u = 0;       // kU8, kU16, kU32, kU64, kBool
+  int64_t i = 0;        // kI8, kI16, kI32, kI64
+  double f = 0;         // kF32, kF64
+  std::string str;      // kString
+  GgufType elem_type = GgufType::kU32;  // kArray
+  std::vector<GgufValue> array;         // kArray
+
+  static GgufValue U32(uint32_t v);
+  static GgufValue I32(int32_t v);
+  static GgufValue U64(uint64_t v);
+  static GgufValue F32(float v);
+  static GgufValue Bool(bool v);
+  static GgufValue String(std::string v);
+  static GgufValue Of(GgufType t);  // zero value of a scalar type
+  static GgufValue Array(GgufType elem, std::vector<GgufValue> elems);
+  static GgufValue StringArray(const std::vector<std::string>& v);
+  static GgufValue F32Array(const std::vector<float>& v);
+  static GgufValue I32Array(const std::vector<int32_t>& v);
+};
+
+struct GgufKv {
+  std::string key;
+  GgufValue value;
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  int n_dims = 0;
+  int64_t dims[kGgufMaxDims] = {1, 1, 1, 1};  // fastest first; unused dims are 1
+  QuantType type = QuantType::kF32;
+  uint64_t offset = 0;      // relative to the data section
+  uint64_t n_elements = 0;
+  uint64_t n_bytes = 0;
+
+  int64_t ne(int d) const { return d < n_dims ? dims[d] : 1; }
+  // "[2048, 1024, 64]"
+  std::string ShapeString() const;
+};
+
+struct GgufOpenOptions {
+  // Map the data section (default). When false, tensor data is read on demand with ReadTensor.
+  bool mmap = true;
+};
+
+class GgufFile {
+ public:
+  // Opens and validates `path`. Errors: IOError (cannot open/stat/map), Corruption (any
+  // structural defect, with field and byte offset), NotSupported (version, value or tensor type).
+  static Result<std::unique_ptr<GgufFile>> Open(const std::string& path, GgufOpenOptions options = {});
+  // Parses an in-memory image (fuzzing, tests). `data` must outlive the returned object.
+  // `name` is used in error messages.
+  static Result<std::unique_ptr<GgufFile>> FromMemory(const uint8_t* data, size_t size,
+                                                      const std::string& name = "<memory>");
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint32_t version() const { return version_; }
+  uint32_t alignment() const { return alignment_; }
+  uint64_t file_size() const { return file_size_; }
+  uint64_t data_offset() const { return data_offset_; }  // absolute offset of the data section
+
+  const std::vector<GgufKv>& kvs() const { return kvs_; }
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+
+  // nullptr when absent.
+  const GgufValue* Find(std::string_view key) const;
+  const GgufTensorInfo* FindTensor(std::string_view name) const;
+
+  // Typed getters: NotFound -> InvalidArgument-free design: they return a Corruption Status naming
+  // the file and key when the key is missing or has an incompatible type. Integer getters accept
+  // any integer type whose value fits.
+  Result<uint64_t> GetU64(std::string_view key) const;
+  Result<uint32_t> GetU32(std::string_view key) const;
+  Result<float> GetF32(std::string_view key) const;  // accepts f32/f64
+  Result<bool> GetBool(std::string_view key) const;
+  Result<std::string> GetString(std::string_view key) const;
+  // Defaults when absent (still an error if present with the wrong type).
+  Result<uint32_t> GetU32Or(std::string_view key, uint32_t fallback) const;
+  Result<float> GetF32Or(std::string_view key, float fallback) const;
+  Result<bool> GetBoolOr(std::string_view key, bool fallback) const;
+
+  // Pointer to a tensor's bytes (n_bytes long) in the mapping. nullptr if not mapped.
+  const uint8_t* TensorData(const GgufTensorInfo& t) const;
+  // Copies a tensor's bytes [offset_in_tensor, +size) into dst (pread or memcpy).
+  Status ReadTensor(const GgufTensorInfo& t, uint64_t offset_in_tensor, void* dst, uint64_t size) const;
+
+ private:
+  GgufFile() = default;
+  Status Parse(const uint8_t* data, size_t size);
+
+  std::string path_;
+  uint32_t version_ = 0;
+  uint32_t alignment_ = kGgufDefaultAlignment;
+  uint64_t file_size_ = 0;
+  uint64_t data_offset_ = 0;
+  std::vector<GgufKv> kvs_;
+  std::vector<GgufTensorInfo> tensors_;
+  // Index maps for Find/FindTensor (name -> position).
+  struct Index;
+  std::unique_ptr<Index> index_;
+  int fd_ = -1;
+  const uint8_t* map_ = nullptr;  // whole-file mapping (or the FromMemory buffer)
+  size_t map_size_ = 0;
+  bool owns_map_ = false;
+};
+
+// Streams a GGUF file to disk tensor by tensor, without holding tensor data in memory.
+// Usage: AddKv... AddTensor... (declares all tensors: name, type, dims) ; Begin(path) writes the
+// header; then WriteTensorData for each tensor in declaration order (in one or more chunks);
+// Finish() pads, fsyncs and renames the temporary file "<path>.tmp.<pid>" to `path`.
+// If Finish is not reached (error or destruction), the temporary file is removed: a failure
+// never leaves a partial file at `path`.
+class GgufWriter {
+ public:
+  explicit GgufWriter(uint32_t version = 3, uint32_t alignment = kGgufDefaultAlignment);
+  ~GgufWriter();
+
+  void AddKv(std::string key, GgufValue value);
+  // dims fastest first. Returns InvalidArgument for a duplicate name, bad dims or a row length
+  // that is not a multiple of the type's block size.
+  Status AddTensor(const std::string& name, QuantType type, const std::vector<int64_t>& dims);
+
+  Status Begin(const std::string& path);
+  // Appends bytes of the current tensor; a tensor is complete after n_bytes have been written,
+  // and the next call continues with the next declared tensor.
+  Status WriteTensorData(const void* data, size_t size);
+  Status Finish();
+
+  // Total size the file will have (valid after all AddKv/AddTensor calls).
+  uint64_t ExpectedFileSize() const;
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  uint32_t version_;
+  uint32_t alignment_;
+  std::vector<GgufKv> kvs_;
+  std::vector<GgufTensorInfo> tensors_;
+};
+
+}  // namespace estream

@@ -1,0 +1,67 @@
+// The kernel dispatch table: one set of function pointers per instruction-set level.
+//
+// Each ISA's kernels live in their own translation units (ref/, x86_avx2/, x86_avx512/,
+// arm_neon/) compiled with that ISA's flags; each provides `Fill<Isa>Gemm` / `Fill<Isa>Ops(KernelTable*)` that
+// overwrites the entries it implements. KernelsFor(isa) starts from the scalar table and applies
+// every level up to `isa`, so a level that lacks a kernel inherits the one below.
+// Thread safety: tables are built once (function-local statics) and immutable afterwards.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/cpu.h"
+#include "kernels/kernels.h"
+
+namespace estream::kernels {
+
+struct KernelTable {
+  Isa isa = Isa::kScalar;
+
+  // GEMM over Q8A activations; one entry per weight type and layout (nullptr: unsupported).
+  // Computes y rows [0, m) x columns [n_begin, n_end): the caller splits work across threads.
+  using GemmFn = void (*)(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end,
+                          float* y, int64_t ldy);
+  GemmFn gemm_q4_0 = nullptr;
+  GemmFn gemm_q8_0 = nullptr;
+  GemmFn gemm_q4_k = nullptr;
+  GemmFn gemm_q6_k = nullptr;
+  GemmFn gemm_q4_0_packed = nullptr;
+  GemmFn gemm_q8_0_packed = nullptr;
+  GemmFn gemm_q4_k_packed = nullptr;
+  GemmFn gemm_q6_k_packed = nullptr;
+  // Float weights (F32/F16/BF16) times float activations, same split convention.
+  using GemmFloatFn = void (*)(const WeightView& w, const float* x, int64_t ldx, int64_t m, int64_t n_begin,
+                               int64_t n_end, float* y, int64_t ldy);
+  GemmFloatFn gemm_f32 = nullptr;
+  GemmFloatFn gemm_f16 = nullptr;
+  GemmFloatFn gemm_bf16 = nullptr;
+
+  void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n) = nullptr;
+
+  // Attention for one (query head, block of query rows [t_begin, t_end)).
+  void (*attention_block)(const AttentionArgs& a, int head, int t_begin, int t_end) = nullptr;
+
+  void (*rms_norm_row)(const float* x, const float* w, float* y, int64_t n, float eps) = nullptr;
+  void (*rope_row)(float* x, int n_heads, int head_dim, int pos, float freq_base, RopeMode mode) = nullptr;
+  void (*swiglu)(const float* g, const float* u, float* h, int64_t n) = nullptr;
+  void (*softmax_topk)(const float* logits, int n_expert, int k, bool renormalize, int32_t* idx,
+                       float* w) = nullptr;
+  void (*add)(float* y, const float* x, int64_t n) = nullptr;
+};
+
+// The table for `isa` (clamped to HostIsa()).
+const KernelTable& KernelsFor(Isa isa);
+// The table for ActiveIsa().
+const KernelTable& Kernels();
+
+// Filled by each ISA's translation units: the GEMM family (gemm_*, quantize_q8a) and the
+// other ops (attention, norms, RoPE, SwiGLU, router, add).
+void FillScalarGemm(KernelTable* t);
+void FillScalarOps(KernelTable* t);
+void FillAvx2Gemm(KernelTable* t);
+void FillAvx2Ops(KernelTable* t);
+void FillAvx512Gemm(KernelTable* t);
+void FillAvx512Ops(KernelTable* t);
+
+}  // namespace estream::kernels

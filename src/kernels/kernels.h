@@ -1,0 +1,109 @@
+// The compute kernels of estream: quantised GEMM, causal attention for prefill, norms, RoPE,
+// SwiGLU, router softmax/top-k, residual add.
+//
+// Each function here dispatches through the table of ActiveIsa() (dispatch.h): AVX-512 VNNI,
+// AVX2 or the scalar reference, chosen once at start (ESTREAM_ISA forces a lower level).
+// Tests call KernelsFor(isa) directly to compare every path with the scalar reference.
+//
+// Threading: functions marked [parallel] open an OpenMP parallel region with the calling
+// thread's team size (omp_get_max_threads(), which an Engine sets per thread); call them from
+// outside a parallel region. Unmarked functions are single-threaded and re-entrant.
+// Shapes use one vocabulary: m = rows of X (tokens or routes), k = input features,
+// n = output features (rows of W). Leading dimensions (ld*) are in elements.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/types.h"
+
+namespace estream::kernels {
+
+// ---- quantised matrix multiply --------------------------------------------------------------
+
+enum class WeightLayout {
+  kGguf,    // rows exactly as in a GGUF tensor: n rows of RowBytes(type, k)
+  kPacked,  // the kernel-native layout written by RepackWeights (see PackedWeightBytes)
+};
+
+// A weight matrix W of n rows (output features) by k columns (input features).
+struct WeightView {
+  QuantType type = QuantType::kF32;
+  WeightLayout layout = WeightLayout::kGguf;
+  int64_t n = 0;               // rows
+  int64_t k = 0;               // columns
+  const void* data = nullptr;  // not owned
+};
+
+// True if GEMM supports weights of type t (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K).
+bool GemmSupports(QuantType t);
+// True if t has a kernel-native packed layout.
+bool CanRepack(QuantType t);
+// Bytes of the packed layout of an n x k matrix of type t.
+size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k);
+// Converts n GGUF rows at `src` into the packed layout at `dst` (PackedWeightBytes long).
+// Pure function of its input; the pack step and the engine's load call it.
+void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst);
+
+// Bytes of the quantised form of an m x k activation matrix (k a multiple of kQK8A).
+size_t ActivationBytes(int64_t m, int64_t k);
+// xq = Q8A(x), row by row (row r at xq + r * k / kQK8A). [parallel]
+void QuantizeActivations(const float* x, int64_t ldx, int64_t m, int64_t k, BlockQ8A* xq);
+
+// y[m x n] = Q8A activations x W^T, for quantised W (Q4_0, Q8_0, Q4_K, Q6_K). [parallel]
+void GemmQ8A(const WeightView& w, const BlockQ8A* xq, int64_t m, float* y, int64_t ldy);
+
+// y[m x n] = x[m x k] * W^T for any GemmSupports type: float types are multiplied in fp32,
+// quantised types quantise x to Q8A internally (per-thread scratch, grown once). [parallel]
+void MatMul(const WeightView& w, const float* x, int64_t ldx, int64_t m, float* y, int64_t ldy);
+
+// ---- attention ------------------------------------------------------------------------------
+
+// Causal grouped-query attention over one prompt of n_tokens at positions 0..n_tokens-1.
+// Head h of token t lives at q + t * ldq + h * head_dim (k, v likewise with n_head_kv heads);
+// query head h uses kv head h / (n_head / n_head_kv). out[t * ldo + h * head_dim ..] receives
+// softmax(scale * q k^T, causal) v. Never materialises an n_tokens x n_tokens matrix. [parallel]
+struct AttentionArgs {
+  int n_tokens = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  float scale = 1.0f;
+  const float* q = nullptr;
+  int64_t ldq = 0;
+  const float* k = nullptr;
+  int64_t ldk = 0;
+  const float* v = nullptr;
+  int64_t ldv = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;
+};
+void AttentionPrefill(const AttentionArgs& args);
+
+// ---- element-wise and row kernels -----------------------------------------------------------
+
+// y = x / sqrt(mean(x^2) + eps) * w, for each of `rows` rows of n. y may alias x. [parallel]
+void RmsNorm(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t rows, int64_t n,
+             float eps);
+
+enum class RopeMode {
+  kNorm,  // rotates adjacent pairs (2i, 2i+1)            (llama / Mixtral)
+  kNeox,  // rotates (i, i + head_dim/2)                   (OLMoE, Qwen3-MoE)
+};
+// Rotates, in place, n_heads heads of head_dim for each of n_tokens rows (row t at x + t * ldx),
+// token t at position pos0 + t, theta_i = pos * freq_base^(-2i/head_dim). [parallel]
+void Rope(float* x, int64_t ldx, int n_tokens, int n_heads, int head_dim, int pos0, float freq_base,
+          RopeMode mode);
+
+// h = silu(g) * u, n values. h may alias g or u.
+void SwiGlu(const float* g, const float* u, float* h, int64_t n);
+
+// Router: p = softmax(logits[0..n_expert)); picks the top `k` (ties: lower index first), in
+// descending order of p, into idx[0..k) and their weights into w[0..k); with `renormalize` the
+// k weights are divided by their sum.
+void SoftmaxTopK(const float* logits, int n_expert, int k, bool renormalize, int32_t* idx, float* w);
+
+// y += x, n values.
+void Add(float* y, const float* x, int64_t n);
+
+}  // namespace estream::kernels

@@ -1,0 +1,1 @@
+// Placeholder until the engine lands; remove when src/model has real sources.

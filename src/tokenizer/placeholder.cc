@@ -1,0 +1,1 @@
+// Placeholder until the tokenizer lands; remove when src/tokenizer has real sources.

@@ -1,0 +1,73 @@
+#include <cstdio>
+#include <cstdlib>
+
+#include "base/cpu.h"
+#include "tools/estream/command.h"
+
+namespace estream::cli {
+
+std::vector<CommandFactory>& CommandRegistry() {
+  static std::vector<CommandFactory> registry;
+  return registry;
+}
+
+int ReportError(const char* command, const Status& status) {
+  std::fprintf(stderr, "estream %s: error: %s\n", command, status.message().c_str());
+  return 1;
+}
+
+Result<uint64_t> ParseSize(const std::string& text) {
+  if (text.empty()) return Status::InvalidArgument("empty size; give bytes or a number with K, M, G or T");
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || v < 0)
+    return Status::InvalidArgument("bad size '" + text + "'; give bytes or a number with K, M, G or T (e.g. 4G)");
+  double mult = 1;
+  std::string suffix(end);
+  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
+  if (suffix == "" ) mult = 1;
+  else if (suffix == "K" || suffix == "k" || suffix == "Ki") mult = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "Mi") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "Gi") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "T" || suffix == "t" || suffix == "Ti") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return Status::InvalidArgument("bad size suffix in '" + text + "'; use K, M, G or T (e.g. 4G)");
+  return static_cast<uint64_t>(v * mult);
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) { v /= 1024; ++u; }
+  char buf[64];
+  if (u == 0) std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
+  else std::snprintf(buf, sizeof(buf), "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace estream::cli
+
+int main(int argc, char** argv) {
+  using namespace estream::cli;
+  CLI::App app{"estream: fast, memory-bounded prefill for mixture-of-experts models (GGUF)\n"
+               "Run 'estream <command> --help' for the options of a command."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("estream 0.1.0 (kernels: ") +
+                                        estream::IsaName(estream::ActiveIsa()) + ")");
+  std::vector<std::unique_ptr<Command>> commands;
+  std::vector<CLI::App*> subs;
+  for (CommandFactory f : CommandRegistry()) {
+    commands.push_back(f());
+    CLI::App* sub = app.add_subcommand(commands.back()->name(), commands.back()->help());
+    commands.back()->Setup(sub);
+    subs.push_back(sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (size_t i = 0; i < commands.size(); ++i)
+    if (subs[i]->parsed()) return commands[i]->Run();
+  return 1;
+}
