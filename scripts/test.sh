@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds estream and runs the whole test suite, as CI does:
+#   1. Release build, every ctest test (kernels compare each ISA path with the scalar reference);
+#   2. the whole-model tests again with the kernels forced to avx2 and to scalar (ESTREAM_ISA);
+#   3. the GGUF parser suites under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   4. the concurrency tests under ThreadSanitizer (where present);
+#   5. the GGUF fuzz target for FUZZ_SECONDS (default 60) on its seed corpus.
+# Set QUICK=1 to run step 1 only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+export CTEST_OUTPUT_ON_FAILURE=1
+
+step() { echo; echo "==== $* ===="; }
+
+step "release build"
+BUILD_DIR=build scripts/build.sh
+step "tests (release, native ISA)"
+ctest --test-dir build -j "$JOBS" --timeout 600
+
+[ "${QUICK:-0}" = 1 ] && exit 0
+
+for isa in avx2 scalar; do
+  if ctest --test-dir build -N -L model | grep -q "Total Tests: [1-9]"; then
+    step "whole-model tests with ESTREAM_ISA=$isa"
+    ESTREAM_ISA=$isa ctest --test-dir build -j "$JOBS" -L model --timeout 600
+  fi
+done
+
+step "GGUF parser under ASan + UBSan"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DESTREAM_SANITIZE=address,undefined \
+  -DESTREAM_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j "$JOBS" --target estream_tests_sanitize
+ctest --test-dir build-asan -j "$JOBS" -L sanitize --timeout 600
+
+if ctest --test-dir build -N -L tsan | grep -q "Total Tests: [1-9]"; then
+  step "concurrency tests under ThreadSanitizer"
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DESTREAM_SANITIZE=thread \
+    -DESTREAM_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-tsan -j "$JOBS" --target estream_tests_tsan
+  ctest --test-dir build-tsan -j "$JOBS" -L tsan --timeout 600
+fi
+
+if [ -x scripts/ci_fuzz.sh ]; then
+  step "GGUF fuzzing (${FUZZ_SECONDS:-60} s)"
+  scripts/ci_fuzz.sh "${FUZZ_SECONDS:-60}"
+fi
+echo
+echo "all test stages passed"
