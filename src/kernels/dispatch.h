@@ -39,11 +39,15 @@ struct KernelTable {
 
   void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n) = nullptr;
 
-  // Attention for one (query head, block of query rows [t_begin, t_end)).
+  // Attention for one (query head, block of query rows [t_begin, t_end)); any block size works,
+  // AttentionPrefill passes blocks of attention_rows rows (the size the fast path is tiled for).
   void (*attention_block)(const AttentionArgs& a, int head, int t_begin, int t_end) = nullptr;
+  int attention_rows = 64;
 
   void (*rms_norm_row)(const float* x, const float* w, float* y, int64_t n, float eps) = nullptr;
-  void (*rope_row)(float* x, int n_heads, int head_dim, int pos, float freq_base, RopeMode mode) = nullptr;
+  // Rotates n_heads heads of one token at position `pos`; pair p (of head_dim / 2) turns by
+  // theta_p = pos * inv_freq[p], with inv_freq[p] = freq_base^(-2p/head_dim) computed by Rope().
+  void (*rope_row)(float* x, int n_heads, int head_dim, int pos, const double* inv_freq, RopeMode mode) = nullptr;
   void (*swiglu)(const float* g, const float* u, float* h, int64_t n) = nullptr;
   void (*softmax_topk)(const float* logits, int n_expert, int k, bool renormalize, int32_t* idx,
                        float* w) = nullptr;

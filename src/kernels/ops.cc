@@ -1,0 +1,80 @@
+// Public wrappers of the non-GEMM kernels (kernels.h): argument checks, OpenMP work split, and
+// dispatch through Kernels(). The per-ISA work lives in ref/ops_ref.cc, x86_avx2/ops_avx2.cc,
+// x86_avx512/ops_avx512.cc.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+
+namespace estream::kernels {
+namespace {
+
+// Below this many elements a row kernel runs on the calling thread: a parallel region costs a
+// few microseconds, more than normalising a handful of rows.
+constexpr int64_t kMinParallelElements = 1 << 15;
+
+}  // namespace
+
+void AttentionPrefill(const AttentionArgs& a) {
+  ESTREAM_CHECK(a.n_tokens >= 0 && a.n_head > 0 && a.n_head_kv > 0 && a.head_dim > 0, "AttentionPrefill: bad shape");
+  ESTREAM_CHECK(a.n_head % a.n_head_kv == 0, "AttentionPrefill: n_head must be a multiple of n_head_kv");
+  if (a.n_tokens == 0) return;
+  const KernelTable& kt = Kernels();
+  const int rows = kt.attention_rows;
+  const int n_blocks = (a.n_tokens + rows - 1) / rows;
+  // Work items are (query block, head). Causal: block b costs about b + 1 key blocks, so the items
+  // are handed out most expensive first (block descending) and dynamically; the last items are the
+  // cheapest, which keeps the threads' finishing times within about one small item of each other.
+  // Heads of one GQA group are adjacent, so concurrent items tend to share K/V in cache.
+  const int64_t n_items = static_cast<int64_t>(n_blocks) * a.n_head;
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_items));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t item = 0; item < n_items; ++item) {
+    const int block = n_blocks - 1 - static_cast<int>(item / a.n_head);
+    const int head = static_cast<int>(item % a.n_head);
+    const int t_begin = block * rows;
+    const int t_end = std::min(a.n_tokens, t_begin + rows);
+    kt.attention_block(a, head, t_begin, t_end);
+  }
+}
+
+void RmsNorm(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t rows, int64_t n,
+             float eps) {
+  const auto fn = Kernels().rms_norm_row;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= kMinParallelElements)
+  for (int64_t r = 0; r < rows; ++r) fn(x + r * ldx, w, y + r * ldy, n, eps);
+}
+
+void Rope(float* x, int64_t ldx, int n_tokens, int n_heads, int head_dim, int pos0, float freq_base,
+          RopeMode mode) {
+  ESTREAM_CHECK(head_dim % 2 == 0, "Rope: head_dim must be even");
+  // inv_freq[p] = freq_base^(-2p/head_dim), in fp64 (not by repeated float multiplication as ggml
+  // does), so that pos * inv_freq stays accurate to ~1e-16 relative at positions in the thousands.
+  const int half = head_dim / 2;
+  thread_local std::vector<double> inv_freq;
+  inv_freq.resize(static_cast<size_t>(half));
+  for (int p = 0; p < half; ++p)
+    inv_freq[p] = std::pow(static_cast<double>(freq_base), -2.0 * p / static_cast<double>(head_dim));
+  const double* freq = inv_freq.data();
+  const auto fn = Kernels().rope_row;
+#pragma omp parallel for schedule(static) \
+    if (n_tokens > 1 && static_cast<int64_t>(n_tokens) * n_heads * head_dim >= kMinParallelElements)
+  for (int t = 0; t < n_tokens; ++t) fn(x + t * ldx, n_heads, head_dim, pos0 + t, freq, mode);
+}
+
+void SwiGlu(const float* g, const float* u, float* h, int64_t n) { Kernels().swiglu(g, u, h, n); }
+
+void SoftmaxTopK(const float* logits, int n_expert, int k, bool renormalize, int32_t* idx, float* w) {
+  ESTREAM_CHECK(k >= 1 && k <= n_expert, "SoftmaxTopK: need 1 <= k <= n_expert");
+  Kernels().softmax_topk(logits, n_expert, k, renormalize, idx, w);
+}
+
+void Add(float* y, const float* x, int64_t n) { Kernels().add(y, x, n); }
+
+}  // namespace estream::kernels

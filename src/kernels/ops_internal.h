@@ -1,0 +1,15 @@
+// Helpers shared by the ops kernels of every ISA (attention, norms, RoPE, router); internal to
+// src/kernels. Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+
+namespace estream::kernels {
+
+// Indices of the k largest logits, in descending order; ties keep the lower index first, NaN
+// logits are never picked ahead of a number. Selecting on logits equals selecting on softmax
+// probabilities (softmax is monotone) but is exact, so every ISA picks the same experts.
+// REQUIRES: 1 <= k <= n_expert.
+void SelectTopK(const float* logits, int n_expert, int k, int32_t* idx);
+
+}  // namespace estream::kernels
