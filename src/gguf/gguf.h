@@ -47,6 +47,10 @@
 
 namespace estream {
 
+namespace gguf_internal {
+class Cursor;  // gguf_reader.cc: bounded reads from memory or with pread
+}  // namespace gguf_internal
+
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF"
 constexpr uint32_t kGgufDefaultAlignment = 32;
 constexpr int kGgufMaxDims = 4;
@@ -151,7 +155,7 @@ class GgufFile {
 
  private:
   GgufFile() = default;
-  Status Parse(const uint8_t* data, size_t size);
+  Status Parse(gguf_internal::Cursor& cur);
 
   std::string path_;
   uint32_t version_ = 0;
