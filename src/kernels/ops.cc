@@ -11,6 +11,7 @@
 #include "base/check.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "kernels/ops_internal.h"
 
 namespace estream::kernels {
 namespace {
@@ -21,11 +22,12 @@ constexpr int64_t kMinParallelElements = 1 << 15;
 
 }  // namespace
 
-void AttentionPrefill(const AttentionArgs& a) {
+void AttentionPrefill(const AttentionArgs& a) { AttentionPrefillWith(Kernels(), a); }
+
+void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   ESTREAM_CHECK(a.n_tokens >= 0 && a.n_head > 0 && a.n_head_kv > 0 && a.head_dim > 0, "AttentionPrefill: bad shape");
   ESTREAM_CHECK(a.n_head % a.n_head_kv == 0, "AttentionPrefill: n_head must be a multiple of n_head_kv");
   if (a.n_tokens == 0) return;
-  const KernelTable& kt = Kernels();
   const int rows = kt.attention_rows;
   const int n_blocks = (a.n_tokens + rows - 1) / rows;
   // Work items are (query block, head). Causal: block b costs about b + 1 key blocks, so the items

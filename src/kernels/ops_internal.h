@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernels.h"
+
 namespace estream::kernels {
 
 // Indices of the k largest logits, in descending order; ties keep the lower index first, NaN
@@ -11,5 +13,10 @@ namespace estream::kernels {
 // probabilities (softmax is monotone) but is exact, so every ISA picks the same experts.
 // REQUIRES: 1 <= k <= n_expert.
 void SelectTopK(const float* logits, int n_expert, int k, int32_t* idx);
+
+struct KernelTable;
+// AttentionPrefill through an explicit table (AttentionPrefill uses Kernels()); tests run every
+// ISA's kernel through the same multithreaded work split. [parallel]
+void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a);
 
 }  // namespace estream::kernels

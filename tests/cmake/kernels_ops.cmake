@@ -1,0 +1,4 @@
+# Non-GEMM kernels (attention, RMSNorm, RoPE, SwiGLU, router softmax/top-k, add): every ISA path
+# against the scalar reference, the reference against fp64.
+estream_add_test(kernels_ops_test SOURCES ${CMAKE_SOURCE_DIR}/tests/kernels_ops_test.cc
+  LIBS estream_kernels estream_base LABELS kernels)

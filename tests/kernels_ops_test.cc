@@ -1,0 +1,549 @@
+// Tests of the non-GEMM kernels: causal attention, RMSNorm, RoPE, SwiGLU, router softmax + top-k,
+// residual add.
+//
+// Every vectorised path (KernelsFor(kAvx2 / kAvx512), where the host has it) is compared with the
+// scalar reference on fresh random inputs of awkward sizes, outputs poisoned with NaN first; the
+// scalar references are compared with independent fp64 naive code. Tolerances are derived in the
+// comments from the length of each reduction; u = 2^-24 is the fp32 unit roundoff and
+// gamma(n) = n u / (1 - n u) bounds the relative error of an n-term fp32 sum of same-sign terms
+// (Higham, Accuracy and Stability of Numerical Algorithms, ch. 3).
+//
+// The seed is fresh per run and printed on failure; ESTREAM_TEST_SEED=<n> replays a run.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/cpu.h"
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+#include "kernels/ops_internal.h"
+
+namespace estream::kernels {
+namespace {
+
+constexpr double kU = 0x1p-24;  // fp32 unit roundoff
+double Gamma(double n) { return n * kU / (1.0 - n * kU); }
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<Isa> IsasToTest() {
+  std::vector<Isa> isas = {Isa::kScalar};
+  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
+  if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+  return isas;
+}
+
+uint32_t TestSeed() {
+  if (const char* s = std::getenv("ESTREAM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
+  static const uint32_t seed = std::random_device{}();
+  return seed;
+}
+
+class Rng {
+ public:
+  explicit Rng(uint32_t salt) : gen_(TestSeed() ^ (salt * 0x9E3779B9u)) {}
+  float Uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
+  int Int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen_); }
+  void Fill(std::vector<float>& v, float lo, float hi) {
+    for (float& x : v) x = Uniform(lo, hi);
+  }
+
+ private:
+  std::mt19937 gen_;
+};
+
+#define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))
+
+// ---- attention ------------------------------------------------------------------------------
+
+struct AttnShape {
+  int n_tokens, n_head, n_head_kv, head_dim;
+};
+
+std::string Name(const AttnShape& s) {
+  return "T=" + std::to_string(s.n_tokens) + " heads=" + std::to_string(s.n_head) + "/" +
+         std::to_string(s.n_head_kv) + " d=" + std::to_string(s.head_dim);
+}
+
+// Q, K, V, out of one attention problem. Rows are padded (ld > width) so that strides are
+// exercised and writes outside a head are caught: the padding is NaN and must stay NaN.
+struct AttnProblem {
+  AttnShape s;
+  int64_t ldq, ldk, ldv, ldo;
+  std::vector<float> q, k, v;
+  float scale;
+
+  AttnProblem(const AttnShape& shape, uint32_t salt, float amplitude = 2.0f) : s(shape) {
+    Rng rng(salt);
+    ldq = static_cast<int64_t>(s.n_head) * s.head_dim + 3;
+    ldk = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 5;
+    ldv = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 1;
+    ldo = static_cast<int64_t>(s.n_head) * s.head_dim + 7;
+    q.resize(s.n_tokens * ldq);
+    k.resize(s.n_tokens * ldk);
+    v.resize(s.n_tokens * ldv);
+    // Amplitude 2 gives score standard deviations around 1.3: softmax rows are neither flat nor
+    // one-hot, so a wrong key or a wrong mask shows far above the tolerance.
+    rng.Fill(q, -amplitude, amplitude);
+    rng.Fill(k, -amplitude, amplitude);
+    rng.Fill(v, -1.0f, 1.0f);
+    scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  }
+  AttentionArgs Args(float* out) const {
+    return AttentionArgs{.n_tokens = s.n_tokens, .n_head = s.n_head, .n_head_kv = s.n_head_kv,
+                         .head_dim = s.head_dim, .scale = scale, .q = q.data(), .ldq = ldq, .k = k.data(),
+                         .ldk = ldk, .v = v.data(), .ldv = ldv, .out = out, .ldo = ldo};
+  }
+  std::vector<float> PoisonedOut() const { return std::vector<float>(s.n_tokens * ldo, kNaN); }
+  const float* Q(int t, int h) const { return q.data() + t * ldq + h * s.head_dim; }
+  const float* K(int t, int h) const { return k.data() + t * ldk + h * s.head_dim; }
+  const float* V(int t, int h) const { return v.data() + t * ldv + h * s.head_dim; }
+  int KvHead(int h) const { return h / (s.n_head / s.n_head_kv); }
+};
+
+// Independent fp64 attention for query row t of head h (materialises the row of scores).
+std::vector<double> NaiveAttentionRow(const AttnProblem& p, int h, int t) {
+  const int d = p.s.head_dim;
+  const int kvh = p.KvHead(h);
+  std::vector<double> s(t + 1);
+  double m = -INFINITY;
+  for (int j = 0; j <= t; ++j) {
+    double dot = 0;
+    for (int i = 0; i < d; ++i) dot += static_cast<double>(p.Q(t, h)[i]) * p.K(j, kvh)[i];
+    s[j] = dot * static_cast<double>(p.scale);
+    m = std::max(m, s[j]);
+  }
+  std::vector<double> o(d, 0.0);
+  double l = 0;
+  for (int j = 0; j <= t; ++j) {
+    const double w = std::exp(s[j] - m);
+    l += w;
+    for (int i = 0; i < d; ++i) o[i] += w * p.V(j, kvh)[i];
+  }
+  for (double& x : o) x /= l;
+  return o;
+}
+
+// Checks rows [t_begin, t_end) of `out` against `expected(h, t)` with a per-row tolerance, and
+// that the row padding beyond n_head * head_dim is still NaN. Stops after a few reported errors.
+template <typename Expected, typename Tol>
+void CheckAttentionRows(const AttnProblem& p, const std::vector<float>& out, int t_begin, int t_end,
+                        Expected expected, Tol tol, const std::string& what) {
+  int errors = 0;
+  for (int t = t_begin; t < t_end && errors < 5; ++t) {
+    for (int h = 0; h < p.s.n_head && errors < 5; ++h) {
+      const std::vector<double> e = expected(h, t);
+      const double tl = tol(h, t);
+      const float* o = out.data() + t * p.ldo + h * p.s.head_dim;
+      for (int i = 0; i < p.s.head_dim; ++i) {
+        if (!(std::fabs(o[i] - e[i]) <= tl)) {
+          ADD_FAILURE() << what << " " << Name(p.s) << ": t=" << t << " head=" << h << " i=" << i << " got "
+                        << o[i] << " want " << e[i] << " tol " << tl;
+          if (++errors >= 5) break;
+        }
+      }
+    }
+    for (int64_t i = static_cast<int64_t>(p.s.n_head) * p.s.head_dim; i < p.ldo; ++i)
+      if (!std::isnan(out[t * p.ldo + i])) {
+        ADD_FAILURE() << what << " " << Name(p.s) << ": wrote row padding at t=" << t;
+        ++errors;
+        break;
+      }
+  }
+}
+
+// Reference outputs (scalar table) for rows [t_begin, t_end), as doubles per (h, t).
+std::vector<float> ReferenceAttention(const AttnProblem& p, int t_begin, int t_end) {
+  std::vector<float> out = p.PoisonedOut();
+  const AttentionArgs a = p.Args(out.data());
+  for (int h = 0; h < p.s.n_head; ++h) KernelsFor(Isa::kScalar).attention_block(a, h, t_begin, t_end);
+  return out;
+}
+
+// Tolerance of an fp32 attention path against the exact result, for query row t of head h:
+//  - a score s = scale q.k computed in fp32 (fused multiply-adds over head_dim terms, then the
+//    scale and the log2(e) conversion) has |ds| <= gamma(head_dim + 3) scale |q| max_j |k_j|
+//    (Cauchy-Schwarz bounds sum |q_i k_i| by |q| |k|);
+//  - softmax weights then change by a factor within exp(+-2 ds) (numerator and running max both
+//    shift), plus the exp approximation's relative error (<= 4u in our kernels, 8u allowed);
+//  - sum_j p_j v_j and sum_j p_j are fp32 sums of at most t + 1 terms: relative gamma(t + 1) each,
+//    measured against sum_j p_j |v_j| <= max|v| sum_j p_j;
+//  - the final division and store: 2u.
+// So |o - exact| <= max|v| (2 (2 ds + 8u) + 2 gamma(t + 1) + 2u).
+double FastAttentionTol(const AttnProblem& p, int h, int t) {
+  const int d = p.s.head_dim;
+  auto norm = [d](const float* x) {
+    double s = 0;
+    for (int i = 0; i < d; ++i) s += static_cast<double>(x[i]) * x[i];
+    return std::sqrt(s);
+  };
+  double kmax = 0, vmax = 0;
+  for (int j = 0; j <= t; ++j) {
+    kmax = std::max(kmax, norm(p.K(j, p.KvHead(h))));
+    for (int i = 0; i < d; ++i) vmax = std::max(vmax, std::fabs(static_cast<double>(p.V(j, p.KvHead(h))[i])));
+  }
+  const double ds = Gamma(d + 3) * p.scale * norm(p.Q(t, h)) * kmax;
+  return vmax * (2 * (2 * ds + 8 * kU) + 2 * Gamma(t + 1) + 2 * kU);
+}
+
+std::vector<double> RowOf(const AttnProblem& p, const std::vector<float>& out, int h, int t) {
+  const float* o = out.data() + t * p.ldo + h * p.s.head_dim;
+  return std::vector<double>(o, o + p.s.head_dim);
+}
+
+// The scalar reference accumulates in fp64 and rounds once: it must match naive fp64 attention
+// to the rounding of the output (u |o| <= u max|v|) plus fp64 noise; 2u max|v| with max|v| <= 1.
+TEST(AttentionRef, MatchesNaiveFp64) {
+  SEED_TRACE();
+  const AttnShape shapes[] = {{1, 4, 4, 64},   {2, 8, 2, 128},  {3, 4, 4, 32},  {7, 8, 2, 64},
+                              {31, 32, 4, 128}, {64, 4, 1, 48}, {65, 6, 3, 40}, {127, 2, 2, 72},
+                              {513, 2, 1, 64}};
+  uint32_t salt = 1;
+  for (const AttnShape& s : shapes) {
+    const AttnProblem p(s, salt++);
+    // Uneven blocks (37 rows) exercise arbitrary [t_begin, t_end) splits.
+    std::vector<float> out = p.PoisonedOut();
+    const AttentionArgs a = p.Args(out.data());
+    for (int h = 0; h < s.n_head; ++h)
+      for (int t0 = 0; t0 < s.n_tokens; t0 += 37)
+        KernelsFor(Isa::kScalar).attention_block(a, h, t0, std::min(s.n_tokens, t0 + 37));
+    CheckAttentionRows(
+        p, out, 0, s.n_tokens, [&](int h, int t) { return NaiveAttentionRow(p, h, t); },
+        [](int, int) { return 2 * kU; }, "scalar vs fp64");
+  }
+}
+
+TEST(Attention, EveryIsaMatchesReference) {
+  SEED_TRACE();
+  std::vector<AttnShape> shapes;
+  for (int t : {1, 2, 3, 7, 31, 64, 65, 127, 513}) {
+    shapes.push_back({t, 4, 4, 64});
+    shapes.push_back({t, 8, 2, 128});
+    if (t <= 127) shapes.push_back({t, 32, 4, 128});
+  }
+  // Head sizes of tiny models and other multiples of 8 or 16.
+  for (int d : {32, 40, 48, 80, 96}) shapes.push_back({67, 4, 2, d});
+  uint32_t salt = 100;
+  for (const AttnShape& s : shapes) {
+    const AttnProblem p(s, salt++);
+    const std::vector<float> ref = ReferenceAttention(p, 0, s.n_tokens);
+    for (Isa isa : IsasToTest()) {
+      SCOPED_TRACE(IsaName(isa));
+      const KernelTable& kt = KernelsFor(isa);
+      // Through the public work split on 2 threads.
+      std::vector<float> out = p.PoisonedOut();
+      omp_set_num_threads(2);
+      AttentionPrefillWith(kt, p.Args(out.data()));
+      CheckAttentionRows(
+          p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
+          [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; }, IsaName(isa));
+      // And with uneven blocks of 29 rows (the table entry accepts any block).
+      out = p.PoisonedOut();
+      const AttentionArgs a = p.Args(out.data());
+      for (int h = 0; h < s.n_head; ++h)
+        for (int t0 = 0; t0 < s.n_tokens; t0 += 29) kt.attention_block(a, h, t0, std::min(s.n_tokens, t0 + 29));
+      CheckAttentionRows(
+          p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
+          [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; },
+          std::string(IsaName(isa)) + " blocks of 29");
+    }
+  }
+}
+
+// Long prompts on a few heads; only the last rows (the most keys) and one early block are checked
+// against the reference, to keep the test fast. The reference itself is checked against fp64 on
+// two of those rows.
+TEST(Attention, LongPrompts) {
+  SEED_TRACE();
+  const AttnShape shapes[] = {{4096, 2, 1, 128}, {8192, 1, 1, 64}};
+  uint32_t salt = 500;
+  for (const AttnShape& s : shapes) {
+    const AttnProblem p(s, salt++);
+    const int tail = s.n_tokens - 67;
+    const std::vector<float> ref_tail = ReferenceAttention(p, tail, s.n_tokens);
+    const std::vector<float> ref_head = ReferenceAttention(p, 100, 140);
+    CheckAttentionRows(
+        p, ref_tail, s.n_tokens - 2, s.n_tokens, [&](int h, int t) { return NaiveAttentionRow(p, h, t); },
+        [](int, int) { return 2 * kU; }, "scalar vs fp64");
+    for (Isa isa : IsasToTest()) {
+      if (isa == Isa::kScalar) continue;
+      SCOPED_TRACE(IsaName(isa));
+      std::vector<float> out = p.PoisonedOut();
+      omp_set_num_threads(2);
+      AttentionPrefillWith(KernelsFor(isa), p.Args(out.data()));
+      auto tol = [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; };
+      CheckAttentionRows(
+          p, out, tail, s.n_tokens, [&](int h, int t) { return RowOf(p, ref_tail, h, t); }, tol, IsaName(isa));
+      CheckAttentionRows(
+          p, out, 100, 140, [&](int h, int t) { return RowOf(p, ref_head, h, t); }, tol, IsaName(isa));
+    }
+  }
+}
+
+// ---- RMSNorm --------------------------------------------------------------------------------
+
+const int kRowSizes[] = {1, 2, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 2048, 4099};
+
+TEST(RmsNorm, RefMatchesFp64) {
+  SEED_TRACE();
+  Rng rng(7);
+  for (int n : kRowSizes) {
+    std::vector<float> x(n), w(n), y(n, kNaN);
+    rng.Fill(x, -2, 2);
+    rng.Fill(w, 0.5f, 1.5f);
+    KernelsFor(Isa::kScalar).rms_norm_row(x.data(), w.data(), y.data(), n, 1e-6f);
+    double ss = 0;
+    for (float v : x) ss += static_cast<double>(v) * v;
+    const double r = 1.0 / std::sqrt(ss / n + static_cast<double>(1e-6f));
+    // fp64 throughout, one rounding to fp32 at the end: within u |y| (2u allowed).
+    for (int i = 0; i < n; ++i) {
+      const double e = x[i] * r * w[i];
+      ASSERT_NEAR(y[i], e, 2 * kU * std::fabs(e)) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+TEST(RmsNorm, EveryIsaMatchesReference) {
+  SEED_TRACE();
+  Rng rng(8);
+  for (int n : kRowSizes) {
+    for (float eps : {1e-6f, 1e-5f}) {
+      std::vector<float> x(n), w(n), ref(n, kNaN);
+      rng.Fill(x, -3, 3);
+      rng.Fill(w, -1.5f, 1.5f);
+      KernelsFor(Isa::kScalar).rms_norm_row(x.data(), w.data(), ref.data(), n, eps);
+      for (Isa isa : IsasToTest()) {
+        // fp32 sum of n squares: relative gamma(n); the mean, + eps, sqrt and reciprocal add 4u
+        // (sqrt halves the sum's error); y = x * r * w two more roundings. So
+        // |y - ref| <= |ref| (gamma(n) / 2 + 6u) + u |ref| for the reference's own rounding.
+        const double rel = Gamma(n) / 2 + 7 * kU;
+        std::vector<float> y(n, kNaN);
+        KernelsFor(isa).rms_norm_row(x.data(), w.data(), y.data(), n, eps);
+        for (int i = 0; i < n; ++i)
+          ASSERT_NEAR(y[i], ref[i], rel * std::fabs(ref[i])) << IsaName(isa) << " n=" << n << " i=" << i;
+        // In place (y aliases x) gives the same bits.
+        std::vector<float> z = x;
+        KernelsFor(isa).rms_norm_row(z.data(), w.data(), z.data(), n, eps);
+        ASSERT_EQ(0, std::memcmp(z.data(), y.data(), n * sizeof(float))) << IsaName(isa) << " in place, n=" << n;
+      }
+    }
+  }
+}
+
+TEST(RmsNorm, PublicRowsWithStrides) {
+  SEED_TRACE();
+  Rng rng(9);
+  const int rows = 37, n = 2048;
+  const int64_t ldx = n + 3, ldy = n + 5;
+  std::vector<float> x(rows * ldx), w(n), y(rows * ldy, kNaN), ref(n, kNaN);
+  rng.Fill(x, -2, 2);
+  rng.Fill(w, 0.5f, 1.5f);
+  omp_set_num_threads(2);
+  RmsNorm(x.data(), ldx, w.data(), y.data(), ldy, rows, n, 1e-6f);
+  for (int r = 0; r < rows; ++r) {
+    Kernels().rms_norm_row(x.data() + r * ldx, w.data(), ref.data(), n, 1e-6f);
+    ASSERT_EQ(0, std::memcmp(ref.data(), y.data() + r * ldy, n * sizeof(float))) << "row " << r;
+    for (int64_t i = n; i < ldy; ++i) ASSERT_TRUE(std::isnan(y[r * ldy + i])) << "wrote padding of row " << r;
+  }
+}
+
+// ---- RoPE -----------------------------------------------------------------------------------
+
+std::vector<double> InvFreq(int head_dim, float base) {
+  std::vector<double> f(head_dim / 2);
+  for (int p = 0; p < head_dim / 2; ++p) f[p] = std::pow(static_cast<double>(base), -2.0 * p / head_dim);
+  return f;
+}
+
+TEST(Rope, RefMatchesDefinition) {
+  SEED_TRACE();
+  Rng rng(10);
+  // NEOX rotates (i, i + d/2), NORM rotates (2i, 2i + 1), by theta_i = pos * base^(-2i/d).
+  const int d = 8, pos = 8191;
+  const float base = 10000.0f;
+  const std::vector<double> f = InvFreq(d, base);
+  for (RopeMode mode : {RopeMode::kNeox, RopeMode::kNorm}) {
+    std::vector<float> x(2 * d);
+    rng.Fill(x, -1, 1);
+    std::vector<float> y = x;
+    KernelsFor(Isa::kScalar).rope_row(y.data(), 2, d, pos, f.data(), mode);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < d / 2; ++i) {
+        const int i0 = mode == RopeMode::kNeox ? i : 2 * i, i1 = mode == RopeMode::kNeox ? i + d / 2 : 2 * i + 1;
+        const long double th = pos * std::pow(10000.0L, -2.0L * i / d);
+        const long double a = x[h * d + i0], b = x[h * d + i1];
+        // fp64 angle (relative 1e-16, so ~1e-12 rad at pos 8191) then one rounding: 2u (|a|+|b|).
+        const double tol = 2 * kU * (std::fabs(a) + std::fabs(b));
+        EXPECT_NEAR(y[h * d + i0], static_cast<double>(a * std::cos(th) - b * std::sin(th)), tol);
+        EXPECT_NEAR(y[h * d + i1], static_cast<double>(a * std::sin(th) + b * std::cos(th)), tol);
+      }
+  }
+}
+
+TEST(Rope, EveryIsaMatchesReference) {
+  SEED_TRACE();
+  Rng rng(11);
+  for (int d : {8, 16, 32, 40, 64, 80, 96, 128, 256}) {
+    for (float base : {10000.0f, 1000000.0f}) {
+      for (int pos : {0, 1, 977, 4095, 8190, 32767}) {
+        for (RopeMode mode : {RopeMode::kNeox, RopeMode::kNorm}) {
+          const int heads = 3;
+          const std::vector<double> f = InvFreq(d, base);
+          std::vector<float> x(heads * d);
+          rng.Fill(x, -2, 2);
+          std::vector<float> ref = x;
+          KernelsFor(Isa::kScalar).rope_row(ref.data(), heads, d, pos, f.data(), mode);
+          for (Isa isa : IsasToTest()) {
+            std::vector<float> y = x;
+            KernelsFor(isa).rope_row(y.data(), heads, d, pos, f.data(), mode);
+            // The fast paths reduce the fp64 angle exactly enough and evaluate sin/cos in fp64
+            // (error << u), round c and s to fp32 (u/2 |x| each) and form x0 c - x1 s with two
+            // roundings (2u); the reference rounds once (u/2): 4u (|x0| + |x1|) covers all.
+            for (int h = 0; h < heads; ++h)
+              for (int i = 0; i < d / 2; ++i) {
+                const int i0 = mode == RopeMode::kNeox ? i : 2 * i,
+                          i1 = mode == RopeMode::kNeox ? i + d / 2 : 2 * i + 1;
+                const double tol = 4 * kU * (std::fabs(x[h * d + i0]) + std::fabs(x[h * d + i1]));
+                ASSERT_NEAR(y[h * d + i0], ref[h * d + i0], tol) << IsaName(isa) << " d=" << d << " pos=" << pos;
+                ASSERT_NEAR(y[h * d + i1], ref[h * d + i1], tol) << IsaName(isa) << " d=" << d << " pos=" << pos;
+              }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Rope, PublicRowsWithStrides) {
+  SEED_TRACE();
+  Rng rng(12);
+  const int n_tokens = 300, heads = 4, d = 128, pos0 = 7000;
+  const int64_t ldx = heads * d + 9;
+  std::vector<float> x(n_tokens * ldx);
+  rng.Fill(x, -2, 2);
+  for (int t = 0; t < n_tokens; ++t)
+    for (int64_t i = heads * d; i < ldx; ++i) x[t * ldx + i] = kNaN;
+  std::vector<float> y = x;
+  omp_set_num_threads(2);
+  Rope(y.data(), ldx, n_tokens, heads, d, pos0, 1e6f, RopeMode::kNeox);
+  const std::vector<double> f = InvFreq(d, 1e6f);
+  for (int t = 0; t < n_tokens; ++t) {
+    std::vector<float> row(x.begin() + t * ldx, x.begin() + t * ldx + heads * d);
+    Kernels().rope_row(row.data(), heads, d, pos0 + t, f.data(), RopeMode::kNeox);
+    ASSERT_EQ(0, std::memcmp(row.data(), y.data() + t * ldx, heads * d * sizeof(float))) << "t=" << t;
+    for (int64_t i = heads * d; i < ldx; ++i) ASSERT_TRUE(std::isnan(y[t * ldx + i]));
+  }
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------
+
+TEST(SwiGlu, EveryIsaMatchesReference) {
+  SEED_TRACE();
+  Rng rng(13);
+  for (int n : kRowSizes) {
+    std::vector<float> g(n), u(n), ref(n, kNaN);
+    rng.Fill(g, -20, 20);
+    rng.Fill(u, -2, 2);
+    // Extremes where exp(-g) overflows or vanishes.
+    if (n >= 4) { g[0] = -100.0f; g[1] = 100.0f; g[2] = -88.5f; g[3] = 0.0f; }
+    KernelsFor(Isa::kScalar).swiglu(g.data(), u.data(), ref.data(), n);
+    // Reference check: fp64 then one rounding.
+    for (int i = 0; i < n; ++i) {
+      const double e = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+      ASSERT_NEAR(ref[i], e, kU * std::fabs(e) + 1e-38);
+    }
+    for (Isa isa : IsasToTest()) {
+      // exp with Cody-Waite reduction and a polynomial: <= 3u relative; 1 + e, the division and
+      // the two products: 4u; the reference's rounding u: 8u |h| (plus an absolute 1e-38 for
+      // results below the normal range, where relative bounds do not hold).
+      std::vector<float> h(n, kNaN);
+      KernelsFor(isa).swiglu(g.data(), u.data(), h.data(), n);
+      for (int i = 0; i < n; ++i)
+        ASSERT_NEAR(h[i], ref[i], 8 * kU * std::fabs(ref[i]) + 1e-38) << IsaName(isa) << " n=" << n << " g=" << g[i];
+      // h may alias g.
+      std::vector<float> a = g;
+      KernelsFor(isa).swiglu(a.data(), u.data(), a.data(), n);
+      ASSERT_EQ(0, std::memcmp(a.data(), h.data(), n * sizeof(float))) << IsaName(isa);
+    }
+  }
+}
+
+// ---- router softmax + top-k -----------------------------------------------------------------
+
+TEST(SoftmaxTopK, RefOrderTiesAndWeights) {
+  // Ties keep the lower index; descending order; weights renormalised or not.
+  const float logits[] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 2.0f};
+  int32_t idx[4];
+  float w[4];
+  KernelsFor(Isa::kScalar).softmax_topk(logits, 6, 4, false, idx, w);
+  EXPECT_EQ(idx[0], 1);
+  EXPECT_EQ(idx[1], 3);
+  EXPECT_EQ(idx[2], 2);
+  EXPECT_EQ(idx[3], 5);
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  EXPECT_NEAR(w[0], std::exp(3.0) / z, 1e-7);
+  EXPECT_NEAR(w[2], std::exp(2.0) / z, 1e-7);
+  KernelsFor(Isa::kScalar).softmax_topk(logits, 6, 4, true, idx, w);
+  const double zk = 2 * std::exp(3.0) + 2 * std::exp(2.0);
+  EXPECT_NEAR(w[0], std::exp(3.0) / zk, 1e-7);
+  EXPECT_NEAR(w[3], std::exp(2.0) / zk, 1e-7);
+}
+
+TEST(SoftmaxTopK, EveryIsaMatchesReference) {
+  SEED_TRACE();
+  Rng rng(14);
+  for (int n : {1, 2, 7, 8, 16, 17, 60, 64, 128, 129, 256}) {
+    for (int k : {1, 2, 4, 8}) {
+      if (k > n) continue;
+      for (bool renorm : {false, true}) {
+        std::vector<float> logits(n);
+        rng.Fill(logits, -8, 8);
+        for (int i = 0; i + 3 < n; i += 5) logits[i + 3] = logits[i];  // ties
+        std::vector<int32_t> ref_idx(k, -1);
+        std::vector<float> ref_w(k, kNaN);
+        KernelsFor(Isa::kScalar).softmax_topk(logits.data(), n, k, renorm, ref_idx.data(), ref_w.data());
+        for (Isa isa : IsasToTest()) {
+          std::vector<int32_t> idx(k, -1);
+          std::vector<float> w(k, kNaN);
+          KernelsFor(isa).softmax_topk(logits.data(), n, k, renorm, idx.data(), w.data());
+          ASSERT_EQ(idx, ref_idx) << IsaName(isa) << " n=" << n << " k=" << k;
+          // Each exp <= 3u relative; the normaliser is an fp32 sum of n (or k) positive terms:
+          // gamma(n); the division u; the reference's rounding u.
+          for (int r = 0; r < k; ++r)
+            ASSERT_NEAR(w[r], ref_w[r], (Gamma(n) + 8 * kU) * ref_w[r]) << IsaName(isa) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+// ---- residual add ---------------------------------------------------------------------------
+
+TEST(Add, EveryIsaIsExact) {
+  SEED_TRACE();
+  Rng rng(15);
+  for (int n : kRowSizes) {
+    std::vector<float> y0(n + 1), x(n);
+    rng.Fill(y0, -4, 4);
+    rng.Fill(x, -4, 4);
+    y0[n] = kNaN;  // sentinel past the end
+    for (Isa isa : IsasToTest()) {
+      std::vector<float> y = y0;
+      KernelsFor(isa).add(y.data(), x.data(), n);
+      for (int i = 0; i < n; ++i) ASSERT_EQ(y[i], y0[i] + x[i]) << IsaName(isa) << " n=" << n;
+      ASSERT_TRUE(std::isnan(y[n])) << IsaName(isa) << " wrote past the end, n=" << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace estream::kernels
