@@ -1,0 +1,147 @@
+// estream's public C++ API: load a mixture-of-experts model from GGUF once, then run prefill
+// requests on it.
+//
+//   auto engine = estream::Engine::Load("model.gguf", {.n_threads = 2});
+//   if (!engine.ok()) { ... engine.status().message() ... }
+//   estream::Request req{.tokens = {1, 2, 3}, .top_k = 5, .prompt_logprobs = true};
+//   auto resp = (*engine)->Run(req);
+//   // resp->top[0].token, resp->top[0].logprob, resp->perplexity, ...
+//
+// A request is one prompt of T tokens at positions 0..T-1. The engine runs one causal forward
+// pass over all T tokens, layer by layer (no KV cache outlives its layer), and reads the answer
+// from the final hidden states: the next-token distribution after the last token, the prompt's
+// own log-likelihood, an embedding. Nothing is decoded.
+//
+// Architectures: `olmoe` (OLMoE), `qwen3moe` (Qwen3-MoE), `llama` with experts (Mixtral), with
+// merged `*_exps` expert tensors or Mixtral's older per-expert tensors. Weight types: whatever the
+// kernels' GEMM supports (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K); other types are refused at load
+// with an error naming the tensor.
+//
+// Errors: expected failures (file, model, request) come back as a Status with a one-line message
+// naming the field at fault. A failed Run leaves the engine fully usable for the next request.
+//
+// Threading: every Engine has its own thread count (EngineOptions::n_threads); Run uses exactly
+// that many OpenMP threads, whatever the caller's OpenMP settings, and restores them on return.
+// Run calls on one Engine are serialised by an internal mutex (the engine owns one set of
+// activation buffers); distinct Engines may run concurrently (their thread counts add up).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace estream {
+
+struct EngineOptions {
+  // OpenMP threads used by Run. 0 = one per available CPU (omp_get_num_procs()).
+  int n_threads = 0;
+  // Repack quantised weights at load into the kernels' native layout (kernels::RepackWeights).
+  // kAuto repacks when the kernels have a packed path for the type; the GGUF pages of a repacked
+  // tensor are released right after, so the model is never held twice.
+  enum class Repack { kAuto, kNever, kAlways } repack = Repack::kAuto;
+  // Touch every weight page at load (all resident before the first request) instead of letting
+  // the first request fault them in. Makes the first request's time representative.
+  bool prefault = true;
+};
+
+// What a Run computes. Every output is opt-in except `top` (k = top_k, may be 0).
+struct Request {
+  std::vector<int32_t> tokens;  // the prompt, 1 <= size <= context length, ids < n_vocab
+
+  // Next-token distribution after the last prompt token: the top_k tokens with log-probabilities.
+  int top_k = 5;
+
+  enum class Logits {
+    kNone,
+    kLast,  // Response::logits = the n_vocab logits after the last token
+    kAll,   // Response::logits = [n_tokens][n_vocab] logits of every position (n_tokens x n_vocab
+            // floats: 2 GiB at T = 4096 and n_vocab = 131072; prefer logits_sink for big prompts)
+  };
+  Logits logits = Logits::kNone;
+  // When set, the logits of every position are streamed here instead of stored in the
+  // Response (Request::logits is then ignored): called in position order with rows
+  // [first_pos, first_pos + n_rows) of n_vocab floats each (row-major). Runs on the calling
+  // thread. A non-OK Status aborts the request with that Status.
+  std::function<Status(int64_t first_pos, int64_t n_rows, const float* logits)> logits_sink;
+
+  // Response::prompt_logprobs / log_likelihood / perplexity.
+  bool prompt_logprobs = false;
+
+  // Response::embedding: the final hidden state (after the final RMSNorm) of the last token, or
+  // the mean over all tokens.
+  enum class Pooling { kNone, kLast, kMean };
+  Pooling embedding = Pooling::kNone;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;  // natural log
+};
+
+struct Response {
+  int64_t n_tokens = 0;
+  // The top_k most likely next tokens after the prompt, most likely first (ties: lower id).
+  std::vector<TokenLogprob> top;
+  // See Request::logits: [n_vocab] or [n_tokens][n_vocab], row-major; empty otherwise.
+  std::vector<float> logits;
+  // prompt_logprobs[t] = log p(tokens[t + 1] | tokens[0..t]), t = 0..n_tokens-2 (the first token
+  // is not scored). log_likelihood is their sum; perplexity = exp(-log_likelihood / (n_tokens-1)),
+  // NaN when n_tokens == 1.
+  std::vector<float> prompt_logprobs;
+  double log_likelihood = 0;
+  double perplexity = 0;
+  // [n_embd] when requested.
+  std::vector<float> embedding;
+  // Wall time of the forward pass and the outputs (model load excluded).
+  double seconds = 0;
+};
+
+// Read-only facts about the loaded model.
+struct ModelInfo {
+  std::string path;
+  std::string architecture;  // "olmoe", "qwen3moe", "llama"
+  std::string name;          // general.name, or empty
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_expert = 0;
+  int n_vocab = 0;
+  int n_ctx = 0;  // context length: the longest prompt accepted
+  uint64_t weight_bytes = 0;  // bytes of all weights as held in memory
+};
+
+class Engine {
+ public:
+  // Loads `path` (mmaps it, validates metadata and every tensor's presence, type and shape,
+  // optionally repacks and prefaults). Errors: IOError (open/map), Corruption (malformed GGUF,
+  // missing tensor, wrong shape, inconsistent hyper-parameters), NotSupported (architecture,
+  // tensor type, feature such as partial RoPE), InvalidArgument (options).
+  static Result<std::unique_ptr<Engine>> Load(const std::string& path, EngineOptions options = {});
+
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Runs one prefill. Errors: InvalidArgument (empty prompt, token id out of range, negative
+  // top_k), OutOfRange (prompt longer than the context length), ResourceExhausted (activation
+  // buffers cannot be allocated), or the Status of logits_sink. Thread safety: see above.
+  Result<Response> Run(const Request& request);
+
+  const ModelInfo& info() const;
+  int n_threads() const;
+
+ private:
+  Engine();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace estream

@@ -1,0 +1,45 @@
+// The architectures estream runs, as data: what differs between OLMoE, Qwen3-MoE and Mixtral is
+// small enough to be a handful of flags read by the shared blocks (blocks.h). Each architecture's
+// conventions are described, with the reasons, in its own file (arch_olmoe.cc, arch_qwen3moe.cc,
+// arch_llama.cc). DESIGN.md section 8 is the summary table.
+//
+// Thread safety: the traits are immutable statics.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "kernels/kernels.h"
+
+namespace estream::model {
+
+// Where RMSNorm is applied to queries and keys (after the projection, before RoPE).
+enum class QkNorm {
+  kNone,     // no q/k norm (llama / Mixtral)
+  kWhole,    // over the whole projected vector: q of n_head * head_dim, k of n_head_kv * head_dim
+             // (OLMoE); weights attn_q_norm [n_head * head_dim], attn_k_norm [n_head_kv * head_dim]
+  kPerHead,  // over each head separately (Qwen3); weights attn_q_norm, attn_k_norm [head_dim]
+};
+
+struct ArchTraits {
+  const char* gguf_name;  // value of general.architecture, also the metadata key prefix
+  const char* family;     // human name for messages ("OLMoE")
+  QkNorm qk_norm;
+  kernels::RopeMode rope_mode;
+  // Router: softmax over all experts, top-k; with `renormalize_routes` the k weights are divided
+  // by their sum, otherwise they are used as they come out of the softmax.
+  bool renormalize_routes;
+  // Whether the older per-expert tensor naming (blk.N.ffn_gate.E.weight, ...) may appear.
+  bool per_expert_tensors;
+};
+
+const ArchTraits& OlmoeArch();
+const ArchTraits& Qwen3MoeArch();
+const ArchTraits& LlamaMoeArch();
+
+// The traits for a general.architecture value, or nullptr if estream does not run it.
+const ArchTraits* FindArch(std::string_view gguf_name);
+// "olmoe, qwen3moe, llama" for error messages.
+std::string SupportedArchNames();
+
+}  // namespace estream::model

@@ -1,0 +1,180 @@
+#include "model/blocks.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/dispatch.h"
+#include "model/experts.h"
+#include "quant/quant.h"
+
+namespace estream::model {
+namespace {
+
+template <typename T>
+bool Grow(AlignedPtr<T>* p, int64_t n) {
+  AlignedPtr<T> fresh = AllocAligned<T>(static_cast<size_t>(n));
+  if (!fresh) return false;
+  *p = std::move(fresh);
+  return true;
+}
+
+bool AnyQuantized(std::initializer_list<const kernels::WeightView*> ws) {
+  for (const kernels::WeightView* w : ws)
+    if (IsQuantized(w->type)) return true;
+  return false;
+}
+
+}  // namespace
+
+bool IsQuantized(QuantType t) { return t != QuantType::kF32 && t != QuantType::kF16 && t != QuantType::kBF16; }
+
+Status Workspace::Reserve(const ModelConfig& c, int64_t n_tokens) {
+  if (n_tokens <= capacity_ && config_ == &c) return Status::Ok();
+  // Round up so that slowly growing prompts do not reallocate every time.
+  const int64_t T = std::max<int64_t>(n_tokens, std::min<int64_t>(c.n_ctx, (capacity_ * 3) / 2));
+  const int64_t C = std::min<int64_t>(kExpertChunkRows, T);
+  const int64_t d = c.n_embd, k = c.n_expert_used;
+  Workspace w;
+  const bool ok = Grow(&w.x, T * d) && Grow(&w.xn, T * d) && Grow(&w.xq, T * (d / kQK8A)) &&
+                  Grow(&w.q, T * c.q_dim()) && Grow(&w.k, T * c.kv_dim()) && Grow(&w.v, T * c.kv_dim()) &&
+                  Grow(&w.att, T * c.q_dim()) && Grow(&w.router_logits, T * c.n_expert) &&
+                  Grow(&w.route_expert, T * k) && Grow(&w.route_weight, T * k) && Grow(&w.route_token, T * k) &&
+                  Grow(&w.route_w, T * k) && Grow(&w.gx, C * d) && Grow(&w.gxq, C * (d / kQK8A)) &&
+                  Grow(&w.gate, C * c.n_ff_expert) && Grow(&w.up, C * c.n_ff_expert) &&
+                  Grow(&w.hq, C * (c.n_ff_expert / kQK8A)) && Grow(&w.down, C * d);
+  if (!ok) {
+    return Status::ResourceExhausted(
+        "cannot allocate the activation buffers for a prompt of " + std::to_string(n_tokens) +
+        " tokens; use a shorter prompt or free memory");
+  }
+  w.expert_begin.assign(c.n_expert + 1, 0);
+  w.capacity_ = T;
+  w.chunk_capacity_ = C;
+  w.config_ = &c;
+  *this = std::move(w);
+  return Status::Ok();
+}
+
+void Linear(const kernels::WeightView& w, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m, float* y,
+            int64_t ldy) {
+  if (xq && IsQuantized(w.type)) {
+    kernels::GemmQ8A(w, xq, m, y, ldy);
+  } else {
+    kernels::MatMul(w, x, ldx, m, y, ldy);
+  }
+}
+
+void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, float* x) {
+  const int64_t d = model.config().n_embd;
+  const QuantType t = model.token_embd_type();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n_tokens; ++i) DequantizeRow(t, model.token_embd_row(tokens[i]), x + i * d, d);
+}
+
+void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
+  const ModelConfig& c = model.config();
+  const LayerWeights& L = model.layers()[il];
+  const int64_t T = n_tokens, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
+
+  kernels::RmsNorm(ws->x.get(), d, L.attn_norm, ws->xn.get(), d, T, d, c.rms_eps);
+  // Quantise the normed rows once for the three projections (MatMul would do it three times).
+  const BlockQ8A* xq = nullptr;
+  if (AnyQuantized({&L.wq, &L.wk, &L.wv})) {
+    kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
+    xq = ws->xq.get();
+  }
+  Linear(L.wq, ws->xn.get(), d, xq, T, ws->q.get(), qd);
+  Linear(L.wk, ws->xn.get(), d, xq, T, ws->k.get(), kvd);
+  Linear(L.wv, ws->xn.get(), d, xq, T, ws->v.get(), kvd);
+
+  switch (c.arch->qk_norm) {
+    case QkNorm::kNone: break;
+    case QkNorm::kWhole:
+      kernels::RmsNorm(ws->q.get(), qd, L.q_norm, ws->q.get(), qd, T, qd, c.rms_eps);
+      kernels::RmsNorm(ws->k.get(), kvd, L.k_norm, ws->k.get(), kvd, T, kvd, c.rms_eps);
+      break;
+    case QkNorm::kPerHead:
+      // Heads of a row are contiguous and rows are dense, so T x n_head rows of head_dim.
+      kernels::RmsNorm(ws->q.get(), c.head_dim, L.q_norm, ws->q.get(), c.head_dim, T * c.n_head, c.head_dim,
+                       c.rms_eps);
+      kernels::RmsNorm(ws->k.get(), c.head_dim, L.k_norm, ws->k.get(), c.head_dim, T * c.n_head_kv, c.head_dim,
+                       c.rms_eps);
+      break;
+  }
+  kernels::Rope(ws->q.get(), qd, static_cast<int>(T), c.n_head, c.head_dim, 0, c.rope_freq_base, c.arch->rope_mode);
+  kernels::Rope(ws->k.get(), kvd, static_cast<int>(T), c.n_head_kv, c.head_dim, 0, c.rope_freq_base,
+                c.arch->rope_mode);
+
+  kernels::AttentionArgs a;
+  a.n_tokens = static_cast<int>(T);
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = c.head_dim;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  a.q = ws->q.get();
+  a.ldq = qd;
+  a.k = ws->k.get();
+  a.ldk = kvd;
+  a.v = ws->v.get();
+  a.ldv = kvd;
+  a.out = ws->att.get();
+  a.ldo = qd;
+  kernels::AttentionPrefill(a);
+
+  // Output projection into xn (free now), then the residual add.
+  Linear(L.wo, ws->att.get(), qd, nullptr, T, ws->xn.get(), d);
+  float* x = ws->x.get();
+  const float* y = ws->xn.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) kernels::Add(x + t * d, y + t * d, d);
+}
+
+void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
+  const ModelConfig& c = model.config();
+  const LayerWeights& L = model.layers()[il];
+  const int64_t T = n_tokens, d = c.n_embd;
+  const int E = c.n_expert, K = c.n_expert_used;
+
+  kernels::RmsNorm(ws->x.get(), d, L.ffn_norm, ws->xn.get(), d, T, d, c.rms_eps);
+  bool need_q = IsQuantized(L.router.type);
+  for (int e = 0; e < E && !need_q; ++e)
+    need_q = AnyQuantized({&L.experts.gate[e], &L.experts.up[e], &L.experts.down[e]});
+  const BlockQ8A* xq = nullptr;
+  if (need_q) {
+    kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
+    xq = ws->xq.get();
+  }
+
+  // Router: logits, then softmax / top-k / renormalisation per token.
+  Linear(L.router, ws->xn.get(), d, xq, T, ws->router_logits.get(), E);
+  const bool renorm = c.arch->renormalize_routes;
+  const float* logits = ws->router_logits.get();
+  int32_t* idx = ws->route_expert.get();
+  float* wt = ws->route_weight.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) kernels::SoftmaxTopK(logits + t * E, E, K, renorm, idx + t * K, wt + t * K);
+
+  // Group routes by expert (counting sort; tokens stay in ascending order within an expert).
+  std::vector<int64_t>& begin = ws->expert_begin;
+  std::fill(begin.begin(), begin.end(), 0);
+  for (int64_t r = 0; r < T * K; ++r) ++begin[idx[r] + 1];
+  for (int e = 0; e < E; ++e) begin[e + 1] += begin[e];
+  std::vector<int64_t> fill(begin.begin(), begin.end() - 1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j) {
+      const int64_t pos = fill[idx[t * K + j]]++;
+      ws->route_token[pos] = static_cast<int32_t>(t);
+      ws->route_w[pos] = wt[t * K + j];
+    }
+
+  ExpertsGrouped(L.experts, c, T, ws);
+}
+
+void FinalNorm(const Model& model, const float* x, int64_t n_rows, float* y) {
+  const ModelConfig& c = model.config();
+  kernels::RmsNorm(x, c.n_embd, model.output_norm(), y, c.n_embd, n_rows, c.n_embd, c.rms_eps);
+}
+
+}  // namespace estream::model

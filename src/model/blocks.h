@@ -1,0 +1,86 @@
+// The building blocks of the forward pass, shared by every architecture (the differences are the
+// flags of ArchTraits), and the activation workspace they run in.
+//
+// Shapes: T = tokens of the prompt, d = n_embd. Activations are row-major, one row per token:
+// x is [T x d]. Memory is O(T x d) for the activations (the residual stream, its normed copy,
+// q/k/v/attention output of one layer: the keys and values of a layer die with it) plus
+// O(C x n_ff_expert) for one expert chunk of at most C = kExpertChunkRows routed rows.
+//
+// Threading: every block is called from outside any parallel region and parallelises inside
+// (kernels' [parallel] functions and `omp parallel for` over rows) with the calling thread's
+// OpenMP team size. Ownership: a Workspace owns its buffers; blocks borrow it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/memory.h"
+#include "base/status.h"
+#include "model/model.h"
+
+namespace estream::model {
+
+// Routed rows processed per expert GEMM chunk: bounds the expert scratch whatever the skew.
+constexpr int64_t kExpertChunkRows = 512;
+
+// Activation buffers, grown on demand and reused by every request (no allocation per layer).
+class Workspace {
+ public:
+  // Makes room for prompts of up to n_tokens. ResourceExhausted if an allocation fails (the
+  // workspace then keeps its previous capacity and stays usable).
+  Status Reserve(const ModelConfig& c, int64_t n_tokens);
+  int64_t capacity() const { return capacity_; }
+
+  // Per token (capacity rows each):
+  AlignedPtr<float> x;              // [T x d] residual stream
+  AlignedPtr<float> xn;             // [T x d] normed input of a sub-block / projection output
+  AlignedPtr<BlockQ8A> xq;          // [T x d/32] Q8A of xn
+  AlignedPtr<float> q;              // [T x q_dim]
+  AlignedPtr<float> k;              // [T x kv_dim]
+  AlignedPtr<float> v;              // [T x kv_dim]
+  AlignedPtr<float> att;            // [T x q_dim] attention output; also Q8A scratch (see blocks.cc)
+  AlignedPtr<float> router_logits;  // [T x n_expert]
+  AlignedPtr<int32_t> route_expert; // [T x n_expert_used] chosen experts per token
+  AlignedPtr<float> route_weight;   // [T x n_expert_used] their weights
+  // Routes grouped by expert (CSR): routes of expert e are route_token/route_w
+  // [expert_begin[e], expert_begin[e + 1]).
+  std::vector<int64_t> expert_begin;  // [n_expert + 1]
+  AlignedPtr<int32_t> route_token;    // [T x n_expert_used]
+  AlignedPtr<float> route_w;          // [T x n_expert_used]
+  // One expert chunk (kExpertChunkRows rows):
+  AlignedPtr<float> gx;             // [C x d] gathered float rows (float weights only)
+  AlignedPtr<BlockQ8A> gxq;         // [C x d/32] gathered Q8A rows
+  AlignedPtr<float> gate;           // [C x n_ff] gate, then SwiGLU output
+  AlignedPtr<float> up;             // [C x n_ff]
+  AlignedPtr<BlockQ8A> hq;          // [C x n_ff/32]
+  AlignedPtr<float> down;           // [C x d]
+
+ private:
+  int64_t capacity_ = 0;
+  int64_t chunk_capacity_ = 0;
+  const ModelConfig* config_ = nullptr;
+};
+
+// x[t] = dequantised row tokens[t] of token_embd. REQUIRES: ids validated (< n_vocab).
+void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, float* x);
+
+// x += Attention(RMSNorm(x)) for layer `il` (norm, Q/K/V, q/k norm, RoPE, causal GQA, output
+// projection, residual), per the architecture's traits.
+void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
+
+// x += MoE(RMSNorm(x)) for layer `il`: router (softmax, top-k, renormalisation per architecture),
+// routes grouped by expert, then the grouped expert path of experts.h.
+void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
+
+// y[r] = RMSNorm(x[r]) * output_norm for rows [row0, row0 + n_rows).
+void FinalNorm(const Model& model, const float* x, int64_t n_rows, float* y);
+
+// y = W x for either representation: GemmQ8A on xq when W is quantised and xq is given,
+// otherwise MatMul on the float rows x (which quantises internally for quantised W).
+void Linear(const kernels::WeightView& w, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m, float* y,
+            int64_t ldy);
+
+// True for weight types the GEMM multiplies against Q8A activations (not F32/F16/BF16).
+bool IsQuantized(QuantType t);
+
+}  // namespace estream::model

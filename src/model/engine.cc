@@ -1,0 +1,219 @@
+// Engine: Model + Workspace + the request outputs (LM head at the positions asked for, log-softmax,
+// top-k, prompt log-probabilities, embeddings).
+#include "estream/engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "base/memory.h"
+#include "base/timer.h"
+#include "kernels/kernels.h"
+#include "model/blocks.h"
+#include "model/model.h"
+
+namespace estream {
+namespace {
+
+// Sets the calling thread's OpenMP team size for the life of the object, then restores it.
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ScopedOmpThreads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// log(sum(exp(row))) in double, with the max subtracted first.
+double LogSumExp(const float* row, int64_t n) {
+  float mx = row[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i]) - mx);
+  return mx + std::log(s);
+}
+
+// Positions of the LM head rows computed at a time: bounds the logits scratch.
+int64_t LogitsChunkRows(int64_t n_vocab) { return std::clamp<int64_t>((int64_t{8} << 20) / n_vocab, 1, 64); }
+
+}  // namespace
+
+struct Engine::Impl {
+  std::unique_ptr<model::Model> model;
+  ModelInfo info;
+  int n_threads = 1;
+  std::mutex mutex;  // serialises Run: guards ws and logits
+  model::Workspace ws;
+  AlignedPtr<float> hidden;  // [T x n_embd] final-normed rows (grown as needed)
+  int64_t hidden_rows = 0;
+  AlignedPtr<float> logits;  // [chunk x n_vocab]
+  int64_t logits_rows = 0;
+
+  Status Validate(const Request& req) const;
+  Result<Response> Run(const Request& req);
+};
+
+Engine::Engine() : impl_(std::make_unique<Impl>()) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOptions options) {
+  if (options.n_threads < 0)
+    return Status::InvalidArgument(fmt::format("n_threads = {} must be >= 0 (0 = one per CPU)", options.n_threads));
+  model::ModelLoadOptions mo;
+  // Repacking is chosen per type inside the loader (kernels::CanRepack); see docs/PERFORMANCE.md
+  // for why experts are (or are not) repacked by default.
+  mo.repack_experts = options.repack == EngineOptions::Repack::kAlways;
+  mo.repack_dense = options.repack == EngineOptions::Repack::kAlways;
+  mo.prefault = options.prefault;
+  std::unique_ptr<Engine> engine(new Engine());
+  Impl& im = *engine->impl_;
+  {
+    ScopedOmpThreads threads(options.n_threads > 0 ? options.n_threads : omp_get_num_procs());
+    ESTREAM_ASSIGN_OR_RETURN(im.model, model::Model::Load(path, mo));
+  }
+  im.n_threads = options.n_threads > 0 ? options.n_threads : omp_get_num_procs();
+  const model::ModelConfig& c = im.model->config();
+  im.info = ModelInfo{.path = path,
+                      .architecture = c.arch->gguf_name,
+                      .name = c.name,
+                      .n_layer = c.n_layer,
+                      .n_embd = c.n_embd,
+                      .n_head = c.n_head,
+                      .n_head_kv = c.n_head_kv,
+                      .head_dim = c.head_dim,
+                      .n_expert = c.n_expert,
+                      .n_expert_used = c.n_expert_used,
+                      .n_ff_expert = c.n_ff_expert,
+                      .n_vocab = c.n_vocab,
+                      .n_ctx = c.n_ctx,
+                      .weight_bytes = im.model->weight_bytes()};
+  return engine;
+}
+
+const ModelInfo& Engine::info() const { return impl_->info; }
+int Engine::n_threads() const { return impl_->n_threads; }
+
+Result<Response> Engine::Run(const Request& request) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  ScopedOmpThreads threads(impl_->n_threads);
+  return impl_->Run(request);
+}
+
+Status Engine::Impl::Validate(const Request& req) const {
+  const model::ModelConfig& c = model->config();
+  if (req.tokens.empty()) return Status::InvalidArgument("empty prompt: give at least one token");
+  if (static_cast<int64_t>(req.tokens.size()) > c.n_ctx)
+    return Status::OutOfRange(fmt::format("prompt of {} tokens is longer than the model's context length {}",
+                                          req.tokens.size(), c.n_ctx));
+  for (size_t i = 0; i < req.tokens.size(); ++i)
+    if (req.tokens[i] < 0 || req.tokens[i] >= c.n_vocab)
+      return Status::InvalidArgument(fmt::format("token id {} at position {} is out of range [0, {})", req.tokens[i],
+                                                 i, c.n_vocab));
+  if (req.top_k < 0 || req.top_k > c.n_vocab)
+    return Status::InvalidArgument(fmt::format("top_k = {} must be between 0 and n_vocab = {}", req.top_k, c.n_vocab));
+  return Status::Ok();
+}
+
+Result<Response> Engine::Impl::Run(const Request& req) {
+  ESTREAM_RETURN_IF_ERROR(Validate(req));
+  const Timer timer;
+  const model::ModelConfig& c = model->config();
+  const int64_t T = static_cast<int64_t>(req.tokens.size());
+  const int64_t d = c.n_embd, V = c.n_vocab;
+
+  // Which rows need the final norm and the LM head.
+  const bool all_logits = req.prompt_logprobs || req.logits_sink || req.logits == Request::Logits::kAll;
+  const bool last_logits = req.top_k > 0 || req.logits == Request::Logits::kLast;
+  const bool all_hidden = all_logits || req.embedding == Request::Pooling::kMean;
+  const int64_t lm_first = all_logits ? 0 : (last_logits ? T - 1 : T);  // LM head rows [lm_first, T)
+  const int64_t hidden_first = all_hidden ? 0 : T - 1;                  // normed rows [hidden_first, T)
+
+  // Buffers (grown once, reused by later requests). A failure here leaves the engine as it was.
+  ESTREAM_RETURN_IF_ERROR(ws.Reserve(c, T));
+  if (hidden_rows < T) {
+    AlignedPtr<float> h = AllocAligned<float>(static_cast<size_t>(T * d));
+    if (!h) return Status::ResourceExhausted(fmt::format("cannot allocate the final hidden states ({} x {})", T, d));
+    hidden = std::move(h);
+    hidden_rows = T;
+  }
+  const int64_t chunk = LogitsChunkRows(V);
+  if (lm_first < T && logits_rows < chunk) {
+    AlignedPtr<float> l = AllocAligned<float>(static_cast<size_t>(chunk * V));
+    if (!l) return Status::ResourceExhausted(fmt::format("cannot allocate the logits buffer ({} x {})", chunk, V));
+    logits = std::move(l);
+    logits_rows = chunk;
+  }
+
+  // The forward pass, layer by layer.
+  model::EmbedTokens(*model, req.tokens.data(), T, ws.x.get());
+  for (int il = 0; il < c.n_layer; ++il) {
+    model::AttentionBlock(*model, il, T, &ws);
+    model::MoeBlock(*model, il, T, &ws);
+  }
+  model::FinalNorm(*model, ws.x.get() + hidden_first * d, T - hidden_first, hidden.get() + hidden_first * d);
+
+  Response resp;
+  resp.n_tokens = T;
+  if (req.prompt_logprobs) resp.prompt_logprobs.resize(T - 1);
+  if (req.logits == Request::Logits::kAll && !req.logits_sink) resp.logits.reserve(static_cast<size_t>(T * V));
+  std::vector<double> lse(chunk);
+
+  // LM head over [lm_first, T) in chunks of rows.
+  for (int64_t r0 = lm_first; r0 < T; r0 += chunk) {
+    const int64_t n = std::min(chunk, T - r0);
+    float* lg = logits.get();
+    kernels::MatMul(model->output(), hidden.get() + r0 * d, d, n, lg, V);
+    if (req.logits_sink) {
+      ESTREAM_RETURN_IF_ERROR(req.logits_sink(r0, n, lg));
+    } else if (req.logits == Request::Logits::kAll) {
+      resp.logits.insert(resp.logits.end(), lg, lg + n * V);
+    }
+    if (req.prompt_logprobs) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) lse[i] = LogSumExp(lg + i * V, V);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = r0 + i;
+        if (t + 1 < T) resp.prompt_logprobs[t] = static_cast<float>(lg[i * V + req.tokens[t + 1]] - lse[i]);
+      }
+    }
+    if (r0 + n == T) {  // the chunk with the last position
+      const float* last = lg + (n - 1) * V;
+      if (req.logits == Request::Logits::kLast) resp.logits.assign(last, last + V);
+      if (req.top_k > 0) {
+        const double l = LogSumExp(last, V);
+        std::vector<int32_t> ids(V);
+        std::iota(ids.begin(), ids.end(), 0);
+        auto better = [last](int32_t a, int32_t b) { return last[a] > last[b] || (last[a] == last[b] && a < b); };
+        std::partial_sort(ids.begin(), ids.begin() + req.top_k, ids.end(), better);
+        for (int j = 0; j < req.top_k; ++j)
+          resp.top.push_back({ids[j], static_cast<float>(last[ids[j]] - l)});
+      }
+    }
+  }
+  if (req.prompt_logprobs) {
+    double ll = 0;
+    for (float lp : resp.prompt_logprobs) ll += lp;
+    resp.log_likelihood = ll;
+    resp.perplexity = T > 1 ? std::exp(-ll / static_cast<double>(T - 1)) : std::numeric_limits<double>::quiet_NaN();
+  }
+  if (req.embedding == Request::Pooling::kLast) {
+    resp.embedding.assign(hidden.get() + (T - 1) * d, hidden.get() + T * d);
+  } else if (req.embedding == Request::Pooling::kMean) {
+    std::vector<double> acc(d, 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < d; ++i) acc[i] += hidden[t * d + i];
+    resp.embedding.resize(d);
+    for (int64_t i = 0; i < d; ++i) resp.embedding[i] = static_cast<float>(acc[i] / static_cast<double>(T));
+  }
+  resp.seconds = timer.Seconds();
+  return resp;
+}
+
+}  // namespace estream

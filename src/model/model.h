@@ -1,0 +1,123 @@
+// A loaded mixture-of-experts model: hyper-parameters read and cross-checked from GGUF metadata,
+// and views of every weight tensor (in place in the file's read-only mapping, or repacked into
+// the kernels' native layout).
+//
+// Loading validates everything the forward pass relies on, so the forward pass never has to:
+//   - the architecture is one of arch.h's (else NotSupported naming general.architecture);
+//   - every hyper-parameter is present or has its documented default, and they agree with each
+//     other (heads divide, head_dim consistent with the projections, expert_used <= expert_count,
+//     RoPE over the whole head, value width = key width);
+//   - every tensor the architecture needs exists with exactly the expected shape (a missing tensor
+//     or a wrong shape is a Corruption Status naming the tensor, the expected and the actual
+//     shape) and a type the kernels support (NotSupported naming tensor and type).
+// Experts come either as merged 3-D tensors blk.N.ffn_{gate,up,down}_exps.weight or, for Mixtral,
+// as per-expert 2-D tensors blk.N.ffn_{gate,up,down}.E.weight; both end up as one WeightView per
+// expert, so the forward pass does not care.
+//
+// Ownership: Model owns the GgufFile (and so the mapping) and every buffer the views point into.
+// Views stay valid for the life of the Model. Thread safety: immutable after Load; every const
+// method may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/memory.h"
+#include "base/status.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "model/arch.h"
+
+namespace estream::model {
+
+struct ModelConfig {
+  const ArchTraits* arch = nullptr;
+  std::string name;     // general.name (may be empty)
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;       // attention.key_length, default n_embd / n_head
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_expert = 0;    // expert_feed_forward_length, else feed_forward_length
+  int n_vocab = 0;        // rows of token_embd
+  int n_ctx = 0;          // context_length
+  float rms_eps = 0;      // attention.layer_norm_rms_epsilon
+  float rope_freq_base = 10000.0f;
+
+  int q_dim() const { return n_head * head_dim; }      // width of q and of the attention output
+  int kv_dim() const { return n_head_kv * head_dim; }  // width of k and v
+};
+
+// The experts of one MoE layer. gate[e], up[e]: n_ff_expert x n_embd; down[e]: n_embd x n_ff_expert
+// (WeightView rows are output features).
+struct ExpertWeights {
+  std::vector<kernels::WeightView> gate;  // [n_expert]
+  std::vector<kernels::WeightView> up;    // [n_expert]
+  std::vector<kernels::WeightView> down;  // [n_expert]
+};
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [n_embd]
+  kernels::WeightView wq;            // q_dim x n_embd
+  kernels::WeightView wk;            // kv_dim x n_embd
+  kernels::WeightView wv;            // kv_dim x n_embd
+  kernels::WeightView wo;            // n_embd x q_dim
+  const float* q_norm = nullptr;     // QkNorm::kWhole: [q_dim]; kPerHead: [head_dim]; else nullptr
+  const float* k_norm = nullptr;     // QkNorm::kWhole: [kv_dim]; kPerHead: [head_dim]; else nullptr
+  const float* ffn_norm = nullptr;   // [n_embd]
+  kernels::WeightView router;        // n_expert x n_embd (ffn_gate_inp)
+  ExpertWeights experts;
+};
+
+struct ModelLoadOptions {
+  // Repack quantised matrices into kernels' packed layout (kernels::CanRepack types only).
+  bool repack_experts = false;
+  bool repack_dense = false;
+  // Touch every weight page at load.
+  bool prefault = false;
+};
+
+class Model {
+ public:
+  // Opens, validates and maps `path`. See the file comment for the checks and their Status.
+  static Result<std::unique_ptr<Model>> Load(const std::string& path, const ModelLoadOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const GgufFile& file() const { return *file_; }
+  const std::string& path() const { return file_->path(); }
+
+  // token_embd: n_vocab rows of n_embd in any CanDequantize type (rows dequantised on use).
+  QuantType token_embd_type() const { return token_embd_type_; }
+  const uint8_t* token_embd_row(int32_t token) const { return token_embd_ + token * token_embd_row_bytes_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const float* output_norm() const { return output_norm_; }  // [n_embd]
+  const kernels::WeightView& output() const { return output_; }  // n_vocab x n_embd (maybe tied)
+  bool output_tied() const { return output_tied_; }
+  // Bytes of all weights as held (mapped or repacked).
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  friend class ModelLoader;
+  Model() = default;
+
+  std::unique_ptr<GgufFile> file_;
+  ModelConfig config_;
+  QuantType token_embd_type_ = QuantType::kF32;
+  const uint8_t* token_embd_ = nullptr;
+  size_t token_embd_row_bytes_ = 0;
+  std::vector<LayerWeights> layers_;
+  const float* output_norm_ = nullptr;
+  kernels::WeightView output_;
+  bool output_tied_ = false;
+  uint64_t weight_bytes_ = 0;
+  // Norm vectors as f32 (copied from whatever type the file has).
+  std::vector<std::vector<float>> norms_;
+  // Repacked matrices.
+  std::vector<AlignedPtr<uint8_t>> packed_;
+};
+
+}  // namespace estream::model

@@ -1,1 +1,0 @@
-// Placeholder until the engine lands; remove when src/model has real sources.

@@ -1,0 +1,10 @@
+# The prefill engine's tests (issue 4). All carry the label "model": CI reruns them with the
+# kernels forced to avx2 and to scalar (scripts/test.sh).
+#
+# estream_ref: the independent naive fp64 forward pass (tests/ref), shared by the model tests.
+add_library(estream_ref STATIC ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_forward.cc)
+target_include_directories(estream_ref PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(estream_ref PUBLIC estream_gguf estream_quant estream_base)
+
+estream_add_test(model_golden_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_golden_test.cc
+  LIBS estream_model estream_ref LABELS model)
