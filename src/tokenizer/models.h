@@ -1,0 +1,100 @@
+// Internal to src/tokenizer: the two merge engines behind Tokenizer.
+//
+// BpeModel  byte-level BPE over one pre-tokenized word at a time. Each input byte starts as one
+//           symbol (the token of its GPT-2 byte-alphabet character); the pair table maps
+//           (left symbol, right symbol) -> (rank, merged symbol) so merging never builds strings.
+//           Symbols are vocabulary ids; strings that appear in merges but not in the vocabulary
+//           get ids >= n_vocab ("synthetic") and fall back to single-byte tokens at the end, as
+//           llama.cpp does.
+// SpmModel  SentencePiece-style BPE over a whole (already escaped) text fragment: adjacent
+//           pieces merge while the concatenation is a token, highest score first.
+// Both use a linked list of symbols plus a binary heap of candidate pairs with lazy
+// invalidation: O(n log n) per word/fragment, so a 100 KB word costs milliseconds.
+//
+// Thread safety: immutable after Create; Encode* take caller-owned scratch space.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+
+namespace estream::tok {
+
+// GPT-2's reversible byte <-> printable-character map: bytes '!'..'~', 0xA1..0xAC, 0xAE..0xFF
+// map to the same code point; the other 68 bytes map to U+0100.. in byte order.
+uint32_t ByteToCodepoint(uint8_t b);
+// The byte for a code point of that alphabet, or -1.
+int ByteFromCodepoint(uint32_t cp);
+// Appends the real bytes of a byte-alphabet string (characters outside the alphabet are copied
+// unchanged).
+void AppendByteLevelDecoded(std::string_view text, std::string* out);
+
+using TokenIndex = std::unordered_map<std::string_view, int32_t>;
+
+// Reusable per-call working memory (not shared between threads).
+struct MergeScratch {
+  std::vector<int32_t> sym;    // symbol id per position (BPE) / token id (SPM, unused)
+  std::vector<int32_t> start;  // byte offset of the symbol (SPM)
+  std::vector<int32_t> len;    // byte length; 0 = merged away
+  std::vector<int32_t> prev, next;
+  struct Cand {
+    float key;      // BPE: rank; SPM: -score (smaller is better in both)
+    int32_t left;   // position of the left symbol
+    int32_t a, b;   // BPE: the two symbol ids at push time; SPM: unused, merged byte length
+    int32_t c;      // BPE: the merged symbol; SPM: unused
+  };
+  std::vector<Cand> heap;
+  std::string mapped;  // BPE ignore_merges lookup
+};
+
+class BpeModel {
+ public:
+  // tokens/index: the vocabulary (index holds views into tokens, which must outlive the model).
+  // merges: "left right" strings, rank = position. ignore_merges: emit a word whole when it is a
+  // token (Llama 3). Errors: Corruption naming `source` and the merge index for a malformed entry.
+  static Result<std::unique_ptr<BpeModel>> Create(const std::vector<std::string>& tokens,
+                                                  const TokenIndex& index,
+                                                  const std::vector<std::string>& merges,
+                                                  bool ignore_merges, const std::string& source);
+  ~BpeModel();
+
+  // Appends the ids of one word (raw UTF-8 bytes, non-empty).
+  void EncodeWord(std::string_view word, MergeScratch* s, std::vector<int32_t>* out) const;
+
+ private:
+  BpeModel() = default;
+  struct PairTable;
+  int32_t n_vocab_ = 0;
+  bool ignore_merges_ = false;
+  const TokenIndex* index_ = nullptr;
+  int32_t byte_symbol_[256] = {};          // initial symbol of each byte
+  std::string byte_string_[256];           // UTF-8 of each byte's alphabet character
+  std::vector<std::string> synthetic_;     // text of symbol n_vocab + i
+  std::unique_ptr<PairTable> pairs_;
+};
+
+class SpmModel {
+ public:
+  // scores: one per token. Byte tokens "<0xXX>" are looked up once here; a missing one falls back
+  // to unk_id (or is dropped when unk_id < 0).
+  static std::unique_ptr<SpmModel> Create(const std::vector<std::string>& tokens,
+                                          const std::vector<float>& scores,
+                                          const TokenIndex& index, int32_t unk_id);
+
+  // Appends the ids of `text`, which is already escaped (spaces as U+2581, prefix added).
+  void EncodeText(std::string_view text, MergeScratch* s, std::vector<int32_t>* out) const;
+
+ private:
+  SpmModel() = default;
+  const TokenIndex* index_ = nullptr;
+  std::vector<float> scores_;
+  int32_t byte_token_[256] = {};
+  size_t max_token_len_ = 0;
+};
+
+}  // namespace estream::tok

@@ -1,1 +1,0 @@
-// Placeholder until the tokenizer lands; remove when src/tokenizer has real sources.
