@@ -1,0 +1,123 @@
+// Public GEMM entry points (kernels.h): type checks, activation quantisation, and the split of
+// one multiply over the OpenMP team.
+//
+// Work split: the output is cut into at most nth rectangles, either by columns (in whole packed
+// panels of 16 weight rows) or, when there are too few panels to share, by rows of X. Every
+// output element is computed by exactly one thread with the same arithmetic in the same order
+// whatever the split (the kernels' reductions depend only on k), so results are bit-identical
+// for every thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+#include "kernels/repack.h"
+#include "quant/quant.h"
+
+namespace estream::kernels {
+namespace {
+
+// Calls fn(m_begin, m_end, n_begin, n_end) for each thread's share of an m x n output.
+template <typename Fn>
+void ParallelSplit(int64_t m, int64_t n, Fn&& fn) {
+  const int64_t panels = PackedPanels(n);
+  int nth = omp_get_max_threads();
+  if (omp_in_parallel()) nth = 1;
+  // Columns when every thread gets at least 2 panels or X is too short to cut; rows otherwise.
+  const bool by_cols = panels >= 2 * nth || m < 8 * nth;
+  const int64_t units = by_cols ? panels : m;
+  nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, units)));
+  if (nth == 1) {
+    fn(int64_t{0}, m, int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(nth)
+  {
+    const int t = omp_get_thread_num();
+    const int64_t u0 = units * t / nth, u1 = units * (t + 1) / nth;
+    if (by_cols) {
+      const int64_t n0 = std::min(n, u0 * kPackRows), n1 = std::min(n, u1 * kPackRows);
+      if (n0 < n1) fn(int64_t{0}, m, n0, n1);
+    } else if (u0 < u1) {
+      fn(u0, u1, int64_t{0}, n);
+    }
+  }
+}
+
+KernelTable::GemmFn QuantFn(const KernelTable& kt, const WeightView& w) {
+  const bool packed = w.layout == WeightLayout::kPacked;
+  switch (w.type) {
+    case QuantType::kQ4_0: return packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0;
+    case QuantType::kQ8_0: return packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0;
+    case QuantType::kQ4_K: return packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k;
+    case QuantType::kQ6_K: return packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+bool GemmSupports(QuantType t) {
+  switch (t) {
+    case QuantType::kF32: case QuantType::kF16: case QuantType::kBF16:
+    case QuantType::kQ4_0: case QuantType::kQ8_0: case QuantType::kQ4_K: case QuantType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+size_t ActivationBytes(int64_t m, int64_t k) {
+  return static_cast<size_t>(m) * static_cast<size_t>(k / kQK8A) * sizeof(BlockQ8A);
+}
+
+void QuantizeActivations(const float* x, int64_t ldx, int64_t m, int64_t k, BlockQ8A* xq) {
+  ESTREAM_CHECK(k % kQK8A == 0, "QuantizeActivations: k must be a multiple of 32");
+  const auto fn = Kernels().quantize_q8a;
+  const int64_t kb = k / kQK8A;
+  // Rows are independent; small jobs stay on the calling thread.
+#pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16) && !omp_in_parallel())
+  for (int64_t i = 0; i < m; ++i) fn(x + i * ldx, xq + i * kb, k);
+}
+
+void GemmQ8A(const WeightView& w, const BlockQ8A* xq, int64_t m, float* y, int64_t ldy) {
+  const KernelTable& kt = Kernels();
+  const KernelTable::GemmFn fn = QuantFn(kt, w);
+  ESTREAM_CHECK(fn != nullptr, "GemmQ8A: weight type is not a quantised GEMM type");
+  ESTREAM_CHECK(w.k % 32 == 0 && RowBytes(w.type, w.k) > 0, "GemmQ8A: k is not a multiple of the block size");
+  if (m <= 0 || w.n <= 0) return;
+  const int64_t kb = w.k / kQK8A;
+  ParallelSplit(m, w.n, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    fn(w, xq + m0 * kb, m1 - m0, n0, n1, y + m0 * ldy, ldy);
+  });
+}
+
+void MatMul(const WeightView& w, const float* x, int64_t ldx, int64_t m, float* y, int64_t ldy) {
+  if (m <= 0 || w.n <= 0) return;
+  const KernelTable& kt = Kernels();
+  KernelTable::GemmFloatFn ffn = nullptr;
+  switch (w.type) {
+    case QuantType::kF32: ffn = kt.gemm_f32; break;
+    case QuantType::kF16: ffn = kt.gemm_f16; break;
+    case QuantType::kBF16: ffn = kt.gemm_bf16; break;
+    default: break;
+  }
+  if (ffn != nullptr) {
+    ParallelSplit(m, w.n, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+      ffn(w, x + m0 * ldx, ldx, m1 - m0, n0, n1, y + m0 * ldy, ldy);
+    });
+    return;
+  }
+  ESTREAM_CHECK(QuantFn(kt, w) != nullptr, "MatMul: weight type not supported (check GemmSupports)");
+  // Per calling thread (an Engine may run several), grown once to the largest request.
+  thread_local std::vector<BlockQ8A> scratch;
+  const size_t blocks = static_cast<size_t>(m) * static_cast<size_t>(w.k / kQK8A);
+  if (scratch.size() < blocks) scratch.resize(blocks);
+  QuantizeActivations(x, ldx, m, w.k, scratch.data());
+  GemmQ8A(w, scratch.data(), m, y, ldy);
+}
+
+}  // namespace estream::kernels

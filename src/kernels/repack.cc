@@ -1,0 +1,159 @@
+// Builds the packed weight layout documented in repack.h, and the public RepackWeights.
+#include "kernels/repack.h"
+
+#include <cstring>
+
+#include "base/check.h"
+#include "base/fp16.h"
+#include "kernels/kernels.h"
+
+namespace estream::kernels {
+namespace {
+
+// The 6-bit scale and min of sub-block j of a Q4_K super-block (GGUF's packing of 12 bytes).
+void ScaleMinK4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+}  // namespace
+
+int PackedBlockBytes(QuantType t) {
+  switch (t) {
+    case QuantType::kQ4_0: return 64 + 256;
+    case QuantType::kQ8_0: return 64 + 512;
+    case QuantType::kQ4_K: return 128 + 256;
+    case QuantType::kQ6_K: return 128 + 512;
+    default: return 0;
+  }
+}
+
+int ZeroPoint(QuantType t) {
+  switch (t) {
+    case QuantType::kQ4_0: return 8;
+    case QuantType::kQ8_0: return 128;
+    case QuantType::kQ6_K: return 32;
+    default: return 0;
+  }
+}
+
+void DecodeBlock32(QuantType t, const void* row, int64_t b, Block32* out) {
+  out->mneg = 0.0f;
+  switch (t) {
+    case QuantType::kQ4_0: {
+      const BlockQ4_0& x = static_cast<const BlockQ4_0*>(row)[b];
+      out->d[0] = out->d[1] = Fp16ToFp32(x.d);
+      for (int j = 0; j < 16; ++j) {
+        out->q[j] = x.qs[j] & 0x0F;
+        out->q[j + 16] = x.qs[j] >> 4;
+      }
+      return;
+    }
+    case QuantType::kQ8_0: {
+      const BlockQ8_0& x = static_cast<const BlockQ8_0*>(row)[b];
+      out->d[0] = out->d[1] = Fp16ToFp32(x.d);
+      for (int j = 0; j < 32; ++j) out->q[j] = static_cast<uint8_t>(x.qs[j] + 128);
+      return;
+    }
+    case QuantType::kQ4_K: {
+      const BlockQ4_K& x = static_cast<const BlockQ4_K*>(row)[b / 8];
+      const int sub = static_cast<int>(b % 8);  // 32-value sub-block of the super-block
+      int sc, m;
+      ScaleMinK4(sub, x.scales, &sc, &m);
+      out->d[0] = out->d[1] = Fp16ToFp32(x.d) * static_cast<float>(sc);
+      out->mneg = -(Fp16ToFp32(x.dmin) * static_cast<float>(m));
+      // Sub-blocks 2c and 2c + 1 are the low and high nibbles of qs[32c .. 32c + 32).
+      const uint8_t* q = x.qs + 32 * (sub / 2);
+      for (int j = 0; j < 32; ++j) out->q[j] = (sub % 2 == 0) ? (q[j] & 0x0F) : (q[j] >> 4);
+      return;
+    }
+    case QuantType::kQ6_K: {
+      const BlockQ6_K& x = static_cast<const BlockQ6_K*>(row)[b / 8];
+      const int sub = static_cast<int>(b % 8);
+      const float d = Fp16ToFp32(x.d);
+      // Super-block halves of 128 values: 64 ql bytes and 32 qh bytes each. Within a half,
+      // 32-value group g (0..3) uses ql[l + 32 * (g % 2)] (low nibble for g < 2, high for
+      // g >= 2) and bits 2g..2g+1 of qh[l].
+      const int half = sub / 4, g = sub % 4;
+      const uint8_t* ql = x.ql + 64 * half;
+      const uint8_t* qh = x.qh + 32 * half;
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t lo = ql[l + 32 * (g % 2)];
+        const int nib = g < 2 ? (lo & 0x0F) : (lo >> 4);
+        out->q[l] = static_cast<uint8_t>(nib | (((qh[l] >> (2 * g)) & 3) << 4));
+      }
+      // 16-value sub-blocks: scales[8 * half + 2 * g + {0, 1}].
+      out->d[0] = d * static_cast<float>(x.scales[8 * half + 2 * g]);
+      out->d[1] = d * static_cast<float>(x.scales[8 * half + 2 * g + 1]);
+      return;
+    }
+    default:
+      ESTREAM_CHECK(false, "DecodeBlock32: type has no packed layout");
+  }
+}
+
+void PackPanel(QuantType t, const void* src, size_t src_stride, int rows, int64_t k, void* dst) {
+  const int bb = PackedBlockBytes(t);
+  ESTREAM_CHECK(bb > 0 && rows >= 0 && rows <= kPackRows, "PackPanel: bad type or row count");
+  const int64_t kb = k / 32;
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  for (int64_t b = 0; b < kb; ++b, out += bb) {
+    std::memset(out, 0, static_cast<size_t>(bb));
+    float* d = reinterpret_cast<float*>(out);
+    for (int r = 0; r < rows; ++r) {
+      Block32 blk;
+      DecodeBlock32(t, static_cast<const uint8_t*>(src) + r * src_stride, b, &blk);
+      switch (t) {
+        case QuantType::kQ8_0:
+        case QuantType::kQ6_K: {
+          uint8_t* q = out + (t == QuantType::kQ8_0 ? 64 : 128);
+          d[r] = blk.d[0];
+          if (t == QuantType::kQ6_K) d[16 + r] = blk.d[1];
+          for (int s = 0; s < 8; ++s)
+            for (int j = 0; j < 4; ++j) q[(s * 16 + r) * 4 + j] = blk.q[4 * s + j];
+          break;
+        }
+        case QuantType::kQ4_0:
+        case QuantType::kQ4_K: {
+          uint8_t* q = out + (t == QuantType::kQ4_0 ? 64 : 128);
+          d[r] = blk.d[0];
+          if (t == QuantType::kQ4_K) d[16 + r] = blk.mneg;
+          for (int s = 0; s < 4; ++s)
+            for (int j = 0; j < 4; ++j)
+              q[(s * 16 + r) * 4 + j] = static_cast<uint8_t>(blk.q[4 * s + j] | (blk.q[16 + 4 * s + j] << 4));
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+}
+
+bool CanRepack(QuantType t) { return PackedBlockBytes(t) > 0; }
+
+size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k) {
+  if (!CanRepack(t)) return 0;
+  return static_cast<size_t>(PackedPanels(n) * PackedPanelBytes(t, k));
+}
+
+void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst) {
+  ESTREAM_CHECK(CanRepack(t), "RepackWeights: type has no packed layout (check CanRepack)");
+  const size_t row_bytes = RowBytes(t, k);
+  ESTREAM_CHECK(row_bytes > 0 && k % 32 == 0, "RepackWeights: k is not a multiple of the block size");
+  const int64_t panels = PackedPanels(n);
+  const int64_t panel_bytes = PackedPanelBytes(t, k);
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int rows = static_cast<int>(n - p * kPackRows < kPackRows ? n - p * kPackRows : kPackRows);
+    PackPanel(t, static_cast<const uint8_t*>(src) + p * kPackRows * row_bytes, row_bytes, rows, k,
+              static_cast<uint8_t*>(dst) + p * panel_bytes);
+  }
+}
+
+}  // namespace estream::kernels

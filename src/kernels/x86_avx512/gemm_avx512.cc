@@ -1,0 +1,339 @@
+// AVX-512 VNNI GEMM kernels: quantised weights x Q8A activations with vpdpbusd on zmm, float
+// weights with fp32 FMA, and the Q8A quantiser.
+//
+// Quantised path. Weights are in the packed layout of repack.h (GGUF-layout weights are packed
+// on the fly, one group of panels at a time, into a per-thread buffer). The micro-kernel
+// computes a tile of kMr rows of X x kNv panels (16 weight rows each) over a range of 32-value
+// blocks: per block, kMr x kNv int32 accumulators start at the activation bias -Z * sum(x) and
+// take 8 vpdpbusd steps (16 rows x 4 values of W against 4 broadcast bytes of X); the block's
+// int32 dot is then converted and multiplied into kMr x kNv fp32 accumulators by d_w * d_x.
+// Loop nest per thread (Drive): k chunks of kKcBytes of W per panel group (so that the group's
+// chunk stays in L1 while every X tile streams past it from L2) > panel groups > X row tiles.
+// Partial sums of consecutive k chunks are added to y in chunk order; the chunk size depends
+// only on the weight type, so every thread split gives bit-identical results.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "base/fp16.h"
+#include "kernels/dispatch.h"
+#include "kernels/repack.h"
+#include "quant/quant.h"
+
+// GCC 12 reports the _mm512_undefined_* operand inside the masked-load intrinsics as
+// uninitialised (a false positive: masked-off lanes are zeroed or never read).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace estream::kernels {
+namespace {
+
+constexpr int kMr = 4;   // rows of X per micro-tile
+constexpr int kNv = 3;   // panels (16 weight rows each) per micro-tile
+constexpr int kKcBytes = 24 * 1024;  // bytes of one panel group's k chunk kept in L1
+
+// Per activation row and block: what the micro-kernel broadcasts besides the int8 values.
+struct XAux {
+  float dx;     // activation scale
+  int32_t b0;   // int32 accumulator start: -Z * sum (Q6_K: of values 0..15)
+  int32_t b1;   // Q6_K: -Z * sum of values 16..31
+  float dxs;    // Q4_K: dx * sum (multiplies the weights' -min)
+};
+
+template <QuantType kT>
+void BuildAux(const BlockQ8A* xq, int64_t count, XAux* aux) {
+  const int z = ZeroPoint(kT);
+  for (int64_t i = 0; i < count; ++i) {
+    const int s0 = xq[i].sum[0], s1 = xq[i].sum[1];
+    aux[i].dx = xq[i].d;
+    aux[i].dxs = xq[i].d * static_cast<float>(s0 + s1);
+    if (kT == QuantType::kQ6_K) {
+      aux[i].b0 = -z * s0;
+      aux[i].b1 = -z * s1;
+    } else {
+      aux[i].b0 = -z * (s0 + s1);
+      aux[i].b1 = 0;
+    }
+  }
+}
+
+inline int32_t Load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One micro-tile: rows [0, MR) of x (row i at x + i * kb, aux likewise), NV panels starting at
+// w (panel j at w + j * panel_stride), blocks [b0, b1). Writes (or, with accumulate, adds to)
+// y[i * ldy + 16 * j + r] for the lanes set in mask[j].
+template <QuantType kT, int MR, int NV>
+void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
+           int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
+  constexpr int kQOff = (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0) ? 64 : 128;
+  __m512 facc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) facc[i][j] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = w + b * kBB;
+    constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
+#pragma GCC unroll 2
+    for (int h = 0; h < kHalves; ++h) {
+      __m512i iacc[MR][NV];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512i bias = _mm512_set1_epi32(h == 0 ? aux[i * kb + b].b0 : aux[i * kb + b].b1);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) iacc[i][j] = bias;
+      }
+      if constexpr (kT == QuantType::kQ4_0 || kT == QuantType::kQ4_K) {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; ++s) {
+          __m512i lo[NV], hi[NV];
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) {
+            const __m512i v = _mm512_loadu_si512(wb + j * panel_stride + kQOff + 64 * s);
+            lo[j] = _mm512_and_si512(v, low4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m512i xl = _mm512_set1_epi32(Load4(x[i * kb + b].qs + 4 * s));
+            const __m512i xh = _mm512_set1_epi32(Load4(x[i * kb + b].qs + 16 + 4 * s));
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) {
+              iacc[i][j] = _mm512_dpbusd_epi32(iacc[i][j], lo[j], xl);
+              iacc[i][j] = _mm512_dpbusd_epi32(iacc[i][j], hi[j], xh);
+            }
+          }
+        }
+      } else {
+        constexpr int kSteps = kT == QuantType::kQ6_K ? 4 : 8;
+#pragma GCC unroll 8
+        for (int s0 = 0; s0 < kSteps; ++s0) {
+          const int s = h * 4 + s0;
+          __m512i wv[NV];
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) wv[j] = _mm512_loadu_si512(wb + j * panel_stride + kQOff + 64 * s);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m512i xv = _mm512_set1_epi32(Load4(x[i * kb + b].qs + 4 * s));
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) iacc[i][j] = _mm512_dpbusd_epi32(iacc[i][j], wv[j], xv);
+          }
+        }
+      }
+      __m512 dw[NV];
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j)
+        dw[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(wb + j * panel_stride) + 16 * h);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512 dx = _mm512_set1_ps(aux[i * kb + b].dx);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j)
+          facc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i][j]), _mm512_mul_ps(dw[j], dx), facc[i][j]);
+      }
+    }
+    if constexpr (kT == QuantType::kQ4_K) {
+      __m512 mneg[NV];
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) mneg[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(wb + j * panel_stride) + 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512 dxs = _mm512_set1_ps(aux[i * kb + b].dxs);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) facc[i][j] = _mm512_fmadd_ps(mneg[j], dxs, facc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      float* out = y + i * ldy + 16 * j;
+      __m512 v = facc[i][j];
+      if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[j], out), v);
+      _mm512_mask_storeu_ps(out, mask[j], v);
+    }
+}
+
+template <QuantType kT, int MR>
+void MicroNv(int nv, const uint8_t* w, int64_t ps, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
+             int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
+  switch (nv) {
+    case 1: return Micro<kT, MR, 1>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+    case 2: return Micro<kT, MR, 2>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+    default: return Micro<kT, MR, kNv>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  }
+}
+
+template <QuantType kT>
+void MicroAny(int mr, int nv, const uint8_t* w, int64_t ps, const BlockQ8A* x, const XAux* aux, int64_t kb,
+              int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
+  static_assert(kMr == 4);
+  switch (mr) {
+    case 1: return MicroNv<kT, 1>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+    case 2: return MicroNv<kT, 2>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+    case 3: return MicroNv<kT, 3>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+    default: return MicroNv<kT, kMr>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  }
+}
+
+inline __mmask16 ColumnMask(int64_t col0, int64_t n_begin, int64_t n_end) {
+  uint32_t m = 0;
+  for (int r = 0; r < 16; ++r)
+    if (col0 + r >= n_begin && col0 + r < n_end) m |= 1u << r;
+  return static_cast<__mmask16>(m);
+}
+
+// Blocks per k chunk for type kT: a group of kNv panels' chunk is about kKcBytes.
+template <QuantType kT>
+constexpr int64_t KcBlocks() {
+  constexpr int64_t bb = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
+  return std::max<int64_t>(1, kKcBytes / (kNv * bb));
+}
+
+// Computes columns [n_begin, n_end) of y (rows [0, m)) from `count` packed panels at `w`, the
+// first of which holds columns [16 * p0, 16 * p0 + 16).
+template <QuantType kT>
+void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, const BlockQ8A* xq, const XAux* aux,
+           int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
+  constexpr int64_t kc = KcBlocks<kT>();
+  for (int64_t c0 = 0; c0 < kb; c0 += kc) {
+    const int64_t c1 = std::min(kb, c0 + kc);
+    for (int64_t g = 0; g < count; g += kNv) {
+      const int nv = static_cast<int>(std::min<int64_t>(kNv, count - g));
+      __mmask16 mask[kNv];
+      for (int j = 0; j < nv; ++j) mask[j] = ColumnMask((p0 + g + j) * kPackRows, n_begin, n_end);
+      const uint8_t* wg = w + g * panel_stride;
+      float* yg = y + (p0 + g) * kPackRows;
+      for (int64_t i = 0; i < m; i += kMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
+        MicroAny<kT>(mr, nv, wg, panel_stride, xq + i * kb, aux + i * kb, kb, c0, c1, yg + i * ldy, ldy, mask,
+                     c0 > 0);
+      }
+    }
+  }
+}
+
+template <QuantType kT, bool kPacked>
+void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
+                int64_t ldy) {
+  if (m <= 0 || n_begin >= n_end) return;
+  const int64_t kb = w.k / 32;
+  thread_local std::vector<XAux> aux;
+  if (aux.size() < static_cast<size_t>(m * kb)) aux.resize(static_cast<size_t>(m * kb));
+  BuildAux<kT>(xq, m * kb, aux.data());
+  const int64_t panel_stride = PackedPanelBytes(kT, w.k);
+  const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
+  if (kPacked) {
+    Drive<kT>(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1,
+              panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    return;
+  }
+  // GGUF rows: pack kNv panels at a time into a per-thread buffer.
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < static_cast<size_t>(kNv * panel_stride)) buf.resize(static_cast<size_t>(kNv * panel_stride));
+  const size_t row_bytes = RowBytes(kT, w.k);
+  for (int64_t p = p_first; p <= p_last; p += kNv) {
+    const int64_t count = std::min<int64_t>(kNv, p_last + 1 - p);
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t r0 = (p + j) * kPackRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
+      PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k,
+                buf.data() + j * panel_stride);
+    }
+    Drive<kT>(buf.data(), p, count, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+  }
+}
+
+// ---- float weights ---------------------------------------------------------------------------
+
+template <QuantType kT>
+inline __m512 LoadW(const void* row, int64_t j, __mmask16 mask) {
+  if constexpr (kT == QuantType::kF32) {
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(row) + j);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + j);
+    if constexpr (kT == QuantType::kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// 4 x 4 tiles of (x row, w row) dot products, vectorised along k; fp32 FMA throughout.
+template <QuantType kT>
+void GemmFloatAvx512(const WeightView& w, const float* x, int64_t ldx, int64_t m, int64_t n_begin, int64_t n_end,
+                     float* y, int64_t ldy) {
+  const int64_t k = w.k;
+  const size_t row_bytes = static_cast<size_t>(k) * (kT == QuantType::kF32 ? 4 : 2);
+  const uint8_t* wd = static_cast<const uint8_t*>(w.data);
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += 4) {
+    const int nr = static_cast<int>(std::min<int64_t>(4, n_end - n0));
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int mr = static_cast<int>(std::min<int64_t>(4, m - i0));
+      __m512 acc[4][4];
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+      for (int64_t kk = 0; kk < k; kk += 16) {
+        const __mmask16 mask = k - kk >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - kk)) - 1);
+        __m512 wv[4], xv[4];
+        for (int j = 0; j < 4; ++j)
+          wv[j] = j < nr ? LoadW<kT>(wd + (n0 + j) * row_bytes, kk, mask) : _mm512_setzero_ps();
+        for (int i = 0; i < 4; ++i)
+          xv[i] = i < mr ? _mm512_maskz_loadu_ps(mask, x + (i0 + i) * ldx + kk) : _mm512_setzero_ps();
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(xv[i], wv[j], acc[i][j]);
+      }
+      for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j) y[(i0 + i) * ldy + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
+    }
+  }
+}
+
+// ---- Q8A quantiser (bit-exact with QuantizeRowQ8A) --------------------------------------------
+
+void QuantizeQ8AAvx512(const float* x, BlockQ8A* y, int64_t n) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t b = 0; b < n / kQK8A; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b);
+    const __m512 v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const __m512 a = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
+    const float amax = _mm512_reduce_max_ps(a);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16), _mm512_cvtepi32_epi8(q1));
+    y[b].d = d;
+    y[b].sum[0] = static_cast<int16_t>(_mm512_reduce_add_epi32(q0));
+    y[b].sum[1] = static_cast<int16_t>(_mm512_reduce_add_epi32(q1));
+  }
+}
+
+}  // namespace
+
+void FillAvx512Gemm(KernelTable* t) {
+  t->gemm_q4_0 = GemmAvx512<QuantType::kQ4_0, false>;
+  t->gemm_q8_0 = GemmAvx512<QuantType::kQ8_0, false>;
+  t->gemm_q4_k = GemmAvx512<QuantType::kQ4_K, false>;
+  t->gemm_q6_k = GemmAvx512<QuantType::kQ6_K, false>;
+  t->gemm_q4_0_packed = GemmAvx512<QuantType::kQ4_0, true>;
+  t->gemm_q8_0_packed = GemmAvx512<QuantType::kQ8_0, true>;
+  t->gemm_q4_k_packed = GemmAvx512<QuantType::kQ4_K, true>;
+  t->gemm_q6_k_packed = GemmAvx512<QuantType::kQ6_K, true>;
+  t->gemm_f32 = GemmFloatAvx512<QuantType::kF32>;
+  t->gemm_f16 = GemmFloatAvx512<QuantType::kF16>;
+  t->gemm_bf16 = GemmFloatAvx512<QuantType::kBF16>;
+  t->quantize_q8a = QuantizeQ8AAvx512;
+}
+
+}  // namespace estream::kernels

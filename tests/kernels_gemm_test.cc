@@ -1,0 +1,373 @@
+// Quantised and float GEMM: every ISA's kernels (GGUF and packed layouts) against an fp64
+// reference, the Q8A quantiser fast vs scalar, the repack, and thread-count independence.
+//
+// Reference. W is dequantised with DequantizeRow (quant.cc, independent of the kernels), X is
+// quantised with the scalar QuantizeRowQ8A and dequantised (x^ = d_x * q), and
+// ref = sum_k w_k x^_k in fp64.
+//
+// Tolerance (kernel vs ref). A kernel computes, per 32-value block, an exact int32 dot I of the
+// integer weight and activation values (|I| < 2^21, so its conversion to fp32 is exact), then
+// one or two fp32 terms per block: I * (d_w * d_x) (two roundings) and, for Q4_K, the min term
+// mneg * (d_x * sum) (two roundings); Q6_K has two scaled halves per block. These N <= 2 * k/32
+// terms are summed in fp32 in some order (blocks in order within k chunks, chunks added to y):
+// any summation order of N terms has error <= (N - 1) u sum|t| (u = 2^-24, first order), and
+// each term carries <= 2u relative error of its own. DequantizeRow rounds each weight at most
+// once (Q4_K: d1*q - m1, Q6_K: (d*sc)*q), <= u |w x^| per product. Hence
+//     |y - ref| <= (N + 3) u B,   B = sum_k |x^_k| * (|d1 q_k| + |m1|) for Q4_K (the two terms
+// are computed separately and may cancel), B = sum_k |w_k x^_k| otherwise.
+// Second check (activation quantisation): |x_k - x^_k| <= d_x (1/2 + 2^8 u) (round to nearest of
+// fl(x * id), with d * id within 2u of 1), so |y - sum_k w_k x_k| <= sum_k |w_k| d_x (1/2 + 2^8 u)
+// + the bound above.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/fp16.h"
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+#include "quant/quant.h"
+
+namespace estream::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+std::vector<Isa> IsasToTest() {
+  std::vector<Isa> isas = {Isa::kScalar};
+  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
+  if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+  return isas;
+}
+
+std::mt19937_64& Rng() {
+  static std::mt19937_64 rng(std::random_device{}());
+  return rng;
+}
+
+// Activations: normal with a few outliers, never exactly zero.
+std::vector<float> RandomX(int64_t m, int64_t k) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (float& v : x) {
+    v = nd(Rng());
+    if (u(Rng()) < 0.01f) v *= 12.0f;
+    if (v == 0.0f) v = 0.25f;
+  }
+  return x;
+}
+
+uint16_t RandomHalf(float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  return Fp32ToFp16(u(Rng()));
+}
+
+// n GGUF rows of k values of type t.
+std::vector<uint8_t> RandomWeights(QuantType t, int64_t n, int64_t k) {
+  const size_t rb = RowBytes(t, k);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(n));
+  std::uniform_int_distribution<int> byte(0, 255);
+  switch (t) {
+    case QuantType::kQ4_0:
+    case QuantType::kQ8_0:
+    case QuantType::kF32:
+    case QuantType::kF16:
+    case QuantType::kBF16: {
+      std::normal_distribution<float> nd(0.0f, 0.05f);
+      std::vector<float> row(static_cast<size_t>(k));
+      for (int64_t r = 0; r < n; ++r) {
+        for (float& v : row) v = nd(Rng());
+        QuantizeRow(t, row.data(), w.data() + r * rb, k);
+      }
+      return w;
+    }
+    case QuantType::kQ4_K: {
+      for (auto& v : w) v = static_cast<uint8_t>(byte(Rng()));
+      auto* b = reinterpret_cast<BlockQ4_K*>(w.data());
+      for (size_t i = 0; i < w.size() / sizeof(BlockQ4_K); ++i) {
+        b[i].d = RandomHalf(2e-4f, 8e-4f);
+        b[i].dmin = RandomHalf(2e-4f, 2e-3f);
+      }
+      return w;
+    }
+    case QuantType::kQ6_K: {
+      for (auto& v : w) v = static_cast<uint8_t>(byte(Rng()));
+      auto* b = reinterpret_cast<BlockQ6_K*>(w.data());
+      for (size_t i = 0; i < w.size() / sizeof(BlockQ6_K); ++i) b[i].d = RandomHalf(5e-5f, 2e-4f);
+      return w;
+    }
+    default:
+      ADD_FAILURE() << "no generator for " << TypeName(t);
+      return w;
+  }
+}
+
+// Per-value magnitude of the terms a kernel computes for weight value k of a row (see the
+// comment at the top): |w_k| except for Q4_K, where it is |d1 q_k| + |m1|.
+std::vector<double> TermMagnitudes(QuantType t, const uint8_t* row, const float* wdeq, int64_t k) {
+  std::vector<double> mag(static_cast<size_t>(k));
+  if (t != QuantType::kQ4_K) {
+    for (int64_t j = 0; j < k; ++j) mag[j] = std::fabs(static_cast<double>(wdeq[j]));
+    return mag;
+  }
+  const auto* b = reinterpret_cast<const BlockQ4_K*>(row);
+  for (int64_t sb = 0; sb < k / 256; ++sb) {
+    const uint8_t* s = b[sb].scales;
+    for (int sub = 0; sub < 8; ++sub) {
+      int sc, m;
+      if (sub < 4) {
+        sc = s[sub] & 63;
+        m = s[sub + 4] & 63;
+      } else {
+        sc = (s[sub + 4] & 0x0F) | ((s[sub - 4] >> 6) << 4);
+        m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+      }
+      const double d1 = Fp16ToFp32(b[sb].d) * sc, m1 = Fp16ToFp32(b[sb].dmin) * m;
+      const uint8_t* q = b[sb].qs + 32 * (sub / 2);
+      for (int l = 0; l < 32; ++l) {
+        const int qv = sub % 2 == 0 ? (q[l] & 0x0F) : (q[l] >> 4);
+        mag[sb * 256 + sub * 32 + l] = std::fabs(d1 * qv) + std::fabs(m1);
+      }
+    }
+  }
+  return mag;
+}
+
+struct Problem {
+  QuantType type;
+  int64_t m, n, k;
+  std::vector<uint8_t> w;       // GGUF rows
+  std::vector<uint8_t> packed;  // RepackWeights(w)
+  std::vector<float> x;         // m x k
+  std::vector<BlockQ8A> xq;     // scalar Q8A of x
+  std::vector<double> ref;      // fp64 reference with quantised x
+  std::vector<double> tol;      // derived bound vs ref
+  std::vector<double> ref_x;    // fp64 with the unquantised x
+  std::vector<double> tol_x;    // bound vs ref_x
+};
+
+Problem MakeProblem(QuantType t, int64_t m, int64_t n, int64_t k) {
+  Problem p{t, m, n, k};
+  p.w = RandomWeights(t, n, k);
+  p.x = RandomX(m, k);
+  const int64_t kb = k / 32;
+  p.xq.resize(static_cast<size_t>(m * kb));
+  for (int64_t i = 0; i < m; ++i) QuantizeRowQ8A(p.x.data() + i * k, p.xq.data() + i * kb, k);
+  if (CanRepack(t)) {
+    p.packed.resize(PackedWeightBytes(t, n, k));
+    RepackWeights(t, p.w.data(), n, k, p.packed.data());
+  }
+  std::vector<float> xdq(static_cast<size_t>(m * k));
+  for (int64_t i = 0; i < m; ++i) DequantizeRowQ8A(p.xq.data() + i * kb, xdq.data() + i * k, k);
+  p.ref.assign(static_cast<size_t>(m * n), 0.0);
+  p.tol.assign(p.ref.size(), 0.0);
+  p.ref_x.assign(p.ref.size(), 0.0);
+  p.tol_x.assign(p.ref.size(), 0.0);
+  const size_t rb = RowBytes(t, k);
+  const int64_t terms = 2 * kb;
+  std::vector<float> wd(static_cast<size_t>(k));
+  for (int64_t r = 0; r < n; ++r) {
+    DequantizeRow(t, p.w.data() + r * rb, wd.data(), k);
+    const std::vector<double> mag = TermMagnitudes(t, p.w.data() + r * rb, wd.data(), k);
+    for (int64_t i = 0; i < m; ++i) {
+      double acc = 0, accx = 0, bound = 0, qerr = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double xh = xdq[i * k + j];
+        acc += wd[j] * xh;
+        accx += static_cast<double>(wd[j]) * p.x[i * k + j];
+        bound += mag[j] * std::fabs(xh);
+        qerr += std::fabs(static_cast<double>(wd[j])) * p.xq[i * kb + j / 32].d * (0.5 + 256 * kU);
+      }
+      p.ref[i * n + r] = acc;
+      p.tol[i * n + r] = (terms + 3) * kU * bound + 1e-30;
+      p.ref_x[i * n + r] = accx;
+      p.tol_x[i * n + r] = qerr + p.tol[i * n + r];
+    }
+  }
+  return p;
+}
+
+KernelTable::GemmFn Fn(const KernelTable& kt, QuantType t, bool packed) {
+  switch (t) {
+    case QuantType::kQ4_0: return packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0;
+    case QuantType::kQ8_0: return packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0;
+    case QuantType::kQ4_K: return packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k;
+    case QuantType::kQ6_K: return packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k;
+    default: return nullptr;
+  }
+}
+
+// Checks y (m x n, leading dimension ldy) against the problem's bounds; returns the count of
+// failures (reporting the first few).
+int CheckAgainst(const Problem& p, const std::vector<float>& y, int64_t ldy, const std::string& what) {
+  int bad = 0;
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t r = 0; r < p.n; ++r) {
+      const double v = y[i * ldy + r];
+      const size_t at = static_cast<size_t>(i * p.n + r);
+      const bool ok = std::fabs(v - p.ref[at]) <= p.tol[at] && std::fabs(v - p.ref_x[at]) <= p.tol_x[at];
+      if (!ok && ++bad <= 3)
+        ADD_FAILURE() << what << " m=" << p.m << " n=" << p.n << " k=" << p.k << " at (" << i << "," << r
+                      << "): got " << v << " ref " << p.ref[at] << " (tol " << p.tol[at] << ") ref_x "
+                      << p.ref_x[at] << " (tol " << p.tol_x[at] << ")";
+    }
+  return bad;
+}
+
+struct Shape {
+  int64_t m, n, kmul;
+};
+
+// M sweeps the required values; N is odd/prime and K off the tile (multiples of the block).
+const Shape kShapes[] = {{1, 97, 7}, {2, 17, 3}, {3, 47, 1}, {7, 33, 5}, {31, 61, 3},
+                         {64, 50, 2}, {65, 19, 7}, {127, 41, 1}, {513, 23, 2}};
+
+void RunQuantTest(QuantType t, int64_t block) {
+  for (const Shape& s : kShapes) {
+    const int64_t k = s.kmul * (block == 32 ? 37 : 256);  // Q4_0/Q8_0: 37 blocks per kmul
+    Problem p = MakeProblem(t, s.m, s.n, block == 32 ? (s.kmul * 32 * (s.m % 2 ? 5 : 9)) : k);
+    const int64_t ldy = p.n + 3;
+    for (Isa isa : IsasToTest()) {
+      for (bool packed : {false, true}) {
+        const auto fn = Fn(KernelsFor(isa), t, packed);
+        ASSERT_NE(fn, nullptr);
+        std::vector<float> y(static_cast<size_t>(p.m * ldy), std::nanf(""));
+        const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
+                           packed ? p.packed.data() : p.w.data()};
+        // In two column ranges (the second not panel-aligned) to exercise the split.
+        const int64_t split = p.n / 2;
+        fn(w, p.xq.data(), p.m, 0, split, y.data(), ldy);
+        fn(w, p.xq.data(), p.m, split, p.n, y.data(), ldy);
+        const std::string what = std::string(TypeName(t)) + " " + IsaName(isa) + (packed ? " packed" : " gguf");
+        EXPECT_EQ(CheckAgainst(p, y, ldy, what), 0) << what;
+        for (int64_t i = 0; i < p.m; ++i)  // the padding columns stay untouched
+          for (int64_t c = p.n; c < ldy; ++c) ASSERT_TRUE(std::isnan(y[i * ldy + c])) << what;
+      }
+    }
+  }
+}
+
+TEST(GemmQuant, Q4_0EveryIsaAndLayout) { RunQuantTest(QuantType::kQ4_0, 32); }
+TEST(GemmQuant, Q8_0EveryIsaAndLayout) { RunQuantTest(QuantType::kQ8_0, 32); }
+TEST(GemmQuant, Q4_KEveryIsaAndLayout) { RunQuantTest(QuantType::kQ4_K, 256); }
+TEST(GemmQuant, Q6_KEveryIsaAndLayout) { RunQuantTest(QuantType::kQ6_K, 256); }
+
+// The packed layout holds exactly the GGUF values: the scalar kernels agree bit for bit.
+TEST(GemmQuant, RepackIsExact) {
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
+    const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 96 : 512;
+    Problem p = MakeProblem(t, 5, 37, k);
+    std::vector<float> a(static_cast<size_t>(p.m * p.n), std::nanf("")), b = a;
+    const KernelTable& kt = KernelsFor(Isa::kScalar);
+    Fn(kt, t, false)({t, WeightLayout::kGguf, p.n, p.k, p.w.data()}, p.xq.data(), p.m, 0, p.n, a.data(), p.n);
+    Fn(kt, t, true)({t, WeightLayout::kPacked, p.n, p.k, p.packed.data()}, p.xq.data(), p.m, 0, p.n, b.data(), p.n);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << TypeName(t);
+  }
+}
+
+TEST(GemmQuant, PackedBytes) {
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_0, 17, 64), 2u * 2 * 320);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ8_0, 16, 32), 576u);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_K, 1, 256), 8u * 384);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ6_K, 33, 256), 3u * 8 * 640);
+  EXPECT_FALSE(CanRepack(QuantType::kF16));
+  EXPECT_TRUE(GemmSupports(QuantType::kBF16));
+  EXPECT_FALSE(GemmSupports(QuantType::kQ5_K));
+}
+
+// Public entry points with 1 and 2 threads: bit-identical, and correct.
+TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
+  const int saved = omp_get_max_threads();
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
+    for (int64_t m : {3, 70}) {
+      const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 320 : 512;
+      Problem p = MakeProblem(t, m, 101, k);
+      for (bool packed : {false, true}) {
+        const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
+                           packed ? p.packed.data() : p.w.data()};
+        std::vector<float> y1(static_cast<size_t>(p.m * p.n), std::nanf("")), y2 = y1, y3 = y1;
+        omp_set_num_threads(1);
+        MatMul(w, p.x.data(), p.k, p.m, y1.data(), p.n);
+        omp_set_num_threads(2);
+        MatMul(w, p.x.data(), p.k, p.m, y2.data(), p.n);
+        GemmQ8A(w, p.xq.data(), p.m, y3.data(), p.n);
+        omp_set_num_threads(saved);
+        EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << TypeName(t);
+        EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)), 0) << TypeName(t);
+        EXPECT_EQ(CheckAgainst(p, y1, p.n, std::string("MatMul ") + TypeName(t)), 0);
+      }
+    }
+  }
+}
+
+// Float weights: fp32 products and sums; |y - ref| <= (k + 2) u sum|w x| (recursive summation
+// of k products, each rounded once; the weights themselves are exact in fp32).
+TEST(GemmFloat, EveryIsaMatchesFp64) {
+  for (QuantType t : {QuantType::kF32, QuantType::kF16, QuantType::kBF16}) {
+    for (const Shape& s : kShapes) {
+      const int64_t k = 13 + 29 * s.kmul;  // off every vector width
+      if (s.m > 127) continue;             // the scalar float path is slow; 127 covers the tiles
+      const std::vector<uint8_t> wq = RandomWeights(t, s.n, k);
+      const std::vector<float> x = RandomX(s.m, k);
+      std::vector<float> wd(static_cast<size_t>(s.n * k));
+      for (int64_t r = 0; r < s.n; ++r) DequantizeRow(t, wq.data() + r * RowBytes(t, k), wd.data() + r * k, k);
+      for (Isa isa : IsasToTest()) {
+        const KernelTable& kt = KernelsFor(isa);
+        const auto fn = t == QuantType::kF32 ? kt.gemm_f32 : t == QuantType::kF16 ? kt.gemm_f16 : kt.gemm_bf16;
+        std::vector<float> y(static_cast<size_t>(s.m * s.n), std::nanf(""));
+        const WeightView w{t, WeightLayout::kGguf, s.n, k, wq.data()};
+        fn(w, x.data(), k, s.m, 0, s.n / 3, y.data(), s.n);
+        fn(w, x.data(), k, s.m, s.n / 3, s.n, y.data(), s.n);
+        int bad = 0;
+        for (int64_t i = 0; i < s.m; ++i)
+          for (int64_t r = 0; r < s.n; ++r) {
+            double acc = 0, mag = 0;
+            for (int64_t j = 0; j < k; ++j) {
+              acc += static_cast<double>(wd[r * k + j]) * x[i * k + j];
+              mag += std::fabs(static_cast<double>(wd[r * k + j]) * x[i * k + j]);
+            }
+            const double v = y[i * s.n + r];
+            if (!(std::fabs(v - acc) <= (k + 2) * kU * mag) && ++bad <= 3)
+              ADD_FAILURE() << TypeName(t) << " " << IsaName(isa) << " m=" << s.m << " (" << i << "," << r
+                            << "): " << v << " vs " << acc;
+          }
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
+// The fast quantisers follow the scalar definition bit for bit (same fp32 operations, round
+// half to even), including exact ties, tiny and huge magnitudes and an all-equal block.
+TEST(QuantizeQ8A, FastMatchesScalarBitExact) {
+  const int64_t k = 32 * 41;
+  std::vector<float> x = RandomX(1, k);
+  for (int j = 0; j < 32; ++j) x[j] = (j - 15.5f) / 254.0f * 3.0f;  // ties at +-x.5
+  for (int j = 32; j < 64; ++j) x[j] = 1e-30f * (j - 40);
+  for (int j = 64; j < 96; ++j) x[j] = 3e30f * (j % 5 - 2.5f);
+  for (int j = 96; j < 128; ++j) x[j] = 0.7f;
+  std::vector<BlockQ8A> ref(k / 32), got(k / 32);
+  QuantizeRowQ8A(x.data(), ref.data(), k);
+  for (Isa isa : IsasToTest()) {
+    std::memset(got.data(), 0xAB, got.size() * sizeof(BlockQ8A));
+    KernelsFor(isa).quantize_q8a(x.data(), got.data(), k);
+    EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(BlockQ8A)), 0) << IsaName(isa);
+  }
+  // Public wrapper, several rows with a leading dimension.
+  std::vector<BlockQ8A> rows(3 * 2);
+  std::vector<float> xr = RandomX(3, 80);
+  QuantizeActivations(xr.data(), 80, 3, 64, rows.data());
+  for (int i = 0; i < 3; ++i) {
+    QuantizeRowQ8A(xr.data() + i * 80, ref.data(), 64);
+    EXPECT_EQ(std::memcmp(ref.data(), rows.data() + 2 * i, 2 * sizeof(BlockQ8A)), 0);
+  }
+}
+
+}  // namespace
+}  // namespace estream::kernels
