@@ -8,3 +8,5 @@ target_link_libraries(estream_ref PUBLIC estream_gguf estream_quant estream_base
 
 estream_add_test(model_golden_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_golden_test.cc
   LIBS estream_model estream_ref LABELS model)
+estream_add_test(model_engine_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_engine_test.cc
+  LIBS estream_model LABELS model)

@@ -1,0 +1,124 @@
+// Helpers of the model tests: rewrite a GGUF model with edits (drop or reshape a tensor, change a
+// key, split merged experts into Mixtral's per-expert tensors), compare logits.
+#pragma once
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gguf/gguf.h"
+
+namespace estream::model_test {
+
+// A tensor of the rewritten file: its bytes come from `data` (borrowed from the source mapping or
+// from `owned`).
+struct OutTensor {
+  std::string name;
+  QuantType type;
+  std::vector<int64_t> dims;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+
+struct GgufContents {
+  std::vector<GgufKv> kvs;
+  std::vector<OutTensor> tensors;
+
+  GgufKv* FindKv(const std::string& key) {
+    for (GgufKv& kv : kvs)
+      if (kv.key == key) return &kv;
+    return nullptr;
+  }
+  void EraseTensor(const std::string& name) {
+    std::erase_if(tensors, [&](const OutTensor& t) { return t.name == name; });
+  }
+  OutTensor* FindTensor(const std::string& name) {
+    for (OutTensor& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+};
+
+// A directory under the test temp dir, removed with its contents on destruction.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    path_ = std::filesystem::path(::testing::TempDir()) / fmt::format("estream_model_{}_{}", getpid(), counter_++);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string File(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path path_;
+};
+
+// Copies `src` to `dst` after `edit` has changed its metadata and tensor list.
+inline Status RewriteGguf(const std::string& src, const std::string& dst,
+                          const std::function<void(GgufContents*)>& edit) {
+  ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> in, GgufFile::Open(src));
+  GgufContents c;
+  c.kvs = in->kvs();
+  std::erase_if(c.kvs, [](const GgufKv& kv) { return kv.key == "general.alignment"; });
+  for (const GgufTensorInfo& t : in->tensors())
+    c.tensors.push_back({t.name, t.type, std::vector<int64_t>(t.dims, t.dims + t.n_dims), in->TensorData(t),
+                         t.n_bytes});
+  edit(&c);
+  GgufWriter w;
+  for (GgufKv& kv : c.kvs) w.AddKv(kv.key, kv.value);
+  for (const OutTensor& t : c.tensors) ESTREAM_RETURN_IF_ERROR(w.AddTensor(t.name, t.type, t.dims));
+  ESTREAM_RETURN_IF_ERROR(w.Begin(dst));
+  for (const OutTensor& t : c.tensors) ESTREAM_RETURN_IF_ERROR(w.WriteTensorData(t.data, t.size));
+  return w.Finish();
+}
+
+// Replaces blk.N.ffn_{gate,up,down}_exps.weight by Mixtral's older per-expert tensors
+// blk.N.ffn_{gate,up,down}.E.weight (same bytes, split along the expert dimension).
+inline void SplitExperts(GgufContents* c) {
+  std::vector<OutTensor> out;
+  for (const OutTensor& t : c->tensors) {
+    const std::string suffix = "_exps.weight";
+    if (t.name.size() > suffix.size() && t.name.ends_with(suffix) && t.dims.size() == 3) {
+      const std::string stem = t.name.substr(0, t.name.size() - suffix.size());  // blk.N.ffn_gate
+      const uint64_t per = t.size / t.dims[2];
+      for (int64_t e = 0; e < t.dims[2]; ++e)
+        out.push_back({fmt::format("{}.{}.weight", stem, e), t.type, {t.dims[0], t.dims[1]}, t.data + e * per, per});
+    } else {
+      out.push_back(t);
+    }
+  }
+  c->tensors = std::move(out);
+}
+
+// ||a - b|| / ||b||.
+template <typename A, typename B>
+double RelErr(const A* a, const B* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double e = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    num += e * e;
+    den += static_cast<double>(b[i]) * static_cast<double>(b[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+template <typename A>
+int64_t ArgMax(const A* a, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (a[i] > a[best]) best = i;
+  return best;
+}
+
+}  // namespace estream::model_test
