@@ -1,0 +1,127 @@
+// Benchmarks of the non-GEMM kernels: causal attention for prefill (the figure of record, in
+// docs/PERFORMANCE.md "Attention"), and the row kernels for orientation.
+//
+// Attention FLOPs are counted as the useful causal work: QK^T and PV each take
+// 2 * head_dim flops per (query, visible key) pair, with T^2 / 2 pairs per head:
+// 4 * (T^2 / 2) * head_dim * n_head. "pct_fp32_peak" relates FLOP/s to the fp32 FMA peak of the
+// threads used (267.5 GFLOP/s per core on the machine of record: 2 x 16-lane FMA per cycle);
+// set ESTREAM_FP32_PEAK_PER_CORE (GFLOP/s) for another machine.
+//
+// Run: build/bench/ops_bench --benchmark_filter=Attention --benchmark_repetitions=5
+//        --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "base/cpu.h"
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+#include "kernels/ops_internal.h"
+
+namespace estream::kernels {
+namespace {
+
+double PeakPerCoreGflops() {
+  if (const char* s = std::getenv("ESTREAM_FP32_PEAK_PER_CORE")) return std::atof(s);
+  return 267.5;
+}
+
+std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// Args: T, n_head, n_head_kv, head_dim, threads, isa (0 scalar, 1 avx2, 2 avx512).
+void BM_Attention(benchmark::State& state) {
+  const int t = static_cast<int>(state.range(0));
+  const int n_head = static_cast<int>(state.range(1));
+  const int n_head_kv = static_cast<int>(state.range(2));
+  const int d = static_cast<int>(state.range(3));
+  const int threads = static_cast<int>(state.range(4));
+  const Isa isa = static_cast<Isa>(state.range(5));
+  if (static_cast<int>(isa) > static_cast<int>(HostIsa())) {
+    state.SkipWithError("ISA not available on this host");
+    return;
+  }
+  const std::vector<float> q = Random(static_cast<size_t>(t) * n_head * d, -1, 1, 1);
+  const std::vector<float> k = Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 2);
+  const std::vector<float> v = Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 3);
+  std::vector<float> out(static_cast<size_t>(t) * n_head * d);
+  const AttentionArgs a{.n_tokens = t, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = d,
+                        .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.data(), .ldq = n_head * d,
+                        .k = k.data(), .ldk = n_head_kv * d, .v = v.data(), .ldv = n_head_kv * d,
+                        .out = out.data(), .ldo = n_head * d};
+  const KernelTable& kt = KernelsFor(isa);
+  omp_set_num_threads(threads);
+  for (auto _ : state) {
+    AttentionPrefillWith(kt, a);
+    benchmark::ClobberMemory();
+  }
+  const double flops = 4.0 * (static_cast<double>(t) * t / 2) * d * n_head;
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_fp32_peak"] = benchmark::Counter(
+      flops * 100.0 / (PeakPerCoreGflops() * 1e9 * threads), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void AttentionShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"T", "heads", "kv", "d", "thr", "isa"});
+  for (int isa : {2, 1})
+    for (int threads : {1, 2})
+      for (int t : {512, 1024, 4096}) {
+        b->Args({t, 32, 4, 128, threads, isa});  // Qwen3-30B-A3B
+        b->Args({t, 16, 16, 64, threads, isa});  // OLMoE-1B-7B
+      }
+}
+BENCHMARK(BM_Attention)->Apply(AttentionShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Row kernels, single thread, one table entry over `rows` rows of n (isa as above).
+void BM_RmsNorm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const KernelTable& kt = KernelsFor(static_cast<Isa>(state.range(1)));
+  std::vector<float> x = Random(n, -1, 1, 4), w = Random(n, 0.5f, 1.5f, 5), y(n);
+  for (auto _ : state) {
+    kt.rms_norm_row(x.data(), w.data(), y.data(), n, 1e-6f);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 12);
+}
+BENCHMARK(BM_RmsNorm)->ArgNames({"n", "isa"})->ArgsProduct({{2048, 4096}, {0, 1, 2}});
+
+void BM_Rope(benchmark::State& state) {
+  const int heads = 32, d = 128;
+  const KernelTable& kt = KernelsFor(static_cast<Isa>(state.range(0)));
+  std::vector<double> freq(d / 2);
+  for (int p = 0; p < d / 2; ++p) freq[p] = std::pow(1e6, -2.0 * p / d);
+  std::vector<float> x = Random(heads * d, -1, 1, 6);
+  int pos = 0;
+  for (auto _ : state) {
+    kt.rope_row(x.data(), heads, d, pos++ & 8191, freq.data(), RopeMode::kNeox);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * heads * d);
+}
+BENCHMARK(BM_Rope)->ArgNames({"isa"})->DenseRange(0, 2);
+
+void BM_SwiGlu(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const KernelTable& kt = KernelsFor(static_cast<Isa>(state.range(1)));
+  std::vector<float> g = Random(n, -8, 8, 7), u = Random(n, -1, 1, 8), h(n);
+  for (auto _ : state) {
+    kt.swiglu(g.data(), u.data(), h.data(), n);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_SwiGlu)->ArgNames({"n", "isa"})->ArgsProduct({{768 * 64}, {0, 1, 2}});
+
+}  // namespace
+}  // namespace estream::kernels
+
+BENCHMARK_MAIN();

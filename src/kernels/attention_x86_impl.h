@@ -1,0 +1,233 @@
+// The blocked causal attention of the x86 paths, written once over a vector-traits class `S` and
+// instantiated by x86_avx2/ops_avx2.cc and x86_avx512/ops_avx512.cc (each compiled with its own
+// ISA flags). Everything here has internal linkage (anonymous namespace), so the two
+// instantiations can never be merged by the linker across ISAs. Internal to src/kernels.
+//
+// Algorithm (one query head, a block of query rows; flash-attention style online softmax):
+//   for each sub-block of kQ = S::kLanes * S::kVecs query rows:
+//     QT[d][i]  = q[t_i][d] * scale * log2(e)           (queries transposed: lanes = queries)
+//     for each key block of kKeys keys up to the last query of the sub-block:
+//       ST[j][i] = sum_d K[j][d] QT[d][i]                (scores in log2 units, lanes = queries)
+//       ST[j][i] = -inf where key j > query i             (causal mask, diagonal blocks only)
+//       m' = max(m, max_j ST[j]);  alpha = 2^(m - m');   P[j] = 2^(ST[j] - m')
+//       l  = l alpha + sum_j P[j];  OT[d] = OT[d] alpha + sum_j V[j][d] P[j]   (lanes = queries)
+//     out[t_i][d] = OT[d][i] / l[i]
+// Putting queries in the vector lanes makes every softmax step a vertical vector operation (no
+// horizontal reductions), lets head_dim and the number of rows be anything (no lane tails: unused
+// query lanes hold zeros and are never stored), and turns both products into broadcast-FMA
+// micro-kernels of R rows x kVecs vectors held in registers. All arithmetic is fp32 FMA; the
+// T x T score matrix is never formed (ST is kKeys x kQ).
+//
+// Traits S provide: V (vector type), kLanes, kVecs (vectors of queries per tile), kQkRows and
+// kPvRows (register-tile heights), Zero, Set1, Load, Store (unaligned), Fma(a, b, c) = a * b + c,
+// Mul, Sub, Max, MaskBelow(s, lane0, limit) (lanes with index lane0 + lane < limit get -inf), and
+// Exp2(x) for x <= 0 or -inf (relative error <= 3u; results below 2^-125 are flushed to 0, so
+// masked keys get exactly 0 and no denormals enter the products).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "base/memory.h"
+#include "kernels/kernels.h"
+
+// Register tiles are small arrays indexed by compile-time loops; -O2 does not always unroll them
+// fully, and then the accumulators live on the stack. Force it.
+#define ESTREAM_UNROLL _Pragma("GCC unroll 16")
+
+namespace estream::kernels {
+namespace {
+
+constexpr int kAttnKeys = 64;  // keys per block: ST is kAttnKeys x kQ floats
+
+// Per-thread scratch, grown once to the largest head_dim seen; owned by the calling thread.
+struct AttnScratch {
+  AlignedPtr<float> qt, ot, st;
+  int capacity_d = 0;
+  int capacity_q = 0;
+
+  void Reserve(int d, int q) {
+    if (d <= capacity_d && q <= capacity_q) return;
+    capacity_d = std::max(d, capacity_d);
+    capacity_q = std::max(q, capacity_q);
+    qt = AllocAligned<float>(static_cast<size_t>(capacity_d) * capacity_q);
+    ot = AllocAligned<float>(static_cast<size_t>(capacity_d) * capacity_q);
+    st = AllocAligned<float>(static_cast<size_t>(kAttnKeys) * capacity_q);
+  }
+};
+
+// ST[j][.] for R keys (rows k, k + ldk, ...) against all kQ query lanes; d terms each.
+template <class S, int R>
+inline void QkTile(const float* k, int64_t ldk, const float* qt, int d, float* st) {
+  constexpr int kQ = S::kLanes * S::kVecs;
+  typename S::V acc[R][S::kVecs];
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r)
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Zero();
+  for (int i = 0; i < d; ++i) {
+    typename S::V q[S::kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) q[c] = S::Load(qt + i * kQ + c * S::kLanes);
+    ESTREAM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const typename S::V kb = S::Set1(k[r * ldk + i]);
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Fma(kb, q[c], acc[r][c]);
+    }
+  }
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r)
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) S::Store(st + r * kQ + c * S::kLanes, acc[r][c]);
+}
+
+// OT[dd .. dd + R)[.] = OT * alpha + sum_j V[j][dd + r] P[j][.], for nk keys; v points at V[0][dd].
+template <class S, int R>
+inline void PvTile(const float* v, int64_t ldv, const float* pt, int nk, const typename S::V* alpha, float* ot) {
+  constexpr int kQ = S::kLanes * S::kVecs;
+  typename S::V acc[R][S::kVecs];
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r)
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Mul(S::Load(ot + r * kQ + c * S::kLanes), alpha[c]);
+  for (int j = 0; j < nk; ++j) {
+    typename S::V p[S::kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) p[c] = S::Load(pt + j * kQ + c * S::kLanes);
+    ESTREAM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const typename S::V vb = S::Set1(v[j * ldv + r]);
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Fma(vb, p[c], acc[r][c]);
+    }
+  }
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r)
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) S::Store(ot + r * kQ + c * S::kLanes, acc[r][c]);
+}
+
+// Runs Tile<R> over n rows in steps of kRows, then the remainder with one smaller instantiation.
+template <int kRows, class F>
+inline void ForTiles(int n, F&& tile) {
+  int r = 0;
+  for (; r + kRows <= n; r += kRows) tile.template operator()<kRows>(r);
+  const int rest = n - r;
+  if constexpr (kRows > 1) {
+    if (rest > 0) {
+      if constexpr (kRows > 4) {
+        if (rest >= 4) {
+          tile.template operator()<4>(r);
+          r += 4;
+        }
+      }
+      for (; r + 2 <= n; r += 2) tile.template operator()<2>(r);
+      if (r < n) tile.template operator()<1>(r);
+    }
+  }
+}
+
+// dst[c][r] = src[r][c] * scale for r < rows, c < cols: whole kLanes x kLanes blocks in
+// registers (S::Transpose), the ragged edges element by element.
+template <class S>
+void TransposeBlock(const float* src, int64_t lds, int rows, int cols, float scale, float* dst, int64_t ldd) {
+  constexpr int L = S::kLanes;
+  const int full_rows = rows / L * L, full_cols = cols / L * L;
+  for (int r = 0; r < full_rows; r += L)
+    for (int c = 0; c < full_cols; c += L) S::Transpose(src + r * lds + c, lds, scale, dst + c * ldd + r, ldd);
+  for (int r = 0; r < rows; ++r) {
+    const int c_begin = r < full_rows ? full_cols : 0;
+    for (int c = c_begin; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c] * scale;
+  }
+}
+
+template <class S>
+void AttentionBlockX86(const AttentionArgs& a, int head, int t_begin, int t_end) {
+  using V = typename S::V;
+  constexpr int kQ = S::kLanes * S::kVecs;
+  constexpr float kLog2e = 1.44269504088896340736f;
+  const int d = a.head_dim;
+  const int kv_head = head / (a.n_head / a.n_head_kv);
+  const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
+  const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
+  thread_local AttnScratch scratch;
+  scratch.Reserve(d, kQ);
+  float* qt = scratch.qt.get();
+  float* ot = scratch.ot.get();
+  float* st = scratch.st.get();
+  const float q_scale = a.scale * kLog2e;
+
+  for (int q0 = t_begin; q0 < t_end; q0 += kQ) {
+    const int nq = std::min(kQ, t_end - q0);
+    const int q1 = q0 + nq;
+    const float* q_rows = a.q + static_cast<int64_t>(q0) * a.ldq + static_cast<int64_t>(head) * d;
+    TransposeBlock<S>(q_rows, a.ldq, nq, d, q_scale, qt, kQ);
+    if (nq < kQ)
+      for (int c = 0; c < d; ++c) std::memset(qt + c * kQ + nq, 0, sizeof(float) * (kQ - nq));
+    std::memset(ot, 0, sizeof(float) * static_cast<size_t>(d) * kQ);
+    V m[S::kVecs], l[S::kVecs], alpha[S::kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) {
+      m[c] = S::Set1(-std::numeric_limits<float>::infinity());
+      l[c] = S::Zero();
+    }
+
+    for (int kb = 0; kb < q1; kb += kAttnKeys) {
+      const int nk = std::min(kAttnKeys, q1 - kb);
+      const float* kblk = k_head + static_cast<int64_t>(kb) * a.ldk;
+      ForTiles<S::kQkRows>(nk, [&]<int R>(int j) { QkTile<S, R>(kblk + j * a.ldk, a.ldk, qt, d, st + j * kQ); });
+      // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i, i.e. lanes
+      // i < kb + j - q0 are masked; only rows with kb + j > q0 have any.
+      for (int j = std::max(0, q0 - kb + 1); j < nk; ++j)
+        ESTREAM_UNROLL
+        for (int c = 0; c < S::kVecs; ++c) {
+          float* s = st + j * kQ + c * S::kLanes;
+          S::Store(s, S::MaskBelow(S::Load(s), c * S::kLanes, kb + j - q0));
+        }
+      V bm[S::kVecs];
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c) bm[c] = m[c];
+      for (int j = 0; j < nk; ++j)
+        ESTREAM_UNROLL
+        for (int c = 0; c < S::kVecs; ++c) bm[c] = S::Max(bm[c], S::Load(st + j * kQ + c * S::kLanes));
+      V sum[S::kVecs];
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c) {
+        alpha[c] = S::Exp2(S::Sub(m[c], bm[c]));
+        m[c] = bm[c];
+        sum[c] = S::Zero();
+      }
+      for (int j = 0; j < nk; ++j)
+        ESTREAM_UNROLL
+        for (int c = 0; c < S::kVecs; ++c) {
+          float* s = st + j * kQ + c * S::kLanes;
+          const V p = S::Exp2(S::Sub(S::Load(s), m[c]));
+          S::Store(s, p);
+          sum[c] = S::Add(sum[c], p);
+        }
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c) l[c] = S::Fma(l[c], alpha[c], sum[c]);
+      const float* vblk = v_head + static_cast<int64_t>(kb) * a.ldv;
+      ForTiles<S::kPvRows>(d, [&]<int R>(int c0) { PvTile<S, R>(vblk + c0, a.ldv, st, nk, alpha, ot + c0 * kQ); });
+    }
+
+    // out[q0 + i][c] = OT[c][i] / l[i]: scale the rows of OT, then store them transposed.
+    V inv_l[S::kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) inv_l[c] = S::Div(S::Set1(1.0f), l[c]);
+    for (int r = 0; r < d; ++r)
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c)
+        S::Store(ot + r * kQ + c * S::kLanes, S::Mul(S::Load(ot + r * kQ + c * S::kLanes), inv_l[c]));
+    float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(head) * d;
+    TransposeBlock<S>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
+  }
+}
+
+}  // namespace
+}  // namespace estream::kernels
+
+#undef ESTREAM_UNROLL
