@@ -493,26 +493,38 @@ std::vector<std::string> NaiveSpm(const std::string& text, const std::map<std::s
   return syms;
 }
 
-TEST(MergeEngines, SpmMatchesNaiveOnRandomText) {
-  std::mt19937 rng(5);
+// inner_space: let tokens hold "▁" after another character (disables the word split).
+void SpmAgainstNaive(bool inner_space, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::vector<std::string> tokens = {"<unk>"};
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
     tokens.push_back(name);
   }
-  const std::vector<std::string> chars = {"a", "b", "c", "\xE2\x96\x81", "\xC3\xA9"};
+  const std::string mark = "\xE2\x96\x81";
+  const std::vector<std::string> chars = {"a", "b", "c", mark, "\xC3\xA9"};
+  auto allowed = [&](const std::string& t) {
+    if (inner_space) return true;
+    for (size_t p = t.find(mark, 1); p != std::string::npos; p = t.find(mark, p + 1))
+      if (p < 3 || t.compare(p - 3, 3, mark) != 0) return false;
+    return true;
+  };
   for (const auto& x : chars) tokens.push_back(x);
   for (const auto& x : chars)
     for (const auto& y : chars)
-      if (rng() % 3) tokens.push_back(x + y);
-  for (int i = 0; i < 60; ++i) tokens.push_back(chars[rng() % 5] + chars[rng() % 5] + chars[rng() % 5]);
+      if (rng() % 3 && allowed(x + y)) tokens.push_back(x + y);
+  for (int i = 0; i < 80; ++i) {
+    const std::string t = chars[rng() % 5] + chars[rng() % 5] + chars[rng() % 5];
+    if (allowed(t)) tokens.push_back(t);
+  }
   std::vector<float> scores;
   std::map<std::string, float> score;
   tok::TokenIndex index;
   for (size_t i = 0; i < tokens.size(); ++i) {
     scores.push_back(static_cast<float>(rng() % 7));  // few distinct scores: many ties
-    if (index.emplace(tokens[i], static_cast<int32_t>(i)).second) score[tokens[i]] = scores.back();
+    index[tokens[i]] = static_cast<int32_t>(i);       // last wins, as in the tokenizer
+    score[tokens[i]] = scores.back();
   }
   auto model = tok::SpmModel::Create(tokens, scores, index, 0);
   tok::MergeScratch scratch;
@@ -521,7 +533,8 @@ TEST(MergeEngines, SpmMatchesNaiveOnRandomText) {
     std::string text;
     for (int i = 0; i < n; ++i) text += rng() % 10 == 0 ? std::string("\xE4\xB8\xAD") : chars[rng() % 5];
     std::vector<int32_t> got;
-    model->EncodeText(text, &scratch, &got);
+    tok::WordCache cache;
+    model->EncodeText(text, &scratch, &cache, &got);
     std::vector<int32_t> want;
     for (const std::string& sym : NaiveSpm(text, score)) {
       auto it = index.find(sym);
@@ -534,6 +547,9 @@ TEST(MergeEngines, SpmMatchesNaiveOnRandomText) {
     ASSERT_EQ(got, want) << text;
   }
 }
+
+TEST(MergeEngines, SpmMatchesNaiveOnRandomText) { SpmAgainstNaive(/*inner_space=*/true, 5); }
+TEST(MergeEngines, SpmWordSplitMatchesNaiveOnRandomText) { SpmAgainstNaive(/*inner_space=*/false, 6); }
 
 // ---- bad metadata -----------------------------------------------------------------------------
 

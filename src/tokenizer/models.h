@@ -14,6 +14,7 @@
 // Thread safety: immutable after Create; Encode* take caller-owned scratch space.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,6 +53,40 @@ struct MergeScratch {
   std::string mapped;  // BPE ignore_merges lookup
 };
 
+// Memo of word -> ids for one Encode call (natural text repeats its words constantly). A value is
+// the range of the output vector where that word's ids were first written, so nothing is copied
+// into the memo; the keys view the caller's text, which must outlive it.
+class WordCache {
+ public:
+  static constexpr size_t kMaxWordBytes = 64;    // longer words are rare and not worth caching
+  static constexpr size_t kMaxEntries = 1 << 16;  // bounds the memo on huge, diverse inputs
+
+  // Appends the ids of `word` to *out, from the memo or by calling encode(word, out).
+  template <typename F>
+  void Encode(std::string_view word, std::vector<int32_t>* out, F&& encode) {
+    if (word.size() > kMaxWordBytes) {
+      encode(word, out);
+      return;
+    }
+    auto it = map_.find(word);
+    if (it != map_.end()) {
+      const auto [offset, count] = it->second;
+      const size_t old = out->size();
+      out->resize(old + count);
+      std::copy(out->begin() + offset, out->begin() + offset + count, out->begin() + old);
+      return;
+    }
+    const size_t offset = out->size();
+    encode(word, out);
+    if (map_.size() < kMaxEntries)
+      map_.emplace(word, std::make_pair(static_cast<uint32_t>(offset), static_cast<uint32_t>(out->size() - offset)));
+  }
+  void Clear() { map_.clear(); }
+
+ private:
+  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> map_;
+};
+
 class BpeModel {
  public:
   // tokens/index: the vocabulary (index holds views into tokens, which must outlive the model).
@@ -87,10 +122,17 @@ class SpmModel {
                                           const TokenIndex& index, int32_t unk_id);
 
   // Appends the ids of `text`, which is already escaped (spaces as U+2581, prefix added).
-  void EncodeText(std::string_view text, MergeScratch* s, std::vector<int32_t>* out) const;
+  // When no token has a "▁" right after another character (true of Llama/Mistral vocabularies,
+  // checked at Create), no merge can cross the start of a "▁" run, so the text is cut there into
+  // independent words that are merged separately and memoised in *cache (same result, much
+  // faster); otherwise the whole text is merged at once.
+  void EncodeText(std::string_view text, MergeScratch* s, WordCache* cache,
+                  std::vector<int32_t>* out) const;
 
  private:
   SpmModel() = default;
+  void EncodeWord(std::string_view text, MergeScratch* s, std::vector<int32_t>* out) const;
+  bool split_at_space_ = false;
   const TokenIndex* index_ = nullptr;
   std::vector<float> scores_;
   int32_t byte_token_[256] = {};

@@ -21,7 +21,14 @@ std::unique_ptr<SpmModel> SpmModel::Create(const std::vector<std::string>& token
   std::unique_ptr<SpmModel> m(new SpmModel());
   m->index_ = &index;
   m->scores_ = scores;
-  for (const std::string& t : tokens) m->max_token_len_ = std::max(m->max_token_len_, t.size());
+  m->split_at_space_ = true;
+  for (const std::string& t : tokens) {
+    m->max_token_len_ = std::max(m->max_token_len_, t.size());
+    // A "▁" preceded by something other than "▁" would let a merge cross a word start.
+    for (size_t p = t.find("\xE2\x96\x81", 1); p != std::string::npos; p = t.find("\xE2\x96\x81", p + 1)) {
+      if (p < 3 || t.compare(p - 3, 3, "\xE2\x96\x81") != 0) m->split_at_space_ = false;
+    }
+  }
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
@@ -36,7 +43,24 @@ std::unique_ptr<SpmModel> SpmModel::Create(const std::vector<std::string>& token
   return m;
 }
 
-void SpmModel::EncodeText(std::string_view text, MergeScratch* s, std::vector<int32_t>* out) const {
+void SpmModel::EncodeText(std::string_view text, MergeScratch* s, WordCache* cache,
+                          std::vector<int32_t>* out) const {
+  auto encode = [&](std::string_view word, std::vector<int32_t>* o) { EncodeWord(word, s, o); };
+  if (!split_at_space_) {
+    EncodeWord(text, s, out);
+    return;
+  }
+  constexpr std::string_view kMark = "\xE2\x96\x81";
+  size_t begin = 0;
+  for (size_t p = text.find(kMark, 1); p != std::string_view::npos; p = text.find(kMark, p + 3)) {
+    if (p >= 3 && text.compare(p - 3, 3, kMark) == 0) continue;  // inside a run of spaces
+    cache->Encode(text.substr(begin, p - begin), out, encode);
+    begin = p;
+  }
+  cache->Encode(text.substr(begin), out, encode);
+}
+
+void SpmModel::EncodeWord(std::string_view text, MergeScratch* s, std::vector<int32_t>* out) const {
   if (text.empty()) return;
   std::vector<int32_t>& start = s->start;
   std::vector<int32_t>& len = s->len;

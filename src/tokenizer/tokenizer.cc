@@ -101,6 +101,11 @@ class VocabReader {
 
 }  // namespace
 
+struct Tokenizer::EncodeState {
+  tok::MergeScratch scratch;
+  tok::WordCache cache;  // BPE words; keys view the Encode input
+};
+
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
@@ -273,12 +278,13 @@ void Tokenizer::Partition(std::string_view text, bool parse_special, TextFn&& on
   if (n > plain_begin) on_text(plain_begin, n);
 }
 
-void Tokenizer::EncodeFragment(std::string_view text, bool prefix_space,
+void Tokenizer::EncodeFragment(std::string_view text, bool prefix_space, EncodeState* state,
                                std::vector<int32_t>* out) const {
-  tok::MergeScratch scratch;
+  tok::MergeScratch& scratch = state->scratch;
   if (is_bpe_) {
+    auto encode = [&](std::string_view word, std::vector<int32_t>* o) { bpe_->EncodeWord(word, &scratch, o); };
     pretokenizer_->Split(text, [&](size_t begin, size_t end) {
-      bpe_->EncodeWord(text.substr(begin, end - begin), &scratch, out);
+      state->cache.Encode(text.substr(begin, end - begin), out, encode);
     });
     return;
   }
@@ -290,7 +296,9 @@ void Tokenizer::EncodeFragment(std::string_view text, bool prefix_space,
     if (ch == ' ') escaped += kSpaceMark;
     else escaped.push_back(ch);
   }
-  spm_->EncodeText(escaped, &scratch, out);
+  // The memo's keys view `escaped`, which dies here.
+  tok::WordCache cache;
+  spm_->EncodeText(escaped, &scratch, &cache, out);
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
@@ -306,10 +314,11 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
   // SentencePiece adds the prefix space to the first text fragment and to each one that follows a
   // special token (llama.cpp's rule).
   bool after_special = true;
+  EncodeState state;
   Partition(
       text, parse_special,
       [&](size_t begin, size_t end) {
-        EncodeFragment(text.substr(begin, end - begin), add_space_prefix_ && after_special, &out);
+        EncodeFragment(text.substr(begin, end - begin), add_space_prefix_ && after_special, &state, &out);
         after_special = false;
       },
       [&](int32_t id) {

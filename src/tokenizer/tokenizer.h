@@ -146,7 +146,9 @@ class Tokenizer {
   template <typename TextFn, typename TokenFn>
   void Partition(std::string_view text, bool parse_special, TextFn&& on_text,
                  TokenFn&& on_token) const;
-  void EncodeFragment(std::string_view text, bool prefix_space, std::vector<int32_t>* out) const;
+  struct EncodeState;  // per-call scratch and word memo (tokenizer.cc)
+  void EncodeFragment(std::string_view text, bool prefix_space, EncodeState* state,
+                      std::vector<int32_t>* out) const;
 
   bool is_bpe_ = true;
   std::string model_, pre_;
