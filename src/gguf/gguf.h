@@ -24,15 +24,31 @@
 //   data section            tensor data, each tensor at data_start + offset
 //
 // ---- Reader ---------------------------------------------------------------------------------
-// GgufFile::Open validates everything before any of it is used: magic, version, counts and
-// string lengths bounded by the file size, known value and tensor types, dimension products
-// without overflow, row sizes a multiple of the block size, offsets aligned and inside the file,
-// no two tensors overlapping, no duplicate keys or tensor names. Any defect returns a Corruption
-// (or NotSupported) Status naming the file, the field and its byte offset. Tensor data is
-// memory-mapped read-only, never copied.
+// GgufFile::Open validates everything before any of it is used:
+//   - magic; version 2 or 3 (1 and big-endian files -> NotSupported);
+//   - n_kv, n_tensors, array counts and string lengths bounded by the bytes left in the file
+//     (each element's smallest encoding), so nothing is allocated from an unchecked count;
+//   - value types 0..12 and tensor types known to quant/types.h (else NotSupported, listing them);
+//     bools 0 or 1; arrays nested at most 8 deep;
+//   - general.alignment, if present: u32, a power of two (default 32);
+//   - per tensor: n_dims 1..4, dims >= 0 (0 is allowed, as in ggml) with element and byte counts
+//     that do not overflow int64, dims[0] a multiple of the type's block size, offset a multiple
+//     of the alignment, data inside the file, no two tensors' data overlapping;
+//   - no duplicate keys, no duplicate tensor names.
+// Any defect returns a one-line Status naming the file, the field and its byte offset, e.g.
+//   "model.gguf: tensor 'blk.0.attn_q.weight' (info at byte 1234): data offset 999 + 4096 bytes
+//    runs past end of file (data section at byte 1248, file size 2000)".
+// Codes: IOError (open/stat/mmap/read), NotSupported (version, value or tensor type), Corruption
+// (everything else). Trailing padding after the last tensor is not required.
+// Tensor data is never copied: with GgufOpenOptions.mmap (default) the whole file is mapped
+// read-only (MAP_SHARED) and only the header pages are touched by Open, so a 17 GB file opens in
+// milliseconds; with mmap = false the header is parsed through a 1 MiB pread window and tensor
+// bytes are read on demand by ReadTensor. (A file truncated by someone else while mapped makes
+// later accesses fault: SIGBUS, as with any mapping.) Metadata is parsed into GgufValues (about
+// 100 bytes per array element), so the metadata's memory is proportional to its size on disk.
 //
 // Thread safety: a GgufFile is immutable after Open; all const methods may be called
-// concurrently. GgufWriter is single-threaded.
+// concurrently (ReadTensor uses pread, no shared file position). GgufWriter is single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -105,7 +121,8 @@ struct GgufTensorInfo {
 };
 
 struct GgufOpenOptions {
-  // Map the data section (default). When false, tensor data is read on demand with ReadTensor.
+  // Map the file (default). When false, the header is read with pread and tensor data on demand
+  // with ReadTensor (TensorData returns nullptr).
   bool mmap = true;
 };
 
@@ -135,9 +152,9 @@ class GgufFile {
   const GgufValue* Find(std::string_view key) const;
   const GgufTensorInfo* FindTensor(std::string_view name) const;
 
-  // Typed getters: NotFound -> InvalidArgument-free design: they return a Corruption Status naming
-  // the file and key when the key is missing or has an incompatible type. Integer getters accept
-  // any integer type whose value fits.
+  // Typed getters: a Corruption Status naming the file and key when the key is missing or has an
+  // incompatible type. Integer getters accept any integer type (signed or unsigned, any width)
+  // whose value fits; bools are not integers.
   Result<uint64_t> GetU64(std::string_view key) const;
   Result<uint32_t> GetU32(std::string_view key) const;
   Result<float> GetF32(std::string_view key) const;  // accepts f32/f64
@@ -150,7 +167,8 @@ class GgufFile {
 
   // Pointer to a tensor's bytes (n_bytes long) in the mapping. nullptr if not mapped.
   const uint8_t* TensorData(const GgufTensorInfo& t) const;
-  // Copies a tensor's bytes [offset_in_tensor, +size) into dst (pread or memcpy).
+  // Copies a tensor's bytes [offset_in_tensor, +size) into dst (pread or memcpy). InvalidArgument
+  // if the range is outside the tensor; IOError if pread fails.
   Status ReadTensor(const GgufTensorInfo& t, uint64_t offset_in_tensor, void* dst, uint64_t size) const;
 
  private:
@@ -175,20 +193,32 @@ class GgufFile {
 
 // Streams a GGUF file to disk tensor by tensor, without holding tensor data in memory.
 // Usage: AddKv... AddTensor... (declares all tensors: name, type, dims) ; Begin(path) writes the
-// header; then WriteTensorData for each tensor in declaration order (in one or more chunks);
-// Finish() pads, fsyncs and renames the temporary file "<path>.tmp.<pid>" to `path`.
-// If Finish is not reached (error or destruction), the temporary file is removed: a failure
-// never leaves a partial file at `path`.
+// header; then WriteTensorData for each tensor in declaration order (in one or more chunks, which
+// may span tensor boundaries; zero-byte tensors are skipped); Finish() pads, fsyncs and renames
+// the temporary file "<path>.tmp.<pid>" to `path` (and fsyncs the directory).
+// Offsets are assigned in declaration order, each aligned to `alignment`; the file ends padded to
+// the alignment (as ggml writes it). An alignment other than 32 adds a general.alignment key.
+// Errors: Begin on an unwritable path -> IOError naming the path; any failed write, too much
+// data, or Finish before every tensor is complete -> an error, and the temporary file is removed
+// at once; every later call returns that error. Destruction before Finish also removes it: a
+// failure never leaves a partial file at `path` nor a temporary beside it.
+// Speed: small writes are gathered in an 8 MiB buffer, chunks of 1 MiB or more go straight to
+// write(2), so writing runs at disk speed.
 class GgufWriter {
  public:
   explicit GgufWriter(uint32_t version = 3, uint32_t alignment = kGgufDefaultAlignment);
   ~GgufWriter();
 
+  // A repeated key replaces the earlier value (GGUF forbids duplicates). REQUIRES: before Begin.
+  // Integers are written truncated to the width of their type.
   void AddKv(std::string key, GgufValue value);
   // dims fastest first. Returns InvalidArgument for a duplicate name, bad dims or a row length
   // that is not a multiple of the type's block size.
   Status AddTensor(const std::string& name, QuantType type, const std::vector<int64_t>& dims);
 
+  // InvalidArgument for a version other than 2/3, an alignment that is not a power of two, an
+  // array whose elements are not all of its elem_type, or a general.alignment key that disagrees
+  // with the writer's alignment; IOError if the temporary file cannot be created.
   Status Begin(const std::string& path);
   // Appends bytes of the current tensor; a tensor is complete after n_bytes have been written,
   // and the next call continues with the next declared tensor.

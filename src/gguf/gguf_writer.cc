@@ -1,7 +1,7 @@
 // GgufWriter: streams a GGUF file to "<path>.tmp.<pid>" and renames it into place at Finish.
 //
-// Small writes (the header, tensor chunks below kBufferBytes) are gathered in one buffer and
-// written in large chunks; large tensor chunks bypass the buffer. Any failure closes and removes
+// Small writes (the header, padding, tensor chunks below kDirectBytes) are gathered in one buffer
+// and written in large chunks; larger tensor chunks bypass the buffer (no extra copy). Any failure closes and removes
 // the temporary file, so a failed or abandoned writer never leaves anything behind.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,6 +21,7 @@ namespace estream {
 namespace {
 
 constexpr size_t kBufferBytes = 8u << 20;
+constexpr size_t kDirectBytes = 1u << 20;
 
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -107,7 +108,7 @@ struct GgufWriter::Impl {
     return s;
   }
   Status Append(const uint8_t* p, size_t n) {
-    if (n >= buffer.size()) {
+    if (n >= kDirectBytes) {
       ESTREAM_RETURN_IF_ERROR(Flush());
       return WriteFd(p, n);
     }
