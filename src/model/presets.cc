@@ -1,0 +1,179 @@
+#include "model/presets.h"
+
+namespace estream::synth {
+namespace {
+
+const char* const kArchs[] = {"olmoe", "qwen3moe", "llama"};
+
+// The tiny models follow shared/testdata/models (2 layers, n_embd 256, 8 experts top-2, vocab
+// 512), so a synthesised tiny model has the same shapes as the reference ones of its arch.
+ModelShape Tiny(const std::string& arch) {
+  ModelShape s;
+  s.preset = "tiny";
+  s.arch = arch;
+  s.n_layer = 2;
+  s.n_embd = 256;
+  s.head_dim = 64;
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.n_vocab = 512;
+  s.n_ctx = 4096;
+  if (arch == "olmoe") {
+    s.family = "OLMoE-tiny";
+    s.n_head = 4;
+    s.n_head_kv = 4;
+    s.n_ff = 128;
+    s.n_ff_exp = 128;
+    s.rms_eps = 1e-5f;
+    s.rope_freq_base = 10000.0f;
+  } else if (arch == "qwen3moe") {
+    s.family = "Qwen3-MoE-tiny";
+    s.n_head = 8;
+    s.n_head_kv = 2;
+    s.n_ff = 512;
+    s.n_ff_exp = 128;
+    s.rms_eps = 1e-6f;
+    s.rope_freq_base = 1000000.0f;
+  } else {
+    s.family = "Mixtral-tiny";
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ff = 512;
+    s.n_ff_exp = 512;
+    s.rms_eps = 1e-5f;
+    s.rope_freq_base = 1000000.0f;
+  }
+  return s;
+}
+
+// OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924): 16 layers, d 2048, 16 heads (no GQA), 64 experts of
+// d_ff 1024, top-8, vocab 50304.
+ModelShape Olmoe1b7b() {
+  ModelShape s;
+  s.preset = "olmoe-1b-7b";
+  s.arch = "olmoe";
+  s.family = "OLMoE-1B-7B";
+  s.n_layer = 16;
+  s.n_embd = 2048;
+  s.n_head = 16;
+  s.n_head_kv = 16;
+  s.head_dim = 128;
+  s.n_ff = 1024;
+  s.n_ff_exp = 1024;
+  s.n_expert = 64;
+  s.n_expert_used = 8;
+  s.n_vocab = 50304;
+  s.n_ctx = 4096;
+  s.rms_eps = 1e-5f;
+  s.rope_freq_base = 10000.0f;
+  return s;
+}
+
+// Qwen3-30B-A3B: 48 layers, d 2048, 32 heads / 4 kv of head_dim 128 (q is 4096 wide), 128
+// experts of d_ff 768, top-8, vocab 151936; the family's dense FFN size is 6144.
+ModelShape Qwen3_30bA3b() {
+  ModelShape s;
+  s.preset = "qwen3-30b-a3b";
+  s.arch = "qwen3moe";
+  s.family = "Qwen3-30B-A3B";
+  s.n_layer = 48;
+  s.n_embd = 2048;
+  s.n_head = 32;
+  s.n_head_kv = 4;
+  s.head_dim = 128;
+  s.n_ff = 6144;
+  s.n_ff_exp = 768;
+  s.n_expert = 128;
+  s.n_expert_used = 8;
+  s.n_vocab = 151936;
+  s.n_ctx = 40960;
+  s.rms_eps = 1e-6f;
+  s.rope_freq_base = 1000000.0f;
+  return s;
+}
+
+// Mixtral-8x7B: 32 layers, d 4096, 32 heads / 8 kv, 8 experts of d_ff 14336, top-2, vocab 32000.
+ModelShape Mixtral8x7b() {
+  ModelShape s;
+  s.preset = "mixtral-8x7b";
+  s.arch = "llama";
+  s.family = "Mixtral-8x7B";
+  s.n_layer = 32;
+  s.n_embd = 4096;
+  s.n_head = 32;
+  s.n_head_kv = 8;
+  s.head_dim = 128;
+  s.n_ff = 14336;
+  s.n_ff_exp = 14336;
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.n_vocab = 32000;
+  s.n_ctx = 32768;
+  s.rms_eps = 1e-5f;
+  s.rope_freq_base = 1000000.0f;
+  return s;
+}
+
+bool KnownArch(const std::string& arch) {
+  for (const char* a : kArchs)
+    if (arch == a) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string ModelShape::tokenizer_pre() const {
+  // OLMoE files say "olmo" (GPT-2's split); Qwen3 files "qwen2". Mixtral's own tokenizer is a
+  // SentencePiece one; for the built-in byte-level BPE the GPT-2 split is the natural choice.
+  if (arch == "olmoe") return "olmo";
+  if (arch == "qwen3moe") return "qwen2";
+  return "gpt-2";
+}
+
+Status ModelShape::Validate() const {
+  auto bad = [&](const std::string& field, const std::string& why) {
+    return Status::InvalidArgument("model shape '" + preset + "' (" + arch + "): " + field + " " + why);
+  };
+  if (!KnownArch(arch)) return bad("arch", "is not one of " + SupportedArchNames());
+  if (n_layer < 1) return bad("n_layer", "must be >= 1");
+  if (n_embd < 32 || n_embd % 32 != 0) return bad("n_embd", "must be a positive multiple of 32");
+  if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv != 0)
+    return bad("n_head/n_head_kv", "must be positive with n_head a multiple of n_head_kv");
+  if (head_dim < 2 || head_dim % 2 != 0) return bad("head_dim", "must be even");
+  if (n_embd_q() % 32 != 0) return bad("n_head*head_dim", "must be a multiple of 32");
+  if (n_ff_exp < 32 || n_ff_exp % 32 != 0) return bad("n_ff_exp", "must be a positive multiple of 32");
+  if (n_ff < 1) return bad("n_ff", "must be >= 1");
+  if (n_expert < 1) return bad("--experts", "must be >= 1");
+  if (n_expert_used < 1 || n_expert_used > n_expert)
+    return bad("--top-k", "must be between 1 and the expert count (" + std::to_string(n_expert) + ")");
+  if (n_vocab < 1) return bad("n_vocab", "must be >= 1");
+  if (n_ctx < 1) return bad("--ctx", "must be >= 1");
+  return Status::Ok();
+}
+
+std::string SupportedArchNames() { return "olmoe, qwen3moe, llama"; }
+
+std::vector<std::string> PresetNames() { return {"tiny", "olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b"}; }
+
+std::string SupportedPresetNames() {
+  std::string out;
+  for (const std::string& p : PresetNames()) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
+Result<ModelShape> FindPreset(const std::string& name, const std::string& arch) {
+  if (!arch.empty() && !KnownArch(arch))
+    return Status::InvalidArgument("unknown architecture '" + arch + "'; supported: " + SupportedArchNames());
+  ModelShape s;
+  if (name == "tiny") return Tiny(arch.empty() ? "olmoe" : arch);
+  if (name == "olmoe-1b-7b") s = Olmoe1b7b();
+  else if (name == "qwen3-30b-a3b") s = Qwen3_30bA3b();
+  else if (name == "mixtral-8x7b") s = Mixtral8x7b();
+  else return Status::InvalidArgument("unknown preset '" + name + "'; supported: " + SupportedPresetNames());
+  if (!arch.empty() && arch != s.arch)
+    return Status::InvalidArgument("preset '" + name + "' is a " + s.arch + " model; --arch " + arch +
+                                   " applies to the tiny preset only");
+  return s;
+}
+
+}  // namespace estream::synth

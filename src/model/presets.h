@@ -1,0 +1,68 @@
+// Model shape presets for `estream synth`: the hyper-parameters of the reference MoE models of
+// DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B) and a `tiny` model for tests.
+//
+// A ModelShape is plain data: everything a synthetic GGUF's tensor shapes and metadata follow
+// from. Conventions per architecture (GGUF `general.architecture`):
+//   olmoe     q/k RMSNorm over the whole q [n_head*head_dim] and k [n_head_kv*head_dim];
+//             router softmax top-k, weights not renormalised; writes expert_feed_forward_length.
+//   qwen3moe  q/k RMSNorm per head ([head_dim] weights); router renormalised; writes both
+//             feed_forward_length (the dense size of the family) and expert_feed_forward_length.
+//   llama     (Mixtral) no q/k norm; router renormalised; feed_forward_length is the expert size
+//             and there is no expert_feed_forward_length key, as in real Mixtral files.
+//
+// Thread safety: all functions are pure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace estream::synth {
+
+struct ModelShape {
+  std::string preset;        // preset name it came from ("tiny", "olmoe-1b-7b", ...)
+  std::string arch;          // GGUF general.architecture: "olmoe", "qwen3moe" or "llama"
+  std::string family;        // human name for general.name ("OLMoE-1B-7B")
+  int n_layer = 0;           // block_count
+  int n_embd = 0;            // embedding_length (d_model)
+  int n_head = 0;            // attention.head_count
+  int n_head_kv = 0;         // attention.head_count_kv (GQA)
+  int head_dim = 0;          // attention.key_length == value_length == rope.dimension_count
+  int n_ff = 0;              // feed_forward_length (dense FFN size of the family; llama: expert)
+  int n_ff_exp = 0;          // expert_feed_forward_length (d_ff of one expert)
+  int n_expert = 0;          // expert_count
+  int n_expert_used = 0;     // expert_used_count (top-k)
+  int n_vocab = 0;           // vocab_size (rows of token_embd and output)
+  int n_ctx = 0;             // context_length
+  float rms_eps = 1e-5f;     // attention.layer_norm_rms_epsilon
+  float rope_freq_base = 10000.0f;
+
+  int n_embd_q() const { return n_head * head_dim; }
+  int n_embd_kv() const { return n_head_kv * head_dim; }
+  bool qk_norm_whole() const { return arch == "olmoe"; }
+  bool qk_norm_per_head() const { return arch == "qwen3moe"; }
+  // Router weights divided by their sum after top-k (qwen3moe, llama); olmoe uses them raw.
+  bool renormalize_routes() const { return arch != "olmoe"; }
+  // Whether the expert_feed_forward_length key is written (not by llama/Mixtral files).
+  bool has_expert_ff_key() const { return arch != "llama"; }
+  // Value of tokenizer.ggml.pre for the built-in BPE (the pre-tokenizer of the family's files).
+  std::string tokenizer_pre() const;
+
+  // Internal consistency: positive sizes, top-k <= experts, head counts dividing, row lengths
+  // multiples of 32 (every supported weight type's block). InvalidArgument naming the field.
+  Status Validate() const;
+};
+
+// "olmoe, qwen3moe, llama"
+std::string SupportedArchNames();
+// "tiny, olmoe-1b-7b, qwen3-30b-a3b, mixtral-8x7b"
+std::string SupportedPresetNames();
+std::vector<std::string> PresetNames();
+
+// The preset `name`. `arch` chooses the architecture of `tiny` (empty: olmoe); for the other
+// presets it must be empty or equal to the preset's own. Errors (InvalidArgument) list what is
+// supported.
+Result<ModelShape> FindPreset(const std::string& name, const std::string& arch = "");
+
+}  // namespace estream::synth

@@ -1,0 +1,477 @@
+#include "model/synth.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <numeric>
+
+#include "base/fp16.h"
+#include "base/timer.h"
+#include "model/bpe_builder.h"
+#include "quant/quant.h"
+
+namespace estream::synth {
+namespace {
+
+// ---- scale design (see synth.h) -------------------------------------------------------------
+constexpr float kAlpha = 1.0f;          // common-direction weight of the embeddings
+constexpr float kGamma = 1.5f;          // final stream energy = (1 + gamma) * initial
+constexpr float kAttnGain = 1.6f;       // q/k gain: attention score std ~ kAttnGain^2
+constexpr float kAttnAvgRms = 0.75f;    // rms of an attention-weighted average of v rows
+constexpr float kSiluRms = 0.5965f;     // sqrt(E[silu(z)^2]), z ~ N(0,1) (0.35578 by quadrature)
+constexpr float kNormJitter = 0.02f;
+constexpr float kOutputGain = 2.0f;
+constexpr float kQ4Step = 0.3f;         // Q4_0 direct codes: N(0,1) on a 0.3 grid, |code| <= 7
+constexpr float kQ8Step = 3.2f / 127;   // Q8_0 direct codes: N(0,1) on a 3.2/127 grid
+
+// ---- random numbers -------------------------------------------------------------------------
+inline uint64_t SplitMix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t HashName(uint64_t seed, std::string_view name) {
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001B3ull;
+  uint64_t x = seed ^ h;
+  return SplitMix64(x);
+}
+
+// xoshiro256**: fast, small state, good statistics.
+class Rng {
+ public:
+  Rng(uint64_t stream, uint64_t index) {
+    uint64_t x = stream ^ (index * 0xD1B54A32D192ED03ull);
+    for (uint64_t& w : s_) w = SplitMix64(x);
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Approximate N(0,1): sum of four 16-bit uniforms (Irwin-Hall, variance matched).
+  float Normal() {
+    const uint64_t r = Next();
+    const int64_t sum = static_cast<int64_t>(r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48);
+    constexpr float kMean = 2.0f * 65535.0f;
+    const float kInvStd = 1.0f / (65536.0f * 0.57735027f);  // std of the sum: 65536 * sqrt(4/12)
+    return (static_cast<float>(sum) - kMean) * kInvStd;
+  }
+  // Uniform in [0, 1).
+  double Uniform() { return static_cast<double>(Next() >> 11) * (1.0 / 9007199254740992.0); }
+
+ private:
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+// 16-bit inverse-CDF tables: entry i is round(Phi^-1((i + 0.5) / 65536) / step), clamped to
+// [-max_code, max_code], i.e. a uniform 16-bit draw becomes a quantised normal code.
+struct CodeTable {
+  int8_t code[65536];
+};
+
+void FillCodeTable(CodeTable* t, float step, int max_code) {
+  int i = 0;
+  for (int q = -max_code; q <= max_code; ++q) {
+    const double upper = q == max_code ? HUGE_VAL : (q + 0.5) * step;
+    const double cdf = 0.5 * std::erfc(-upper / std::sqrt(2.0));
+    while (i < 65536 && (i + 0.5) / 65536.0 < cdf) t->code[i++] = static_cast<int8_t>(q);
+  }
+  while (i < 65536) t->code[i++] = static_cast<int8_t>(max_code);
+}
+
+const CodeTable& Q4Table() {
+  static const CodeTable* t = [] {
+    auto* table = new CodeTable;
+    FillCodeTable(table, kQ4Step, 7);
+    return table;
+  }();
+  return *t;
+}
+
+const CodeTable& Q8Table() {
+  static const CodeTable* t = [] {
+    auto* table = new CodeTable;
+    FillCodeTable(table, kQ8Step, 127);
+    return table;
+  }();
+  return *t;
+}
+
+// Per-block scale multiplier in [0.9, 1.1] from 4 random bits: real blocks' scales vary too.
+inline float BlockJitter(uint64_t r) { return 0.9f + 0.2f * static_cast<float>(r & 15) / 15.0f; }
+
+void DirectQ4_0Row(Rng& rng, float sigma, int64_t n, BlockQ4_0* y) {
+  const CodeTable& table = Q4Table();
+  for (int64_t b = 0; b < n / kQK4_0; ++b) {
+    y[b].d = Fp32ToFp16(sigma * kQ4Step * BlockJitter(rng.Next()));
+    int8_t c[kQK4_0];
+    for (int k = 0; k < kQK4_0; k += 4) {
+      const uint64_t r = rng.Next();
+      for (int j = 0; j < 4; ++j) c[k + j] = table.code[(r >> (16 * j)) & 0xFFFF];
+    }
+    for (int j = 0; j < kQK4_0 / 2; ++j)
+      y[b].qs[j] = static_cast<uint8_t>((c[j] + 8) | ((c[j + kQK4_0 / 2] + 8) << 4));
+  }
+}
+
+void DirectQ8_0Row(Rng& rng, float sigma, int64_t n, BlockQ8_0* y) {
+  const CodeTable& table = Q8Table();
+  for (int64_t b = 0; b < n / kQK8_0; ++b) {
+    y[b].d = Fp32ToFp16(sigma * kQ8Step * BlockJitter(rng.Next()));
+    for (int k = 0; k < kQK8_0; k += 4) {
+      const uint64_t r = rng.Next();
+      for (int j = 0; j < 4; ++j) y[b].qs[k + j] = table.code[(r >> (16 * j)) & 0xFFFF];
+    }
+  }
+}
+
+uint32_t FileType(QuantType t) {  // llama_ftype of a file whose matrices are all of type t
+  switch (t) {
+    case QuantType::kF32: return 0;
+    case QuantType::kF16: return 1;
+    case QuantType::kQ4_0: return 2;
+    case QuantType::kQ8_0: return 7;
+    case QuantType::kBF16: return 32;
+    default: return 0;
+  }
+}
+
+// Mean of sum(w^2) over the routing weights of one token, for logits N(0,1) + beta_e, with the
+// arch's normalisation. Deterministic (fixed stream), 2048 samples: ~1% accuracy is plenty.
+float MeanRouteWeightEnergy(const std::vector<float>& beta, int top_k, bool renormalize) {
+  const int n_expert = static_cast<int>(beta.size());
+  Rng rng(0x5EED5EEDull, 0);
+  std::vector<float> p(n_expert);
+  std::vector<int> idx(n_expert);
+  double total = 0;
+  const int kSamples = 2048;
+  for (int s = 0; s < kSamples; ++s) {
+    float mx = -INFINITY;
+    for (int e = 0; e < n_expert; ++e) {
+      p[e] = rng.Normal() + beta[e];
+      mx = std::max(mx, p[e]);
+    }
+    double z = 0;
+    for (int e = 0; e < n_expert; ++e) z += (p[e] = std::exp(p[e] - mx));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + top_k, idx.end(), [&](int a, int b) { return p[a] > p[b]; });
+    double sum = 0, sum2 = 0;
+    for (int k = 0; k < top_k; ++k) sum += p[idx[k]] / z;
+    for (int k = 0; k < top_k; ++k) {
+      const double w = p[idx[k]] / z / (renormalize ? sum : 1.0);
+      sum2 += w * w;
+    }
+    total += sum2;
+  }
+  return static_cast<float>(total / kSamples);
+}
+
+}  // namespace
+
+std::string SupportedSynthTypeNames() { return "q4_0, q8_0, f16, bf16, f32"; }
+
+Result<QuantType> ParseSynthType(const std::string& name) {
+  const auto t = ParseTypeName(name);
+  if (t && (*t == QuantType::kQ4_0 || *t == QuantType::kQ8_0 || *t == QuantType::kF16 ||
+            *t == QuantType::kBF16 || *t == QuantType::kF32))
+    return *t;
+  return Status::InvalidArgument("unknown or unsupported weight type '" + name + "'; supported: " +
+                                 SupportedSynthTypeNames());
+}
+
+Result<std::unique_ptr<SynthModel>> SynthModel::Create(const SynthOptions& options) {
+  std::unique_ptr<SynthModel> m(new SynthModel());
+  m->options_ = options;
+  ESTREAM_RETURN_IF_ERROR(m->Build());
+  return m;
+}
+
+const SynthTensor* SynthModel::FindTensor(std::string_view name) const {
+  for (const SynthTensor& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+uint64_t SynthModel::TensorBytes() const {
+  uint64_t total = 0;
+  for (const SynthTensor& t : tensors_) total += t.n_bytes();
+  return total;
+}
+
+Status SynthModel::Build() {
+  const SynthOptions& o = options_;
+  ESTREAM_ASSIGN_OR_RETURN(shape_, FindPreset(o.preset, o.arch));
+  if (o.type != QuantType::kQ4_0 && o.type != QuantType::kQ8_0 && o.type != QuantType::kF16 &&
+      o.type != QuantType::kBF16 && o.type != QuantType::kF32)
+    return Status::InvalidArgument(std::string("unsupported weight type '") + TypeName(o.type) +
+                                   "'; supported: " + SupportedSynthTypeNames());
+  if (o.layers < 0 || o.experts < 0 || o.top_k < 0 || o.ctx < 0 || o.vocab < 0)
+    return Status::InvalidArgument("--layers, --experts, --top-k, --ctx and --vocab must be positive");
+  if (!(o.router_skew >= 0.0f) || !std::isfinite(o.router_skew))
+    return Status::InvalidArgument("--router-skew must be a finite number >= 0 (0: uniform popularity)");
+  if (o.layers > 0) shape_.n_layer = o.layers;
+  if (o.experts > 0) shape_.n_expert = o.experts;
+  if (o.top_k > 0) shape_.n_expert_used = o.top_k;
+  else shape_.n_expert_used = std::min(shape_.n_expert_used, shape_.n_expert);  // fit --experts
+  if (o.ctx > 0) shape_.n_ctx = o.ctx;
+  if (o.vocab > 0) shape_.n_vocab = o.vocab;
+
+  // ---- tokenizer ----
+  std::vector<GgufKv> tokenizer_kvs;
+  std::string tokenizer_source = "estream-bpe";
+  if (!o.vocab_from.empty()) {
+    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> vf, GgufFile::Open(o.vocab_from));
+    for (const GgufKv& kv : vf->kvs())
+      if (kv.key.rfind("tokenizer.", 0) == 0) tokenizer_kvs.push_back(kv);
+    const GgufValue* tokens = vf->Find("tokenizer.ggml.tokens");
+    if (tokens == nullptr || tokens->type != GgufType::kArray || tokens->elem_type != GgufType::kString ||
+        tokens->array.empty())
+      return Status::InvalidArgument(o.vocab_from + ": --vocab-from needs a GGUF with a tokenizer.ggml.tokens "
+                                     "string array (a model or a vocab-only file)");
+    shape_.n_vocab = static_cast<int>(tokens->array.size());
+    tokenizer_source = o.vocab_from.substr(o.vocab_from.find_last_of('/') + 1);
+  }
+  ESTREAM_RETURN_IF_ERROR(shape_.Validate());
+  if (o.vocab_from.empty()) {
+    ESTREAM_ASSIGN_OR_RETURN(BpeVocab bpe, BuildByteBpe({.vocab_size = shape_.n_vocab}));
+    tokenizer_kvs.push_back({"tokenizer.ggml.model", GgufValue::String("gpt2")});
+    tokenizer_kvs.push_back({"tokenizer.ggml.pre", GgufValue::String(shape_.tokenizer_pre())});
+    tokenizer_kvs.push_back({"tokenizer.ggml.tokens", GgufValue::StringArray(bpe.tokens)});
+    tokenizer_kvs.push_back({"tokenizer.ggml.token_type", GgufValue::I32Array(bpe.token_types)});
+    tokenizer_kvs.push_back({"tokenizer.ggml.merges", GgufValue::StringArray(bpe.merges)});
+    tokenizer_kvs.push_back({"tokenizer.ggml.bos_token_id", GgufValue::U32(static_cast<uint32_t>(bpe.bos_id))});
+    tokenizer_kvs.push_back({"tokenizer.ggml.eos_token_id", GgufValue::U32(static_cast<uint32_t>(bpe.eos_id))});
+    tokenizer_kvs.push_back({"tokenizer.ggml.add_bos_token", GgufValue::Bool(false)});
+  }
+
+  const ModelShape& s = shape_;
+  const std::string& a = s.arch;
+  const uint64_t seed = o.seed;
+
+  // ---- the common direction u, expert ranks and router constants ----
+  {
+    Rng rng(HashName(seed, "synthetic.u"), 0);
+    u_.resize(s.n_embd);
+    double norm2 = 0;
+    for (float& x : u_) {
+      x = rng.Normal();
+      norm2 += static_cast<double>(x) * x;
+    }
+    const float inv = static_cast<float>(1.0 / std::sqrt(norm2));
+    for (float& x : u_) x *= inv;
+  }
+  router_beta_.resize(s.n_expert);
+  for (int r = 0; r < s.n_expert; ++r) router_beta_[r] = -o.router_skew * std::log(1.0f + r);
+  expert_ranks_.assign(s.n_layer, std::vector<int>(s.n_expert));
+  router_c_.resize(s.n_layer);
+  const float c0 = kAlpha / std::sqrt(1.0f + kAlpha * kAlpha);
+  for (int l = 0; l < s.n_layer; ++l) {
+    std::vector<int>& ranks = expert_ranks_[l];
+    std::iota(ranks.begin(), ranks.end(), 0);
+    Rng rng(HashName(seed, "synthetic.expert_ranks"), static_cast<uint64_t>(l));
+    for (int i = s.n_expert - 1; i > 0; --i) std::swap(ranks[i], ranks[rng.Next() % (i + 1)]);
+    // Expected stream growth at the FFN input of layer l (after 2l + 1 branches).
+    const float growth = std::sqrt(1.0f + kGamma * (2.0f * l + 1.0f) / (2.0f * s.n_layer));
+    router_c_[l] = c0 / growth;
+  }
+
+  // ---- branch scales ----
+  const float r0 = std::sqrt(1.0f + kAlpha * kAlpha);
+  const float b = r0 * std::sqrt(kGamma / (2.0f * s.n_layer));
+  const float route_energy = MeanRouteWeightEnergy(router_beta_, s.n_expert_used, s.renormalize_routes());
+  const float inv_sqrt_embd = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
+  const float qk_std = (s.qk_norm_whole() || s.qk_norm_per_head() ? 1.0f : kAttnGain) * inv_sqrt_embd;
+  const float o_std = b / (kAttnAvgRms * std::sqrt(static_cast<float>(s.n_embd_q())));
+  const float down_std = b / (kSiluRms * std::sqrt(route_energy) * std::sqrt(static_cast<float>(s.n_ff_exp)));
+
+  // ---- tensors ----
+  auto add = [&](std::string name, QuantType type, std::vector<int64_t> dims, InitKind init, float scale, int layer) {
+    SynthTensor t;
+    t.name = std::move(name);
+    t.type = type;
+    t.dims = std::move(dims);
+    t.row_len = t.dims[0];
+    t.n_rows = 1;
+    for (size_t i = 1; i < t.dims.size(); ++i) t.n_rows *= t.dims[i];
+    t.row_bytes = RowBytes(type, t.row_len);
+    t.init = init;
+    t.scale = scale;
+    t.layer = layer;
+    t.stream = HashName(seed, t.name);
+    tensors_.push_back(std::move(t));
+  };
+  const QuantType w = o.type;
+  const QuantType f32 = QuantType::kF32;
+  add("token_embd.weight", w, {s.n_embd, s.n_vocab}, InitKind::kEmbedding, 1.0f, -1);
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
+    add(p + "attn_q.weight", w, {s.n_embd, s.n_embd_q()}, InitKind::kGaussian, qk_std, l);
+    add(p + "attn_k.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, qk_std, l);
+    add(p + "attn_v.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "attn_output.weight", w, {s.n_embd_q(), s.n_embd}, InitKind::kGaussian, o_std, l);
+    if (s.qk_norm_whole()) {
+      add(p + "attn_q_norm.weight", f32, {s.n_embd_q()}, InitKind::kNorm, kAttnGain, l);
+      add(p + "attn_k_norm.weight", f32, {s.n_embd_kv()}, InitKind::kNorm, kAttnGain, l);
+    } else if (s.qk_norm_per_head()) {
+      add(p + "attn_q_norm.weight", f32, {s.head_dim}, InitKind::kNorm, kAttnGain, l);
+      add(p + "attn_k_norm.weight", f32, {s.head_dim}, InitKind::kNorm, kAttnGain, l);
+    }
+    add(p + "ffn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
+    add(p + "ffn_gate_inp.weight", f32, {s.n_embd, s.n_expert}, InitKind::kRouter, inv_sqrt_embd, l);
+    add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, down_std, l);
+  }
+  add("output_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, -1);
+  add("output.weight", w, {s.n_embd, s.n_vocab}, InitKind::kGaussian, kOutputGain * inv_sqrt_embd, -1);
+
+  // ---- metadata (the key set and order of the reference tiny models) ----
+  auto u32 = [](int v) { return GgufValue::U32(static_cast<uint32_t>(v)); };
+  auto& kv = kvs_;
+  kv.push_back({"general.architecture", GgufValue::String(a)});
+  kv.push_back({"general.name", GgufValue::String("synthetic-" + s.preset + "-" + a + "-L" +
+                                                  std::to_string(s.n_layer) + "-" + TypeName(w))});
+  kv.push_back({"general.file_type", GgufValue::U32(FileType(w))});
+  kv.push_back({"general.quantization_version", GgufValue::U32(2)});
+  kv.push_back({a + ".vocab_size", u32(s.n_vocab)});
+  kv.push_back({a + ".context_length", u32(s.n_ctx)});
+  kv.push_back({a + ".embedding_length", u32(s.n_embd)});
+  kv.push_back({a + ".block_count", u32(s.n_layer)});
+  kv.push_back({a + ".feed_forward_length", u32(s.n_ff)});
+  if (s.has_expert_ff_key()) kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
+  kv.push_back({a + ".attention.head_count", u32(s.n_head)});
+  kv.push_back({a + ".attention.head_count_kv", u32(s.n_head_kv)});
+  kv.push_back({a + ".attention.key_length", u32(s.head_dim)});
+  kv.push_back({a + ".attention.value_length", u32(s.head_dim)});
+  kv.push_back({a + ".attention.layer_norm_rms_epsilon", GgufValue::F32(s.rms_eps)});
+  kv.push_back({a + ".rope.dimension_count", u32(s.head_dim)});
+  kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
+  kv.push_back({a + ".expert_count", u32(s.n_expert)});
+  kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
+  kv.push_back({"synthetic.generator", GgufValue::String("estream synth")});
+  kv.push_back({"synthetic.preset", GgufValue::String(s.preset)});
+  kv.push_back({"synthetic.seed", GgufValue::U64(seed)});
+  kv.push_back({"synthetic.router_skew", GgufValue::F32(o.router_skew)});
+  kv.push_back({"synthetic.weight_type", GgufValue::String(TypeName(w))});
+  kv.push_back({"synthetic.tokenizer_source", GgufValue::String(tokenizer_source)});
+  for (GgufKv& t : tokenizer_kvs) kv.push_back(std::move(t));
+  return Status::Ok();
+}
+
+void SynthModel::GenerateFloatRow(const SynthTensor& t, int64_t row, float* out) const {
+  Rng rng(t.stream, static_cast<uint64_t>(row));
+  const int64_t n = t.row_len;
+  switch (t.init) {
+    case InitKind::kGaussian:
+      for (int64_t i = 0; i < n; ++i) out[i] = t.scale * rng.Normal();
+      return;
+    case InitKind::kNorm:
+      for (int64_t i = 0; i < n; ++i) out[i] = t.scale * (1.0f + kNormJitter * rng.Normal());
+      return;
+    case InitKind::kEmbedding: {
+      const float common = kAlpha * std::sqrt(static_cast<float>(n));
+      for (int64_t i = 0; i < n; ++i) out[i] = t.scale * (rng.Normal() + common * u_[i]);
+      return;
+    }
+    case InitKind::kRouter: {
+      // Noise orthogonal to u (so it adds no per-expert bias of its own), plus the rank's bias.
+      // A normed state has |x_perp|^2 = n (1 - c^2): the noise is scaled up to give N(0,1) logits.
+      const float c = router_c_[t.layer];
+      const float noise_scale = t.scale / std::sqrt(1.0f - c * c);
+      double dot = 0;
+      for (int64_t i = 0; i < n; ++i) dot += static_cast<double>(out[i] = noise_scale * rng.Normal()) * u_[i];
+      const int rank = expert_ranks_[t.layer][row];
+      const float bias = router_beta_[rank] / (c * std::sqrt(static_cast<float>(n)));
+      for (int64_t i = 0; i < n; ++i) out[i] += (bias - static_cast<float>(dot)) * u_[i];
+      return;
+    }
+  }
+}
+
+void SynthModel::GenerateRows(const SynthTensor& t, int64_t row0, int64_t n_rows, void* dst) const {
+  ESTREAM_CHECK(row0 >= 0 && n_rows >= 0 && row0 + n_rows <= t.n_rows, "GenerateRows: rows out of range");
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  if (t.init == InitKind::kGaussian && (t.type == QuantType::kQ4_0 || t.type == QuantType::kQ8_0)) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      Rng rng(t.stream, static_cast<uint64_t>(row0 + r));
+      void* y = out + r * t.row_bytes;
+      if (t.type == QuantType::kQ4_0) DirectQ4_0Row(rng, t.scale, t.row_len, static_cast<BlockQ4_0*>(y));
+      else DirectQ8_0Row(rng, t.scale, t.row_len, static_cast<BlockQ8_0*>(y));
+    }
+    return;
+  }
+  std::vector<float> row(t.row_len);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    GenerateFloatRow(t, row0 + r, row.data());
+    QuantizeRow(t.type, row.data(), out + r * t.row_bytes, t.row_len);
+  }
+}
+
+Status SynthModel::Write(const std::string& path, const SynthWriteOptions& wo, SynthWriteStats* stats) const {
+  const Timer timer;
+  GgufWriter writer;
+  for (const GgufKv& kv : kvs_) writer.AddKv(kv.key, kv.value);
+  for (const SynthTensor& t : tensors_) ESTREAM_RETURN_IF_ERROR(writer.AddTensor(t.name, t.type, t.dims));
+  ESTREAM_RETURN_IF_ERROR(writer.Begin(path));
+
+  const int threads = wo.threads > 0 ? wo.threads : omp_get_max_threads();
+  const uint64_t total = TensorBytes();
+  std::vector<uint8_t> buffers[2];
+  std::future<Status> pending;  // the write of the previous chunk, overlapping this generation
+  auto wait_pending = [&]() -> Status { return pending.valid() ? pending.get() : Status::Ok(); };
+  uint64_t done = 0;
+  double last_print = -1;
+  int k = 0;
+  for (const SynthTensor& t : tensors_) {
+    const int64_t rows_per_chunk = std::max<int64_t>(1, static_cast<int64_t>(wo.chunk_bytes / t.row_bytes));
+    for (int64_t row0 = 0; row0 < t.n_rows; row0 += rows_per_chunk, ++k) {
+      const int64_t n = std::min(rows_per_chunk, t.n_rows - row0);
+      std::vector<uint8_t>& buf = buffers[k & 1];  // its previous write finished before the last launch
+      buf.resize(static_cast<size_t>(n) * t.row_bytes);
+      // Rows are independent streams: any split over threads gives the same bytes.
+      const int64_t rows_per_task = std::max<int64_t>(1, (n + 4 * threads - 1) / (4 * threads));
+      const int64_t n_tasks = (n + rows_per_task - 1) / rows_per_task;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (n_tasks > 1)
+      for (int64_t task = 0; task < n_tasks; ++task) {
+        const int64_t r0 = task * rows_per_task;
+        const int64_t rn = std::min(rows_per_task, n - r0);
+        GenerateRows(t, row0 + r0, rn, buf.data() + r0 * t.row_bytes);
+      }
+      ESTREAM_RETURN_IF_ERROR(wait_pending());
+      pending = std::async(std::launch::async, [&writer, &buf] { return writer.WriteTensorData(buf.data(), buf.size()); });
+      done += buf.size();
+      const double now = timer.Seconds();
+      if (wo.progress && (now - last_print >= 0.5 || done == total)) {
+        last_print = now;
+        std::fprintf(stderr, "\rsynth: %5.1f%%  %8.1f / %.1f MB  %6.0f MB/s", 100.0 * done / std::max<uint64_t>(1, total),
+                     done / 1e6, total / 1e6, done / 1e6 / std::max(now, 1e-9));
+        std::fflush(stderr);
+      }
+    }
+  }
+  ESTREAM_RETURN_IF_ERROR(wait_pending());
+  ESTREAM_RETURN_IF_ERROR(writer.Finish());
+  if (wo.progress) std::fprintf(stderr, "\n");
+  if (stats != nullptr) {
+    stats->file_bytes = writer.ExpectedFileSize();
+    stats->seconds = timer.Seconds();
+  }
+  return Status::Ok();
+}
+
+}  // namespace estream::synth
