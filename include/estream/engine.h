@@ -75,6 +75,9 @@ struct Request {
   // the mean over all tokens.
   enum class Pooling { kNone, kLast, kMean };
   Pooling embedding = Pooling::kNone;
+
+  // Response::routing / routing_weights: the experts the router chose, per layer and token.
+  bool return_routing = false;
 };
 
 struct TokenLogprob {
@@ -96,6 +99,11 @@ struct Response {
   double perplexity = 0;
   // [n_embd] when requested.
   std::vector<float> embedding;
+  // With Request::return_routing: [n_layer][n_tokens][n_expert_used] expert ids, in the router's
+  // order (descending probability), and their weights as applied (after renormalisation when
+  // the architecture renormalises).
+  std::vector<int32_t> routing;
+  std::vector<float> routing_weights;
   // Wall time of the forward pass and the outputs (model load excluded).
   double seconds = 0;
 };

@@ -151,16 +151,26 @@ Result<Response> Engine::Impl::Run(const Request& req) {
     logits_rows = chunk;
   }
 
+  Response resp;
+  resp.n_tokens = T;
+  const int64_t K = c.n_expert_used;
+  if (req.return_routing) {
+    resp.routing.resize(c.n_layer * T * K);
+    resp.routing_weights.resize(c.n_layer * T * K);
+  }
+
   // The forward pass, layer by layer.
   model::EmbedTokens(*model, req.tokens.data(), T, ws.x.get());
   for (int il = 0; il < c.n_layer; ++il) {
     model::AttentionBlock(*model, il, T, &ws);
     model::MoeBlock(*model, il, T, &ws);
+    if (req.return_routing) {
+      std::copy(ws.route_expert.get(), ws.route_expert.get() + T * K, resp.routing.begin() + il * T * K);
+      std::copy(ws.route_weight.get(), ws.route_weight.get() + T * K, resp.routing_weights.begin() + il * T * K);
+    }
   }
   model::FinalNorm(*model, ws.x.get() + hidden_first * d, T - hidden_first, hidden.get() + hidden_first * d);
 
-  Response resp;
-  resp.n_tokens = T;
   if (req.prompt_logprobs) resp.prompt_logprobs.resize(T - 1);
   if (req.logits == Request::Logits::kAll && !req.logits_sink) resp.logits.reserve(static_cast<size_t>(T * V));
   std::vector<double> lse(chunk);

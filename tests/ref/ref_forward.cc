@@ -85,7 +85,8 @@ double Silu(double g) { return g / (1.0 + std::exp(-g)); }
 
 }  // namespace
 
-Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t>& tokens) {
+Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t>& tokens,
+                              const RefOptions& options) {
   ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   const GgufFile& f = *file;
   ESTREAM_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
@@ -126,7 +127,12 @@ Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t
   out.n_vocab = static_cast<int>(V);
   out.n_embd = static_cast<int>(d);
   out.n_layer = static_cast<int>(n_layer);
+  out.n_expert_used = static_cast<int>(k_used);
   out.router_gap.assign(T * n_layer, 0.0);
+  out.routing.assign(int64_t{n_layer} * T * k_used, -1);
+  out.route_deficit.assign(T * n_layer, 0.0);
+  if (options.routing && options.routing->size() != out.routing.size())
+    return Status::InvalidArgument("ref: forced routing has the wrong size");
 
   // Residual stream x[t][i].
   Vec x(T * d);
@@ -223,7 +229,19 @@ Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t
       std::vector<int> order(n_exp);
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return prob[a] > prob[b]; });
-      out.router_gap[t * n_layer + il] = k_used < n_exp ? prob[order[k_used - 1]] - prob[order[k_used]] : 1.0;
+      out.router_gap[t * n_layer + il] = k_used < n_exp ? logit[order[k_used - 1]] - logit[order[k_used]] : 1e30;
+      for (uint32_t j = 0; j < k_used; ++j) out.routing[(int64_t{il} * T + t) * k_used + j] = order[j];
+      if (options.routing) {
+        // Use the forced experts; record how far the weakest of them is below our own k-th logit.
+        double weakest = 1e300;
+        for (uint32_t j = 0; j < k_used; ++j) {
+          const int32_t e = (*options.routing)[(int64_t{il} * T + t) * k_used + j];
+          if (e < 0 || e >= static_cast<int32_t>(n_exp)) return Status::InvalidArgument("ref: forced expert id");
+          order[j] = e;
+          weakest = std::min(weakest, logit[e]);
+        }
+        out.route_deficit[t * n_layer + il] = std::max(0.0, logit[out.routing[(int64_t{il} * T + t) * k_used + k_used - 1]] - weakest);
+      }
       double wsum = 0;
       for (uint32_t j = 0; j < k_used; ++j) wsum += prob[order[j]];
       Vec moe(d, 0.0), g(ff), u(ff), dn(d);
