@@ -92,8 +92,8 @@ Status ParseAllWays(const std::vector<uint8_t>& bytes, const std::string& name =
     static volatile uint64_t sink = 0;
     sink = sink + sum;
   }
-  static ScratchDir* dir = new ScratchDir();  // one directory for the whole binary
-  const std::string path = dir->File(name);
+  static ScratchDir dir;  // one directory for the whole binary, removed at exit
+  const std::string path = dir.File(name);
   testing_gguf::WriteAll(path, bytes);
   for (bool use_mmap : {true, false}) {
     auto f = GgufFile::Open(path, {.mmap = use_mmap});
