@@ -96,7 +96,22 @@ struct AttnProblem {
     rng.Fill(k, -amplitude, amplitude);
     rng.Fill(v, -1.0f, 1.0f);
     scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    // Running maxima over keys 0..t of |k_j| (Euclidean) and max_i |v_j[i]|, per kv head.
+    k_norm_max.assign(static_cast<size_t>(s.n_head_kv) * s.n_tokens, 0.0);
+    v_abs_max.assign(static_cast<size_t>(s.n_head_kv) * s.n_tokens, 0.0);
+    for (int h = 0; h < s.n_head_kv; ++h)
+      for (int t = 0; t < s.n_tokens; ++t) {
+        double kn = 0, va = 0;
+        for (int i = 0; i < s.head_dim; ++i) {
+          kn += static_cast<double>(K(t, h)[i]) * K(t, h)[i];
+          va = std::max(va, std::fabs(static_cast<double>(V(t, h)[i])));
+        }
+        const size_t at = static_cast<size_t>(h) * s.n_tokens + t;
+        k_norm_max[at] = std::max(std::sqrt(kn), t > 0 ? k_norm_max[at - 1] : 0.0);
+        v_abs_max[at] = std::max(va, t > 0 ? v_abs_max[at - 1] : 0.0);
+      }
   }
+  std::vector<double> k_norm_max, v_abs_max;
   AttentionArgs Args(float* out) const {
     return AttentionArgs{.n_tokens = s.n_tokens, .n_head = s.n_head, .n_head_kv = s.n_head_kv,
                          .head_dim = s.head_dim, .scale = scale, .q = q.data(), .ldq = ldq, .k = k.data(),
@@ -179,19 +194,11 @@ std::vector<float> ReferenceAttention(const AttnProblem& p, int t_begin, int t_e
 //  - the final division and store: 2u.
 // So |o - exact| <= max|v| (2 (2 ds + 8u) + 2 gamma(t + 1) + 2u).
 double FastAttentionTol(const AttnProblem& p, int h, int t) {
-  const int d = p.s.head_dim;
-  auto norm = [d](const float* x) {
-    double s = 0;
-    for (int i = 0; i < d; ++i) s += static_cast<double>(x[i]) * x[i];
-    return std::sqrt(s);
-  };
-  double kmax = 0, vmax = 0;
-  for (int j = 0; j <= t; ++j) {
-    kmax = std::max(kmax, norm(p.K(j, p.KvHead(h))));
-    for (int i = 0; i < d; ++i) vmax = std::max(vmax, std::fabs(static_cast<double>(p.V(j, p.KvHead(h))[i])));
-  }
-  const double ds = Gamma(d + 3) * p.scale * norm(p.Q(t, h)) * kmax;
-  return vmax * (2 * (2 * ds + 8 * kU) + 2 * Gamma(t + 1) + 2 * kU);
+  double qn = 0;
+  for (int i = 0; i < p.s.head_dim; ++i) qn += static_cast<double>(p.Q(t, h)[i]) * p.Q(t, h)[i];
+  const size_t at = static_cast<size_t>(p.KvHead(h)) * p.s.n_tokens + t;
+  const double ds = Gamma(p.s.head_dim + 3) * p.scale * std::sqrt(qn) * p.k_norm_max[at];
+  return p.v_abs_max[at] * (2 * (2 * ds + 8 * kU) + 2 * Gamma(t + 1) + 2 * kU);
 }
 
 std::vector<double> RowOf(const AttnProblem& p, const std::vector<float>& out, int h, int t) {

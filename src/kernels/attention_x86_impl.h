@@ -30,6 +30,8 @@
 #include <cstring>
 #include <limits>
 
+#include <xmmintrin.h>
+
 #include "base/memory.h"
 #include "kernels/kernels.h"
 
@@ -40,11 +42,11 @@
 namespace estream::kernels {
 namespace {
 
-constexpr int kAttnKeys = 64;  // keys per block: ST is kAttnKeys x kQ floats
+constexpr int kAttnMaxKeys = 128;  // upper bound of S::kKeys (scratch sizing)
 
 // Per-thread scratch, grown once to the largest head_dim seen; owned by the calling thread.
 struct AttnScratch {
-  AlignedPtr<float> qt, ot, st;
+  AlignedPtr<float> qt, ot, st, vb;
   int capacity_d = 0;
   int capacity_q = 0;
 
@@ -54,28 +56,47 @@ struct AttnScratch {
     capacity_q = std::max(q, capacity_q);
     qt = AllocAligned<float>(static_cast<size_t>(capacity_d) * capacity_q);
     ot = AllocAligned<float>(static_cast<size_t>(capacity_d) * capacity_q);
-    st = AllocAligned<float>(static_cast<size_t>(kAttnKeys) * capacity_q);
+    st = AllocAligned<float>(static_cast<size_t>(kAttnMaxKeys) * capacity_q);
+    vb = AllocAligned<float>(static_cast<size_t>(kAttnMaxKeys) * capacity_d);
   }
 };
 
 // ST[j][.] for R keys (rows k, k + ldk, ...) against all kQ query lanes; d terms each.
+// Riding along in the spare load/store slots of this FMA-bound loop: the same keys' V rows are
+// copied to vb (rows d apart; see the PV step), and the next n_prefetch keys' K and V rows are
+// prefetched, so that K/V misses overlap with arithmetic instead of stalling a separate copy.
 template <class S, int R>
-inline void QkTile(const float* k, int64_t ldk, const float* qt, int d, float* st) {
+inline void QkTile(const float* k, int64_t ldk, const float* v, int64_t ldv, const float* qt, int d, float* st,
+                   float* vb, int n_prefetch) {
   constexpr int kQ = S::kLanes * S::kVecs;
   typename S::V acc[R][S::kVecs];
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
     for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Zero();
-  for (int i = 0; i < d; ++i) {
-    typename S::V q[S::kVecs];
-    ESTREAM_UNROLL
-    for (int c = 0; c < S::kVecs; ++c) q[c] = S::Load(qt + i * kQ + c * S::kLanes);
-    ESTREAM_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const typename S::V kb = S::Set1(k[r * ldk + i]);
+  for (int i0 = 0; i0 < d; i0 += S::kLanes) {
+    const int i1 = std::min(d, i0 + S::kLanes);
+    for (int r = R; r < R + n_prefetch; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(k + r * ldk + i0), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + r * ldv + i0), _MM_HINT_T0);
+    }
+    if (i1 - i0 == S::kLanes) {
       ESTREAM_UNROLL
-      for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Fma(kb, q[c], acc[r][c]);
+      for (int r = 0; r < R; ++r) S::Store(vb + r * d + i0, S::Load(v + r * ldv + i0));
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int i = i0; i < i1; ++i) vb[r * d + i] = v[r * ldv + i];
+    }
+    for (int i = i0; i < i1; ++i) {
+      typename S::V q[S::kVecs];
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c) q[c] = S::Load(qt + i * kQ + c * S::kLanes);
+      ESTREAM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const typename S::V kb = S::Set1(k[r * ldk + i]);
+        ESTREAM_UNROLL
+        for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Fma(kb, q[c], acc[r][c]);
+      }
     }
   }
   ESTREAM_UNROLL
@@ -158,6 +179,7 @@ void AttentionBlockX86(const AttentionArgs& a, int head, int t_begin, int t_end)
   float* qt = scratch.qt.get();
   float* ot = scratch.ot.get();
   float* st = scratch.st.get();
+  float* vb = scratch.vb.get();
   const float q_scale = a.scale * kLog2e;
 
   for (int q0 = t_begin; q0 < t_end; q0 += kQ) {
@@ -175,10 +197,14 @@ void AttentionBlockX86(const AttentionArgs& a, int head, int t_begin, int t_end)
       l[c] = S::Zero();
     }
 
-    for (int kb = 0; kb < q1; kb += kAttnKeys) {
-      const int nk = std::min(kAttnKeys, q1 - kb);
+    for (int kb = 0; kb < q1; kb += S::kKeys) {
+      const int nk = std::min(S::kKeys, q1 - kb);
       const float* kblk = k_head + static_cast<int64_t>(kb) * a.ldk;
-      ForTiles<S::kQkRows>(nk, [&]<int R>(int j) { QkTile<S, R>(kblk + j * a.ldk, a.ldk, qt, d, st + j * kQ); });
+      const float* vblk = v_head + static_cast<int64_t>(kb) * a.ldv;
+      ForTiles<S::kQkRows>(nk, [&]<int R>(int j) {
+        const int n_prefetch = std::clamp(q1 - (kb + j + R), 0, R);
+        QkTile<S, R>(kblk + j * a.ldk, a.ldk, vblk + j * a.ldv, a.ldv, qt, d, st + j * kQ, vb + j * d, n_prefetch);
+      });
       // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i, i.e. lanes
       // i < kb + j - q0 are masked; only rows with kb + j > q0 have any.
       for (int j = std::max(0, q0 - kb + 1); j < nk; ++j)
@@ -210,8 +236,10 @@ void AttentionBlockX86(const AttentionArgs& a, int head, int t_begin, int t_end)
         }
       ESTREAM_UNROLL
       for (int c = 0; c < S::kVecs; ++c) l[c] = S::Fma(l[c], alpha[c], sum[c]);
-      const float* vblk = v_head + static_cast<int64_t>(kb) * a.ldv;
-      ForTiles<S::kPvRows>(d, [&]<int R>(int c0) { PvTile<S, R>(vblk + c0, a.ldv, st, nk, alpha, ot + c0 * kQ); });
+      // The PV tiles read a few values of every key's V row per pass; rows of V sit ld apart (often
+      // a power of two such as 2 KiB), which folds them onto a few L1 sets. So they read the
+      // contiguous copy vb (nk x d) that the QK tiles made.
+      ForTiles<S::kPvRows>(d, [&]<int R>(int c0) { PvTile<S, R>(vb + c0, d, st, nk, alpha, ot + c0 * kQ); });
     }
 
     // out[q0 + i][c] = OT[c][i] / l[i]: scale the rows of OT, then store them transposed.

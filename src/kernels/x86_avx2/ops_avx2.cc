@@ -83,6 +83,7 @@ struct Avx2Traits {
   static constexpr int kLanes = 8;
   static constexpr int kVecs = 2;     // 16 query rows per tile
   static constexpr int kQkRows = 6;   // 6 keys x 2 vectors = 12 accumulators (of 16 registers)
+  static constexpr int kKeys = 64;    // keys per block (ST is kKeys x kQ floats)
   static constexpr int kPvRows = 6;
   static V Zero() { return _mm256_setzero_ps(); }
   static V Set1(float x) { return _mm256_set1_ps(x); }
@@ -104,11 +105,14 @@ struct Avx2Traits {
   static void Transpose(const float* src, int64_t lds, float scale, float* dst, int64_t ldd) {
     const __m256 sc = _mm256_set1_ps(scale);
     __m256 r[8], t[8];
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(_mm256_loadu_ps(src + i * lds), sc);
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < 8; i += 2) {
       t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
       t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
     }
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < 8; i += 4) {
       r[i] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t[i]), _mm256_castps_pd(t[i + 2])));
       r[i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t[i]), _mm256_castps_pd(t[i + 2])));
@@ -116,6 +120,7 @@ struct Avx2Traits {
       r[i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t[i + 1]), _mm256_castps_pd(t[i + 3])));
     }
     // r[4b + j] holds, in 128-bit lane L, (rows 4b..4b+3, column 4L + j).
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < 4; ++j) {
       _mm256_storeu_ps(dst + j * ldd, _mm256_permute2f128_ps(r[j], r[4 + j], 0x20));
       _mm256_storeu_ps(dst + (j + 4) * ldd, _mm256_permute2f128_ps(r[j], r[4 + j], 0x31));

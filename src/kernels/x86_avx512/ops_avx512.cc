@@ -55,8 +55,9 @@ struct Avx512Traits {
   using V = __m512;
   static constexpr int kLanes = 16;
   static constexpr int kVecs = 4;     // 64 query rows per tile
-  static constexpr int kQkRows = 4;   // 4 keys x 4 vectors = 16 accumulators
-  static constexpr int kPvRows = 4;   // 4 head dims x 4 vectors
+  static constexpr int kQkRows = 6;   // 6 keys x 4 vectors = 24 accumulators
+  static constexpr int kKeys = 64;    // keys per block (ST is kKeys x kQ floats)
+  static constexpr int kPvRows = 6;   // 6 head dims x 4 vectors
   static V Zero() { return _mm512_setzero_ps(); }
   static V Set1(float x) { return _mm512_set1_ps(x); }
   static V Load(const float* p) { return _mm512_loadu_ps(p); }
@@ -78,11 +79,14 @@ struct Avx512Traits {
   static void Transpose(const float* src, int64_t lds, float scale, float* dst, int64_t ldd) {
     const __m512 sc = _mm512_set1_ps(scale);
     __m512 r[16], t[16];
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(_mm512_loadu_ps(src + i * lds), sc);
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < 16; i += 2) {
       t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
       t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
     }
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < 16; i += 4) {
       r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
       r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
@@ -90,12 +94,14 @@ struct Avx512Traits {
       r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
     }
     // r[4b + j] now holds, in each 128-bit lane L, elements (row 4b..4b+3, column 4L + j).
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < 4; ++j) {
       t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);       // lanes 0, 2 of rows 0-3 | 4-7
       t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);   // lanes 1, 3
       t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
       t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
     }
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < 4; ++j) {
       // column j + 4L for L = 0..3: (rows 0-7 | 8-15) from the lane pairs above.
       _mm512_storeu_ps(dst + (j + 0) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
