@@ -23,7 +23,8 @@ namespace estream::kernels {
 
 enum class WeightLayout {
   kGguf,    // rows exactly as in a GGUF tensor: n rows of RowBytes(type, k)
-  kPacked,  // the kernel-native layout written by RepackWeights (see PackedWeightBytes)
+  kPacked,  // the kernel-native layout written by RepackWeights (see PackedWeightBytes); keep it
+            // 64-byte aligned: the kernels load 64-byte vectors, and split loads run at half speed
 };
 
 // A weight matrix W of n rows (output features) by k columns (input features).

@@ -17,7 +17,9 @@
 #include <cstring>
 #include <vector>
 
+#include "base/check.h"
 #include "base/fp16.h"
+#include "base/memory.h"
 #include "kernels/dispatch.h"
 #include "kernels/repack.h"
 #include "quant/quant.h"
@@ -30,8 +32,6 @@
 namespace estream::kernels {
 namespace {
 
-constexpr int kMr = 4;   // rows of X per micro-tile
-constexpr int kNv = 3;   // panels (16 weight rows each) per micro-tile
 constexpr int kKcBytes = 24 * 1024;  // bytes of one panel group's k chunk kept in L1
 
 // Per activation row and block: what the micro-kernel broadcasts besides the int8 values.
@@ -67,17 +67,24 @@ inline int32_t Load4(const int8_t* p) {
 
 // One micro-tile: rows [0, MR) of x (row i at x + i * kb, aux likewise), NV panels starting at
 // w (panel j at w + j * panel_stride), blocks [b0, b1). Writes (or, with accumulate, adds to)
-// y[i * ldy + 16 * j + r] for the lanes set in mask[j].
+// y[i * ldy + 16 * j + r] for the lanes set in mask[j]. With more than 12 accumulators the fp32
+// sums live in an L1 buffer instead of registers, so that the int32 accumulators, the weight
+// vectors and the broadcast fit the 32 zmm registers.
 template <QuantType kT, int MR, int NV>
 void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
            int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
   constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
   constexpr int kQOff = (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0) ? 64 : 128;
-  __m512 facc[MR][NV];
+  constexpr bool kMem = MR * NV > 12;
+  __m512 facc[kMem ? 1 : MR][kMem ? 1 : NV];
+  alignas(64) float fmem[kMem ? MR : 1][kMem ? NV : 1][16];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) facc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NV; ++j) {
+      if constexpr (kMem) _mm512_store_ps(fmem[i][j], _mm512_setzero_ps());
+      else facc[i][j] = _mm512_setzero_ps();
+    }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
 
   for (int64_t b = b0; b < b1; ++b) {
@@ -137,8 +144,12 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
       for (int i = 0; i < MR; ++i) {
         const __m512 dx = _mm512_set1_ps(aux[i * kb + b].dx);
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j)
-          facc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i][j]), _mm512_mul_ps(dw[j], dx), facc[i][j]);
+        for (int j = 0; j < NV; ++j) {
+          const __m512 t = _mm512_cvtepi32_ps(iacc[i][j]);
+          const __m512 sc = _mm512_mul_ps(dw[j], dx);
+          if constexpr (kMem) _mm512_store_ps(fmem[i][j], _mm512_fmadd_ps(t, sc, _mm512_load_ps(fmem[i][j])));
+          else facc[i][j] = _mm512_fmadd_ps(t, sc, facc[i][j]);
+        }
       }
     }
     if constexpr (kT == QuantType::kQ4_K) {
@@ -149,7 +160,10 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
       for (int i = 0; i < MR; ++i) {
         const __m512 dxs = _mm512_set1_ps(aux[i * kb + b].dxs);
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) facc[i][j] = _mm512_fmadd_ps(mneg[j], dxs, facc[i][j]);
+        for (int j = 0; j < NV; ++j) {
+          if constexpr (kMem) _mm512_store_ps(fmem[i][j], _mm512_fmadd_ps(mneg[j], dxs, _mm512_load_ps(fmem[i][j])));
+          else facc[i][j] = _mm512_fmadd_ps(mneg[j], dxs, facc[i][j]);
+        }
       }
     }
   }
@@ -158,32 +172,42 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) {
       float* out = y + i * ldy + 16 * j;
-      __m512 v = facc[i][j];
+      __m512 v;
+      if constexpr (kMem) v = _mm512_load_ps(fmem[i][j]);
+      else v = facc[i][j];
       if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[j], out), v);
       _mm512_mask_storeu_ps(out, mask[j], v);
     }
 }
 
+// Tile shape per weight type (rows of X x panels of 16 weight rows). 4 x 3 keeps the 12 int32
+// and 12 fp32 accumulators in registers; 12 independent vpdpbusd chains cover its latency at two
+// per cycle. Measured alternatives (6x2, 3x4, and 6x3 / 5x4 / 8x3 / 4x4 with fp32 sums in L1)
+// were no faster: the per-block epilogue (convert, scale, add: 3 ops per 8 vpdpbusd) bounds
+// every shape at about 8/11 of the vpdpbusd peak.
+template <QuantType kT>
+struct Tile {
+  static constexpr int kMr = 4;
+  static constexpr int kNv = 3;
+};
+
 template <QuantType kT, int MR>
 void MicroNv(int nv, const uint8_t* w, int64_t ps, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
              int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
-  switch (nv) {
-    case 1: return Micro<kT, MR, 1>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-    case 2: return Micro<kT, MR, 2>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-    default: return Micro<kT, MR, kNv>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-  }
+  constexpr int kNv = Tile<kT>::kNv;
+  if constexpr (kNv >= 4) if (nv == 3) return Micro<kT, MR, 3>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  if constexpr (kNv >= 3) if (nv == 2) return Micro<kT, MR, 2>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  if constexpr (kNv >= 2) if (nv == 1) return Micro<kT, MR, 1>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  return Micro<kT, MR, kNv>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
 }
 
-template <QuantType kT>
+template <QuantType kT, int MR = Tile<kT>::kMr>
 void MicroAny(int mr, int nv, const uint8_t* w, int64_t ps, const BlockQ8A* x, const XAux* aux, int64_t kb,
               int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
-  static_assert(kMr == 4);
-  switch (mr) {
-    case 1: return MicroNv<kT, 1>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-    case 2: return MicroNv<kT, 2>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-    case 3: return MicroNv<kT, 3>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-    default: return MicroNv<kT, kMr>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  if constexpr (MR > 1) {
+    if (mr < MR) return MicroAny<kT, MR - 1>(mr, nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
   }
+  return MicroNv<kT, MR>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
 }
 
 inline __mmask16 ColumnMask(int64_t col0, int64_t n_begin, int64_t n_end) {
@@ -196,6 +220,7 @@ inline __mmask16 ColumnMask(int64_t col0, int64_t n_begin, int64_t n_end) {
 // Blocks per k chunk for type kT: a group of kNv panels' chunk is about kKcBytes.
 template <QuantType kT>
 constexpr int64_t KcBlocks() {
+  constexpr int kNv = Tile<kT>::kNv;
   constexpr int64_t bb = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
   return std::max<int64_t>(1, kKcBytes / (kNv * bb));
 }
@@ -206,14 +231,15 @@ template <QuantType kT>
 void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, const BlockQ8A* xq, const XAux* aux,
            int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
   constexpr int64_t kc = KcBlocks<kT>();
-  for (int64_t c0 = 0; c0 < kb; c0 += kc) {
-    const int64_t c1 = std::min(kb, c0 + kc);
-    for (int64_t g = 0; g < count; g += kNv) {
-      const int nv = static_cast<int>(std::min<int64_t>(kNv, count - g));
-      __mmask16 mask[kNv];
-      for (int j = 0; j < nv; ++j) mask[j] = ColumnMask((p0 + g + j) * kPackRows, n_begin, n_end);
-      const uint8_t* wg = w + g * panel_stride;
-      float* yg = y + (p0 + g) * kPackRows;
+  constexpr int kMr = Tile<kT>::kMr, kNv = Tile<kT>::kNv;
+  for (int64_t g = 0; g < count; g += kNv) {
+    const int nv = static_cast<int>(std::min<int64_t>(kNv, count - g));
+    __mmask16 mask[kNv];
+    for (int j = 0; j < nv; ++j) mask[j] = ColumnMask((p0 + g + j) * kPackRows, n_begin, n_end);
+    const uint8_t* wg = w + g * panel_stride;
+    float* yg = y + (p0 + g) * kPackRows;
+    for (int64_t c0 = 0; c0 < kb; c0 += kc) {
+      const int64_t c1 = std::min(kb, c0 + kc);
       for (int64_t i = 0; i < m; i += kMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
         MicroAny<kT>(mr, nv, wg, panel_stride, xq + i * kb, aux + i * kb, kb, c0, c1, yg + i * ldy, ldy, mask,
@@ -231,6 +257,7 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
   thread_local std::vector<XAux> aux;
   if (aux.size() < static_cast<size_t>(m * kb)) aux.resize(static_cast<size_t>(m * kb));
   BuildAux<kT>(xq, m * kb, aux.data());
+  constexpr int kNv = Tile<kT>::kNv;
   const int64_t panel_stride = PackedPanelBytes(kT, w.k);
   const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
   if (kPacked) {
@@ -239,8 +266,14 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
     return;
   }
   // GGUF rows: pack kNv panels at a time into a per-thread buffer.
-  thread_local std::vector<uint8_t> buf;
-  if (buf.size() < static_cast<size_t>(kNv * panel_stride)) buf.resize(static_cast<size_t>(kNv * panel_stride));
+  // 64-byte aligned: a 64-byte load that straddles two cache lines costs two.
+  thread_local AlignedPtr<uint8_t> buf;
+  thread_local size_t buf_bytes = 0;
+  if (buf_bytes < static_cast<size_t>(kNv * panel_stride)) {
+    buf_bytes = static_cast<size_t>(kNv * panel_stride);
+    buf.reset(static_cast<uint8_t*>(AlignedAlloc(64, buf_bytes)));
+    ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the weight pack buffer");
+  }
   const size_t row_bytes = RowBytes(kT, w.k);
   for (int64_t p = p_first; p <= p_last; p += kNv) {
     const int64_t count = std::min<int64_t>(kNv, p_last + 1 - p);
@@ -248,9 +281,9 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
       const int64_t r0 = (p + j) * kPackRows;
       const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
       PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k,
-                buf.data() + j * panel_stride);
+                buf.get() + j * panel_stride);
     }
-    Drive<kT>(buf.data(), p, count, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    Drive<kT>(buf.get(), p, count, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
   }
 }
 

@@ -1,0 +1,183 @@
+// GEMM throughput: y[M x N] = x[M x K] * W[N x K]^T for each weight type and layout, at the
+// shapes of issue 3, with 1 and 2 OpenMP threads.
+//
+// Quantised types time GemmQ8A on pre-quantised activations (the fused expert operator
+// quantises X once for gate and up); `+quant` rows time MatMul (quantisation included). Float
+// types time MatMul. Counters: Gops = 2*M*N*K / time / 1e9 (1 op = a multiply or an add),
+// pct_peak = Gops / (threads x the per-core peak): int8 1050 Gop/s (vpdpbusd, bench/peak_bench)
+// for quantised types, fp32 FMA 267.5 Gflop/s for float types; override the per-core peaks with
+// ESTREAM_PEAK_INT8_GOPS / ESTREAM_PEAK_FP32_GOPS.
+// Weights are random (scales kept small and normal: no inf/NaN/denormal slow paths).
+// Filter with --benchmark_filter, e.g. 'gemm/q4_0_packed/.*/M(64|256)/' ; see docs/PERFORMANCE.md.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/fp16.h"
+#include "base/memory.h"
+#include "kernels/kernels.h"
+#include "quant/quant.h"
+
+namespace estream::kernels {
+namespace {
+
+double PeakPerCore(bool int8) {
+  const char* env = std::getenv(int8 ? "ESTREAM_PEAK_INT8_GOPS" : "ESTREAM_PEAK_FP32_GOPS");
+  if (env != nullptr && *env != '\0') return std::atof(env);
+  return int8 ? 1050.0 : 267.5;
+}
+
+uint64_t Next(uint64_t* s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+// GGUF rows of random bytes with sane scales.
+std::vector<uint8_t> RandomWeights(QuantType t, int64_t n, int64_t k) {
+  const size_t rb = RowBytes(t, k);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(n));
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i + 8 <= w.size(); i += 8) {
+    const uint64_t v = Next(&s);
+    std::memcpy(&w[i], &v, 8);
+  }
+  const uint16_t h = Fp32ToFp16(1e-3f), hb = Fp32ToBf16(1e-2f);
+  auto set = [&](size_t stride, size_t off) {
+    for (size_t i = off; i + 2 <= w.size(); i += stride) std::memcpy(&w[i], &h, 2);
+  };
+  switch (t) {
+    case QuantType::kQ4_0: set(sizeof(BlockQ4_0), 0); break;
+    case QuantType::kQ8_0: set(sizeof(BlockQ8_0), 0); break;
+    case QuantType::kQ4_K: set(sizeof(BlockQ4_K), 0); set(sizeof(BlockQ4_K), 2); break;
+    case QuantType::kQ6_K: set(sizeof(BlockQ6_K), offsetof(BlockQ6_K, d)); break;
+    case QuantType::kF16: set(2, 0); break;
+    case QuantType::kBF16:
+      for (size_t i = 0; i + 2 <= w.size(); i += 2) std::memcpy(&w[i], &hb, 2);
+      break;
+    case QuantType::kF32:
+      for (size_t i = 0; i + 4 <= w.size(); i += 4) {
+        const float f = static_cast<float>(Next(&s) % 1000) * 1e-5f;
+        std::memcpy(&w[i], &f, 4);
+      }
+      break;
+    default: break;
+  }
+  return w;
+}
+
+// The most recent weight matrix (benchmarks are registered grouped by weights).
+// Held 64-byte aligned, as the engine holds weights (mmap'd tensors and arena slots are).
+struct WeightCache {
+  QuantType type = QuantType::kF32;
+  bool packed = false;
+  int64_t n = 0, k = 0;
+  AlignedPtr<uint8_t> data;
+};
+
+const WeightView& GetWeights(QuantType t, bool packed, int64_t n, int64_t k) {
+  static WeightCache cache;
+  static WeightView view;
+  if (cache.data == nullptr || cache.type != t || cache.packed != packed || cache.n != n || cache.k != k) {
+    cache.data.reset();
+    std::vector<uint8_t> gguf = RandomWeights(t, n, k);
+    if (packed) {
+      cache.data = AllocAligned<uint8_t>(PackedWeightBytes(t, n, k));
+      RepackWeights(t, gguf.data(), n, k, cache.data.get());
+    } else {
+      cache.data = AllocAligned<uint8_t>(gguf.size());
+      std::memcpy(cache.data.get(), gguf.data(), gguf.size());
+    }
+    cache.type = t;
+    cache.packed = packed;
+    cache.n = n;
+    cache.k = k;
+    view = WeightView{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, n, k, cache.data.get()};
+  }
+  return view;
+}
+
+enum class Mode { kGemmQ8A, kMatMul };
+
+void BM_Gemm(benchmark::State& state, QuantType t, bool packed, Mode mode, int64_t m, int64_t k, int64_t n,
+             int threads) {
+  const WeightView& w = GetWeights(t, packed, n, k);
+  AlignedPtr<float> xbuf = AllocAligned<float>(static_cast<size_t>(m * k));
+  float* x = xbuf.get();
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < m * k; ++i) x[i] = static_cast<float>(static_cast<int64_t>(Next(&s) % 2001) - 1000) * 1e-3f;
+  std::vector<BlockQ8A> xq;
+  const bool quant = !(t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16);
+  if (quant) {
+    xq.resize(ActivationBytes(m, k) / sizeof(BlockQ8A));
+    QuantizeActivations(x, k, m, k, xq.data());
+  }
+  AlignedPtr<float> ybuf = AllocAligned<float>(static_cast<size_t>(m * n));
+  float* y = ybuf.get();
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (mode == Mode::kGemmQ8A)
+      GemmQ8A(w, xq.data(), m, y, n);
+    else
+      MatMul(w, x, k, m, y, n);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(y);
+  }
+  omp_set_num_threads(saved);
+  const double gops = 2.0 * m * n * k * static_cast<double>(state.iterations()) / seconds / 1e9;
+  state.counters["Gops"] = gops;
+  state.counters["pct_peak"] = 100.0 * gops / (threads * PeakPerCore(quant));
+}
+
+struct KN {
+  int64_t k, n;
+};
+constexpr KN kShapes[] = {{2048, 1024}, {1024, 2048}, {2048, 768}, {768, 2048}, {4096, 14336}, {2048, 4096}};
+constexpr int64_t kMs[] = {1, 16, 64, 256, 1024};
+
+void Register(QuantType t, bool packed, Mode mode, const char* label) {
+  for (const KN& s : kShapes)
+    for (int64_t m : kMs)
+      for (int threads : {1, 2}) {
+        const std::string name = std::string("gemm/") + label + "/K" + std::to_string(s.k) + "xN" +
+                                 std::to_string(s.n) + "/M" + std::to_string(m) + "/t" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, t, packed, mode, m, s.k, s.n, threads)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+}
+
+}  // namespace
+}  // namespace estream::kernels
+
+int main(int argc, char** argv) {
+  using estream::QuantType;
+  using namespace estream::kernels;
+  Register(QuantType::kQ4_0, true, Mode::kGemmQ8A, "q4_0_packed");
+  Register(QuantType::kQ8_0, true, Mode::kGemmQ8A, "q8_0_packed");
+  Register(QuantType::kQ4_K, true, Mode::kGemmQ8A, "q4_K_packed");
+  Register(QuantType::kQ6_K, true, Mode::kGemmQ8A, "q6_K_packed");
+  Register(QuantType::kQ4_0, false, Mode::kGemmQ8A, "q4_0_gguf");
+  Register(QuantType::kQ8_0, false, Mode::kGemmQ8A, "q8_0_gguf");
+  Register(QuantType::kQ4_K, false, Mode::kGemmQ8A, "q4_K_gguf");
+  Register(QuantType::kQ6_K, false, Mode::kGemmQ8A, "q6_K_gguf");
+  Register(QuantType::kQ4_0, true, Mode::kMatMul, "q4_0_packed+quant");
+  Register(QuantType::kF32, false, Mode::kMatMul, "f32");
+  Register(QuantType::kF16, false, Mode::kMatMul, "f16");
+  Register(QuantType::kBF16, false, Mode::kMatMul, "bf16");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
