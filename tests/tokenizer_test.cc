@@ -533,7 +533,7 @@ void SpmAgainstNaive(bool inner_space, uint32_t seed) {
     std::string text;
     for (int i = 0; i < n; ++i) text += rng() % 10 == 0 ? std::string("\xE4\xB8\xAD") : chars[rng() % 5];
     std::vector<int32_t> got;
-    tok::WordCache cache;
+    tok::WordCache cache(text.size());
     model->EncodeText(text, &scratch, &cache, &got);
     std::vector<int32_t> want;
     for (const std::string& sym : NaiveSpm(text, score)) {

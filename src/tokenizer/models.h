@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -53,13 +54,21 @@ struct MergeScratch {
   std::string mapped;  // BPE ignore_merges lookup
 };
 
-// Memo of word -> ids for one Encode call (natural text repeats its words constantly). A value is
-// the range of the output vector where that word's ids were first written, so nothing is copied
-// into the memo; the keys view the caller's text, which must outlive it.
+// Memo of word -> ids for one Encode call (natural text repeats its words constantly): a
+// direct-mapped table sized from the input length, so a short prompt pays almost nothing and a
+// long document hits on its frequent words. A value is the range of the output vector where the
+// word's ids were first written, so nothing is copied into the memo; the keys view the caller's
+// text, which must outlive the memo.
 class WordCache {
  public:
-  static constexpr size_t kMaxWordBytes = 64;    // longer words are rare and not worth caching
-  static constexpr size_t kMaxEntries = 1 << 16;  // bounds the memo on huge, diverse inputs
+  static constexpr size_t kMaxWordBytes = 48;  // longer words are rare and not worth caching
+
+  explicit WordCache(size_t text_bytes) {
+    size_t n = 64;
+    while (n < text_bytes / 8 && n < (size_t{1} << 16)) n <<= 1;
+    slots_.resize(n);
+    mask_ = n - 1;
+  }
 
   // Appends the ids of `word` to *out, from the memo or by calling encode(word, out).
   template <typename F>
@@ -68,23 +77,44 @@ class WordCache {
       encode(word, out);
       return;
     }
-    auto it = map_.find(word);
-    if (it != map_.end()) {
-      const auto [offset, count] = it->second;
+    Slot& slot = slots_[Hash(word) & mask_];
+    if (slot.len == word.size() && slot.ptr != nullptr &&
+        std::memcmp(slot.ptr, word.data(), word.size()) == 0) {
       const size_t old = out->size();
-      out->resize(old + count);
-      std::copy(out->begin() + offset, out->begin() + offset + count, out->begin() + old);
+      out->resize(old + slot.count);
+      std::copy(out->begin() + slot.offset, out->begin() + slot.offset + slot.count, out->begin() + old);
       return;
     }
     const size_t offset = out->size();
     encode(word, out);
-    if (map_.size() < kMaxEntries)
-      map_.emplace(word, std::make_pair(static_cast<uint32_t>(offset), static_cast<uint32_t>(out->size() - offset)));
+    const size_t count = out->size() - offset;
+    if (offset <= UINT32_MAX && count <= UINT32_MAX)
+      slot = {word.data(), static_cast<uint32_t>(word.size()), static_cast<uint32_t>(offset),
+              static_cast<uint32_t>(count)};
   }
-  void Clear() { map_.clear(); }
 
  private:
-  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> map_;
+  struct Slot {
+    const char* ptr = nullptr;
+    uint32_t len = 0;
+    uint32_t offset = 0;
+    uint32_t count = 0;
+  };
+  static uint64_t Hash(std::string_view w) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ w.size();
+    size_t i = 0;
+    for (; i + 8 <= w.size(); i += 8) {
+      uint64_t v;
+      std::memcpy(&v, w.data() + i, 8);
+      h = (h ^ v) * 0xFF51AFD7ED558CCDull;
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, w.data() + i, w.size() - i);
+    h = (h ^ tail) * 0xC4CEB9FE1A85EC53ull;
+    return h ^ (h >> 29);
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
 };
 
 class BpeModel {

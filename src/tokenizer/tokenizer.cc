@@ -102,6 +102,7 @@ class VocabReader {
 }  // namespace
 
 struct Tokenizer::EncodeState {
+  explicit EncodeState(size_t text_bytes) : cache(text_bytes) {}
   tok::MergeScratch scratch;
   tok::WordCache cache;  // BPE words; keys view the Encode input
 };
@@ -297,7 +298,7 @@ void Tokenizer::EncodeFragment(std::string_view text, bool prefix_space, EncodeS
     else escaped.push_back(ch);
   }
   // The memo's keys view `escaped`, which dies here.
-  tok::WordCache cache;
+  tok::WordCache cache(escaped.size());
   spm_->EncodeText(escaped, &scratch, &cache, out);
 }
 
@@ -314,7 +315,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
   // SentencePiece adds the prefix space to the first text fragment and to each one that follows a
   // special token (llama.cpp's rule).
   bool after_special = true;
-  EncodeState state;
+  EncodeState state(is_bpe_ ? text.size() : 0);
   Partition(
       text, parse_special,
       [&](size_t begin, size_t end) {
