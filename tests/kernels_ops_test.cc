@@ -179,7 +179,7 @@ void CheckAttentionRows(const AttnProblem& p, const std::vector<float>& out, int
 std::vector<float> ReferenceAttention(const AttnProblem& p, int t_begin, int t_end) {
   std::vector<float> out = p.PoisonedOut();
   const AttentionArgs a = p.Args(out.data());
-  for (int h = 0; h < p.s.n_head; ++h) KernelsFor(Isa::kScalar).attention_block(a, h, t_begin, t_end);
+  for (int h = 0; h < p.s.n_head; ++h) KernelsFor(Isa::kScalar).attention_block(a, h, h + 1, t_begin, t_end);
   return out;
 }
 
@@ -221,7 +221,7 @@ TEST(AttentionRef, MatchesNaiveFp64) {
     const AttentionArgs a = p.Args(out.data());
     for (int h = 0; h < s.n_head; ++h)
       for (int t0 = 0; t0 < s.n_tokens; t0 += 37)
-        KernelsFor(Isa::kScalar).attention_block(a, h, t0, std::min(s.n_tokens, t0 + 37));
+        KernelsFor(Isa::kScalar).attention_block(a, h, h + 1, t0, std::min(s.n_tokens, t0 + 37));
     CheckAttentionRows(
         p, out, 0, s.n_tokens, [&](int h, int t) { return NaiveAttentionRow(p, h, t); },
         [](int, int) { return 2 * kU; }, "scalar vs fp64");
@@ -252,15 +252,20 @@ TEST(Attention, EveryIsaMatchesReference) {
       CheckAttentionRows(
           p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
           [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; }, IsaName(isa));
-      // And with uneven blocks of 29 rows (the table entry accepts any block).
-      out = p.PoisonedOut();
-      const AttentionArgs a = p.Args(out.data());
-      for (int h = 0; h < s.n_head; ++h)
-        for (int t0 = 0; t0 < s.n_tokens; t0 += 29) kt.attention_block(a, h, t0, std::min(s.n_tokens, t0 + 29));
-      CheckAttentionRows(
-          p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
-          [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; },
-          std::string(IsaName(isa)) + " blocks of 29");
+      // And with uneven calls (the table entry accepts any rows and any heads of one kv group):
+      // one head at a time over 29 rows, and whole GQA groups over 150 rows.
+      for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{s.n_head / s.n_head_kv, 150}}) {
+        out = p.PoisonedOut();
+        const AttentionArgs a = p.Args(out.data());
+        for (int h = 0; h < s.n_head; h += heads)
+          for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
+            kt.attention_block(a, h, h + heads, t0, std::min(s.n_tokens, t0 + rows));
+        CheckAttentionRows(
+            p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
+            [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; },
+            std::string(IsaName(isa)) + " calls of " + std::to_string(heads) + " heads x " +
+                std::to_string(rows) + " rows");
+      }
     }
   }
 }

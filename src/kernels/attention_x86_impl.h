@@ -3,15 +3,17 @@
 // ISA flags). Everything here has internal linkage (anonymous namespace), so the two
 // instantiations can never be merged by the linker across ISAs. Internal to src/kernels.
 //
-// Algorithm (one query head, a block of query rows; flash-attention style online softmax):
-//   for each sub-block of kQ = S::kLanes * S::kVecs query rows:
-//     QT[d][i]  = q[t_i][d] * scale * log2(e)           (queries transposed: lanes = queries)
-//     for each key block of kKeys keys up to the last query of the sub-block:
+// Algorithm (flash-attention style online softmax). A call covers query heads [h0, h1) that share
+// one kv head, over query rows [t0, t1); it is cut into tiles of kQ = S::kLanes * S::kVecs rows of
+// one head. Every tile keeps its own state, and all tiles walk the key blocks in lockstep, so each
+// K/V block is fetched from memory once per call and reused from cache by every tile:
+//   per tile:  QT[d][i] = q[t_i][d] * scale * log2(e)  (queries transposed: lanes = queries)
+//   for each key block of kKeys keys, for each tile that sees any of its keys:
 //       ST[j][i] = sum_d K[j][d] QT[d][i]                (scores in log2 units, lanes = queries)
 //       ST[j][i] = -inf where key j > query i             (causal mask, diagonal blocks only)
 //       m' = max(m, max_j ST[j]);  alpha = 2^(m - m');   P[j] = 2^(ST[j] - m')
 //       l  = l alpha + sum_j P[j];  OT[d] = OT[d] alpha + sum_j V[j][d] P[j]   (lanes = queries)
-//     out[t_i][d] = OT[d][i] / l[i]
+//   per tile:  out[t_i][d] = OT[d][i] / l[i]
 // Putting queries in the vector lanes makes every softmax step a vertical vector operation (no
 // horizontal reductions), lets head_dim and the number of rows be anything (no lane tails: unused
 // query lanes hold zeros and are never stored), and turns both products into broadcast-FMA
@@ -44,27 +46,37 @@ namespace {
 
 constexpr int kAttnMaxKeys = 128;  // upper bound of S::kKeys (scratch sizing)
 
-// Per-thread scratch, grown once to the largest head_dim seen; owned by the calling thread.
+// Per-thread scratch, grown to the largest (head_dim, tiles) seen; owned by the calling thread.
+// Per tile: QT and OT (d x kQ each) and the softmax state m, l (kQ each).
 struct AttnScratch {
-  AlignedPtr<float> qt, ot, st, vb;
+  AlignedPtr<float> qt, ot, ml, st, vb;
+  size_t tile_floats = 0;  // d * kQ
+  int capacity_tiles = 0;
   int capacity_d = 0;
   int capacity_q = 0;
 
-  void Reserve(int d, int q) {
-    if (d <= capacity_d && q <= capacity_q) return;
+  void Reserve(int d, int q, int tiles) {
+    if (d <= capacity_d && q <= capacity_q && tiles <= capacity_tiles) {
+      tile_floats = static_cast<size_t>(d) * q;
+      return;
+    }
     capacity_d = std::max(d, capacity_d);
     capacity_q = std::max(q, capacity_q);
-    qt = AllocAligned<float>(static_cast<size_t>(capacity_d) * capacity_q);
-    ot = AllocAligned<float>(static_cast<size_t>(capacity_d) * capacity_q);
+    capacity_tiles = std::max(tiles, capacity_tiles);
+    const size_t per_tile = static_cast<size_t>(capacity_d) * capacity_q;
+    qt = AllocAligned<float>(per_tile * capacity_tiles);
+    ot = AllocAligned<float>(per_tile * capacity_tiles);
+    ml = AllocAligned<float>(static_cast<size_t>(2) * capacity_q * capacity_tiles);
     st = AllocAligned<float>(static_cast<size_t>(kAttnMaxKeys) * capacity_q);
     vb = AllocAligned<float>(static_cast<size_t>(kAttnMaxKeys) * capacity_d);
+    tile_floats = static_cast<size_t>(d) * q;
   }
 };
 
 // ST[j][.] for R keys (rows k, k + ldk, ...) against all kQ query lanes; d terms each.
 // Riding along in the spare load/store slots of this FMA-bound loop: the same keys' V rows are
-// copied to vb (rows d apart; see the PV step), and the next n_prefetch keys' K and V rows are
-// prefetched, so that K/V misses overlap with arithmetic instead of stalling a separate copy.
+// copied to vb (rows d apart; see the PV step) unless vb is null, and the next n_prefetch keys'
+// K and V rows are prefetched, so that K/V misses overlap with arithmetic instead of stalling.
 template <class S, int R>
 inline void QkTile(const float* k, int64_t ldk, const float* v, int64_t ldv, const float* qt, int d, float* st,
                    float* vb, int n_prefetch) {
@@ -80,7 +92,9 @@ inline void QkTile(const float* k, int64_t ldk, const float* v, int64_t ldv, con
       _mm_prefetch(reinterpret_cast<const char*>(k + r * ldk + i0), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(v + r * ldv + i0), _MM_HINT_T0);
     }
-    if (i1 - i0 == S::kLanes) {
+    if (vb == nullptr) {
+      // V of these keys already copied by an earlier tile.
+    } else if (i1 - i0 == S::kLanes) {
       ESTREAM_UNROLL
       for (int r = 0; r < R; ++r) S::Store(vb + r * d + i0, S::Load(v + r * ldv + i0));
     } else {
@@ -166,45 +180,63 @@ void TransposeBlock(const float* src, int64_t lds, int rows, int cols, float sca
 }
 
 template <class S>
-void AttentionBlockX86(const AttentionArgs& a, int head, int t_begin, int t_end) {
+void AttentionBlockX86(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) {
   using V = typename S::V;
   constexpr int kQ = S::kLanes * S::kVecs;
   constexpr float kLog2e = 1.44269504088896340736f;
   const int d = a.head_dim;
-  const int kv_head = head / (a.n_head / a.n_head_kv);
+  const int kv_head = head_begin / (a.n_head / a.n_head_kv);
   const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
   const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
+  const int row_tiles = (t_end - t_begin + kQ - 1) / kQ;
+  const int n_tiles = row_tiles * (head_end - head_begin);
   thread_local AttnScratch scratch;
-  scratch.Reserve(d, kQ);
-  float* qt = scratch.qt.get();
-  float* ot = scratch.ot.get();
+  scratch.Reserve(d, kQ, n_tiles);
   float* st = scratch.st.get();
   float* vb = scratch.vb.get();
   const float q_scale = a.scale * kLog2e;
+  // Tile x covers head head_begin + x % n_heads, rows from the last row tile backwards (x / n_heads
+  // = 0 is the last), so the first tiles visited in a key block see the most keys and copy V.
+  const int n_heads = head_end - head_begin;
+  auto tile_head = [&](int x) { return head_begin + x % n_heads; };
+  auto tile_q0 = [&](int x) { return t_begin + (row_tiles - 1 - x / n_heads) * kQ; };
+  auto tile_qt = [&](int x) { return scratch.qt.get() + x * scratch.tile_floats; };
+  auto tile_ot = [&](int x) { return scratch.ot.get() + x * scratch.tile_floats; };
+  auto tile_m = [&](int x) { return scratch.ml.get() + static_cast<size_t>(2 * x) * kQ; };
+  auto tile_l = [&](int x) { return scratch.ml.get() + static_cast<size_t>(2 * x + 1) * kQ; };
 
-  for (int q0 = t_begin; q0 < t_end; q0 += kQ) {
+  for (int x = 0; x < n_tiles; ++x) {
+    const int q0 = tile_q0(x);
     const int nq = std::min(kQ, t_end - q0);
-    const int q1 = q0 + nq;
-    const float* q_rows = a.q + static_cast<int64_t>(q0) * a.ldq + static_cast<int64_t>(head) * d;
+    float* qt = tile_qt(x);
+    const float* q_rows = a.q + static_cast<int64_t>(q0) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
     TransposeBlock<S>(q_rows, a.ldq, nq, d, q_scale, qt, kQ);
     if (nq < kQ)
       for (int c = 0; c < d; ++c) std::memset(qt + c * kQ + nq, 0, sizeof(float) * (kQ - nq));
-    std::memset(ot, 0, sizeof(float) * static_cast<size_t>(d) * kQ);
-    V m[S::kVecs], l[S::kVecs], alpha[S::kVecs];
-    ESTREAM_UNROLL
-    for (int c = 0; c < S::kVecs; ++c) {
-      m[c] = S::Set1(-std::numeric_limits<float>::infinity());
-      l[c] = S::Zero();
-    }
+    std::memset(tile_ot(x), 0, sizeof(float) * scratch.tile_floats);
+    std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
+    std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
+  }
 
-    for (int kb = 0; kb < q1; kb += S::kKeys) {
+  for (int kb = 0; kb < t_end; kb += S::kKeys) {
+    const float* kblk = k_head + static_cast<int64_t>(kb) * a.ldk;
+    const float* vblk = v_head + static_cast<int64_t>(kb) * a.ldv;
+    bool v_copied = false;
+    for (int x = 0; x < n_tiles; ++x) {
+      const int q0 = tile_q0(x);
+      const int q1 = std::min(t_end, q0 + kQ);
+      if (kb >= q1) continue;
       const int nk = std::min(S::kKeys, q1 - kb);
-      const float* kblk = k_head + static_cast<int64_t>(kb) * a.ldk;
-      const float* vblk = v_head + static_cast<int64_t>(kb) * a.ldv;
+      const float* qt = tile_qt(x);
+      float* ot = tile_ot(x);
+      // Tiles are visited with q1 non-increasing, so the first one copies the most V rows.
+      float* v_copy = v_copied ? nullptr : vb;
       ForTiles<S::kQkRows>(nk, [&]<int R>(int j) {
-        const int n_prefetch = std::clamp(q1 - (kb + j + R), 0, R);
-        QkTile<S, R>(kblk + j * a.ldk, a.ldk, vblk + j * a.ldv, a.ldv, qt, d, st + j * kQ, vb + j * d, n_prefetch);
+        const int n_prefetch = v_copy ? std::clamp(t_end - (kb + j + R), 0, R) : 0;
+        QkTile<S, R>(kblk + j * a.ldk, a.ldk, vblk + j * a.ldv, a.ldv, qt, d, st + j * kQ,
+                     v_copy ? v_copy + j * d : nullptr, n_prefetch);
       });
+      v_copied = true;
       // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i, i.e. lanes
       // i < kb + j - q0 are masked; only rows with kb + j > q0 have any.
       for (int j = std::max(0, q0 - kb + 1); j < nk; ++j)
@@ -213,44 +245,52 @@ void AttentionBlockX86(const AttentionArgs& a, int head, int t_begin, int t_end)
           float* s = st + j * kQ + c * S::kLanes;
           S::Store(s, S::MaskBelow(S::Load(s), c * S::kLanes, kb + j - q0));
         }
+      V m[S::kVecs], alpha[S::kVecs], sum[S::kVecs];
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c) m[c] = S::Load(tile_m(x) + c * S::kLanes);
       V bm[S::kVecs];
       ESTREAM_UNROLL
       for (int c = 0; c < S::kVecs; ++c) bm[c] = m[c];
       for (int j = 0; j < nk; ++j)
         ESTREAM_UNROLL
         for (int c = 0; c < S::kVecs; ++c) bm[c] = S::Max(bm[c], S::Load(st + j * kQ + c * S::kLanes));
-      V sum[S::kVecs];
       ESTREAM_UNROLL
       for (int c = 0; c < S::kVecs; ++c) {
         alpha[c] = S::Exp2(S::Sub(m[c], bm[c]));
-        m[c] = bm[c];
+        S::Store(tile_m(x) + c * S::kLanes, bm[c]);
         sum[c] = S::Zero();
       }
       for (int j = 0; j < nk; ++j)
         ESTREAM_UNROLL
         for (int c = 0; c < S::kVecs; ++c) {
           float* s = st + j * kQ + c * S::kLanes;
-          const V p = S::Exp2(S::Sub(S::Load(s), m[c]));
+          const V p = S::Exp2(S::Sub(S::Load(s), bm[c]));
           S::Store(s, p);
           sum[c] = S::Add(sum[c], p);
         }
       ESTREAM_UNROLL
-      for (int c = 0; c < S::kVecs; ++c) l[c] = S::Fma(l[c], alpha[c], sum[c]);
+      for (int c = 0; c < S::kVecs; ++c)
+        S::Store(tile_l(x) + c * S::kLanes, S::Fma(S::Load(tile_l(x) + c * S::kLanes), alpha[c], sum[c]));
       // The PV tiles read a few values of every key's V row per pass; rows of V sit ld apart (often
       // a power of two such as 2 KiB), which folds them onto a few L1 sets. So they read the
-      // contiguous copy vb (nk x d) that the QK tiles made.
+      // contiguous copy vb (nk x d) made by the first tile's QK pass.
       ForTiles<S::kPvRows>(d, [&]<int R>(int c0) { PvTile<S, R>(vb + c0, d, st, nk, alpha, ot + c0 * kQ); });
     }
+  }
 
-    // out[q0 + i][c] = OT[c][i] / l[i]: scale the rows of OT, then store them transposed.
+  // out[q0 + i][c] = OT[c][i] / l[i]: scale the rows of OT, then store them transposed.
+  for (int x = 0; x < n_tiles; ++x) {
+    const int q0 = tile_q0(x);
+    const int nq = std::min(kQ, t_end - q0);
+    float* ot = tile_ot(x);
     V inv_l[S::kVecs];
     ESTREAM_UNROLL
-    for (int c = 0; c < S::kVecs; ++c) inv_l[c] = S::Div(S::Set1(1.0f), l[c]);
+    for (int c = 0; c < S::kVecs; ++c) inv_l[c] = S::Div(S::Set1(1.0f), S::Load(tile_l(x) + c * S::kLanes));
     for (int r = 0; r < d; ++r)
       ESTREAM_UNROLL
       for (int c = 0; c < S::kVecs; ++c)
         S::Store(ot + r * kQ + c * S::kLanes, S::Mul(S::Load(ot + r * kQ + c * S::kLanes), inv_l[c]));
-    float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(head) * d;
+    float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
     TransposeBlock<S>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
   }
 }

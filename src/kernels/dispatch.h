@@ -39,9 +39,11 @@ struct KernelTable {
 
   void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n) = nullptr;
 
-  // Attention for one (query head, block of query rows [t_begin, t_end)); any block size works,
-  // AttentionPrefill passes blocks of attention_rows rows (the size the fast path is tiled for).
-  void (*attention_block)(const AttentionArgs& a, int head, int t_begin, int t_end) = nullptr;
+  // Attention for query heads [head_begin, head_end), which must share one kv head, over query
+  // rows [t_begin, t_end) (keys 0 .. t_end - 1). Any range works; the fast paths cut it into tiles
+  // of attention_rows rows of one head and stream each K/V block once for all of them, so
+  // AttentionPrefill passes several heads of a GQA group and/or several tiles per call.
+  void (*attention_block)(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) = nullptr;
   int attention_rows = 64;
 
   void (*rms_norm_row)(const float* x, const float* w, float* y, int64_t n, float eps) = nullptr;

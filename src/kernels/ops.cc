@@ -28,21 +28,40 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   ESTREAM_CHECK(a.n_tokens >= 0 && a.n_head > 0 && a.n_head_kv > 0 && a.head_dim > 0, "AttentionPrefill: bad shape");
   ESTREAM_CHECK(a.n_head % a.n_head_kv == 0, "AttentionPrefill: n_head must be a multiple of n_head_kv");
   if (a.n_tokens == 0) return;
-  const int rows = kt.attention_rows;
-  const int n_blocks = (a.n_tokens + rows - 1) / rows;
-  // Work items are (query block, head). Causal: block b costs about b + 1 key blocks, so the items
-  // are handed out most expensive first (block descending) and dynamically; the last items are the
-  // cheapest, which keeps the threads' finishing times within about one small item of each other.
-  // Heads of one GQA group are adjacent, so concurrent items tend to share K/V in cache.
-  const int64_t n_items = static_cast<int64_t>(n_blocks) * a.n_head;
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_items));
+  // Work items: (chunk of up to kMaxHeads query heads sharing one kv head) x (range of rows_per_item
+  // query rows). One call streams each K/V block once for all its heads and row tiles, so the more
+  // tiles per item, the less K/V traffic; but there must be enough items to balance the threads.
+  // Items are ordered kv head by kv head, and within a kv head from the last rows (most keys) to
+  // the first, so consecutive items also share K/V prefixes in the core's L2. Causal: an item of
+  // rows ending at t costs about t; items are handed out dynamically, and the last ones of each kv
+  // head and of the whole list are the cheapest, so the threads finish within a small item.
+  constexpr int kMaxTilesPerItem = 8;
+  const int rep = a.n_head / a.n_head_kv;
+  const int heads_per_item = std::min(rep, kMaxTilesPerItem);
+  const int head_chunks = (rep + heads_per_item - 1) / heads_per_item;
+  const int threads_wanted = omp_get_max_threads();
+  const int tile_rows = kt.attention_rows;
+  const int row_tiles = (a.n_tokens + tile_rows - 1) / tile_rows;
+  int tiles_per_item = std::max(1, kMaxTilesPerItem / heads_per_item);
+  auto count_items = [&](int tpi) {
+    return static_cast<int64_t>(a.n_head_kv) * head_chunks * ((row_tiles + tpi - 1) / tpi);
+  };
+  while (tiles_per_item > 1 && count_items(tiles_per_item) < 8 * threads_wanted) tiles_per_item /= 2;
+  const int rows_per_item = tiles_per_item * tile_rows;
+  const int n_row_blocks = (a.n_tokens + rows_per_item - 1) / rows_per_item;
+  const int64_t per_kv = static_cast<int64_t>(n_row_blocks) * head_chunks;
+  const int64_t n_items = per_kv * a.n_head_kv;
+  const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, n_items));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t item = 0; item < n_items; ++item) {
-    const int block = n_blocks - 1 - static_cast<int>(item / a.n_head);
-    const int head = static_cast<int>(item % a.n_head);
-    const int t_begin = block * rows;
-    const int t_end = std::min(a.n_tokens, t_begin + rows);
-    kt.attention_block(a, head, t_begin, t_end);
+    const int kv_head = static_cast<int>(item / per_kv);
+    const int64_t in_kv = item % per_kv;
+    const int block = n_row_blocks - 1 - static_cast<int>(in_kv / head_chunks);
+    const int head_begin = kv_head * rep + static_cast<int>(in_kv % head_chunks) * heads_per_item;
+    const int head_end = std::min(head_begin + heads_per_item, (kv_head + 1) * rep);
+    const int t_begin = block * rows_per_item;
+    const int t_end = std::min(a.n_tokens, t_begin + rows_per_item);
+    kt.attention_block(a, head_begin, head_end, t_begin, t_end);
   }
 }
 

@@ -15,7 +15,7 @@ namespace {
 
 // One query head over query rows [t_begin, t_end): for each row, materialise that row's scores
 // against keys 0..t (causal), softmax and weight the values, all in fp64.
-void AttentionBlockRef(const AttentionArgs& a, int head, int t_begin, int t_end) {
+void AttentionHeadRef(const AttentionArgs& a, int head, int t_begin, int t_end) {
   const int d = a.head_dim;
   const int kv_head = head / (a.n_head / a.n_head_kv);
   thread_local std::vector<double> scores;
@@ -43,6 +43,10 @@ void AttentionBlockRef(const AttentionArgs& a, int head, int t_begin, int t_end)
     float* out = a.out + t * a.ldo + static_cast<int64_t>(head) * d;
     for (int i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i] / sum);
   }
+}
+
+void AttentionBlockRef(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) {
+  for (int h = head_begin; h < head_end; ++h) AttentionHeadRef(a, h, t_begin, t_end);
 }
 
 void RmsNormRowRef(const float* x, const float* w, float* y, int64_t n, float eps) {

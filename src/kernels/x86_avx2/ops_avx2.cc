@@ -128,8 +128,8 @@ struct Avx2Traits {
   }
 };
 
-void AttentionBlockAvx2(const AttentionArgs& a, int head, int t_begin, int t_end) {
-  AttentionBlockX86<Avx2Traits>(a, head, t_begin, t_end);
+void AttentionBlockAvx2(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) {
+  AttentionBlockX86<Avx2Traits>(a, head_begin, head_end, t_begin, t_end);
 }
 
 void RmsNormRowAvx2(const float* x, const float* w, float* y, int64_t n, float eps) {

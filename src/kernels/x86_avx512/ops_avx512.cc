@@ -112,8 +112,8 @@ struct Avx512Traits {
   }
 };
 
-void AttentionBlockAvx512(const AttentionArgs& a, int head, int t_begin, int t_end) {
-  AttentionBlockX86<Avx512Traits>(a, head, t_begin, t_end);
+void AttentionBlockAvx512(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) {
+  AttentionBlockX86<Avx512Traits>(a, head_begin, head_end, t_begin, t_end);
 }
 
 void RmsNormRowAvx512(const float* x, const float* w, float* y, int64_t n, float eps) {
