@@ -31,6 +31,7 @@
 #include "base/fp16.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "kernels/x86_avx2/gemm_avx2.h"
 #include "quant/quant.h"
 
 namespace estream::kernels {
@@ -43,6 +44,27 @@ std::vector<Isa> IsasToTest() {
   if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
   if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
   return isas;
+}
+
+struct Path {
+  std::string name;
+  const KernelTable* table;
+};
+
+// Every ISA's table, plus the AVX2 kernels without AVX-VNNI (vpmaddubsw) when the host would
+// otherwise only run the VNNI variant.
+std::vector<Path> PathsToTest() {
+  std::vector<Path> paths;
+  for (Isa isa : IsasToTest()) paths.push_back({IsaName(isa), &KernelsFor(isa)});
+  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) {
+    static const KernelTable no_vnni = [] {
+      KernelTable t = KernelsFor(Isa::kScalar);
+      FillAvx2GemmWith(&t, false);
+      return t;
+    }();
+    paths.push_back({"avx2-maddubs", &no_vnni});
+  }
+  return paths;
 }
 
 std::mt19937_64& Rng() {
@@ -153,7 +175,11 @@ struct Problem {
 };
 
 Problem MakeProblem(QuantType t, int64_t m, int64_t n, int64_t k) {
-  Problem p{t, m, n, k};
+  Problem p;
+  p.type = t;
+  p.m = m;
+  p.n = n;
+  p.k = k;
   p.w = RandomWeights(t, n, k);
   p.x = RandomX(m, k);
   const int64_t kb = k / 32;
@@ -233,9 +259,9 @@ void RunQuantTest(QuantType t, int64_t block) {
     const int64_t k = s.kmul * (block == 32 ? 37 : 256);  // Q4_0/Q8_0: 37 blocks per kmul
     Problem p = MakeProblem(t, s.m, s.n, block == 32 ? (s.kmul * 32 * (s.m % 2 ? 5 : 9)) : k);
     const int64_t ldy = p.n + 3;
-    for (Isa isa : IsasToTest()) {
+    for (const Path& path : PathsToTest()) {
       for (bool packed : {false, true}) {
-        const auto fn = Fn(KernelsFor(isa), t, packed);
+        const auto fn = Fn(*path.table, t, packed);
         ASSERT_NE(fn, nullptr);
         std::vector<float> y(static_cast<size_t>(p.m * ldy), std::nanf(""));
         const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
@@ -244,7 +270,7 @@ void RunQuantTest(QuantType t, int64_t block) {
         const int64_t split = p.n / 2;
         fn(w, p.xq.data(), p.m, 0, split, y.data(), ldy);
         fn(w, p.xq.data(), p.m, split, p.n, y.data(), ldy);
-        const std::string what = std::string(TypeName(t)) + " " + IsaName(isa) + (packed ? " packed" : " gguf");
+        const std::string what = std::string(TypeName(t)) + " " + path.name + (packed ? " packed" : " gguf");
         EXPECT_EQ(CheckAgainst(p, y, ldy, what), 0) << what;
         for (int64_t i = 0; i < p.m; ++i)  // the padding columns stay untouched
           for (int64_t c = p.n; c < ldy; ++c) ASSERT_TRUE(std::isnan(y[i * ldy + c])) << what;
@@ -317,8 +343,8 @@ TEST(GemmFloat, EveryIsaMatchesFp64) {
       const std::vector<float> x = RandomX(s.m, k);
       std::vector<float> wd(static_cast<size_t>(s.n * k));
       for (int64_t r = 0; r < s.n; ++r) DequantizeRow(t, wq.data() + r * RowBytes(t, k), wd.data() + r * k, k);
-      for (Isa isa : IsasToTest()) {
-        const KernelTable& kt = KernelsFor(isa);
+      for (const Path& path : PathsToTest()) {
+        const KernelTable& kt = *path.table;
         const auto fn = t == QuantType::kF32 ? kt.gemm_f32 : t == QuantType::kF16 ? kt.gemm_f16 : kt.gemm_bf16;
         std::vector<float> y(static_cast<size_t>(s.m * s.n), std::nanf(""));
         const WeightView w{t, WeightLayout::kGguf, s.n, k, wq.data()};
@@ -334,7 +360,7 @@ TEST(GemmFloat, EveryIsaMatchesFp64) {
             }
             const double v = y[i * s.n + r];
             if (!(std::fabs(v - acc) <= (k + 2) * kU * mag) && ++bad <= 3)
-              ADD_FAILURE() << TypeName(t) << " " << IsaName(isa) << " m=" << s.m << " (" << i << "," << r
+              ADD_FAILURE() << TypeName(t) << " " << path.name << " m=" << s.m << " (" << i << "," << r
                             << "): " << v << " vs " << acc;
           }
         EXPECT_EQ(bad, 0);
@@ -354,10 +380,10 @@ TEST(QuantizeQ8A, FastMatchesScalarBitExact) {
   for (int j = 96; j < 128; ++j) x[j] = 0.7f;
   std::vector<BlockQ8A> ref(k / 32), got(k / 32);
   QuantizeRowQ8A(x.data(), ref.data(), k);
-  for (Isa isa : IsasToTest()) {
+  for (const Path& path : PathsToTest()) {
     std::memset(got.data(), 0xAB, got.size() * sizeof(BlockQ8A));
-    KernelsFor(isa).quantize_q8a(x.data(), got.data(), k);
-    EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(BlockQ8A)), 0) << IsaName(isa);
+    path.table->quantize_q8a(x.data(), got.data(), k);
+    EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(BlockQ8A)), 0) << path.name;
   }
   // Public wrapper, several rows with a leading dimension.
   std::vector<BlockQ8A> rows(3 * 2);

@@ -1,12 +1,358 @@
-// AVX2 GEMM kernels (placeholder while the ymm kernels are written: the quantiser only; the
-// GEMM entries inherit the scalar ones).
+// AVX2 GEMM kernels: quantised weights x Q8A activations on ymm (AVX-VNNI vpdpbusd where the
+// CPU has it, else vpmaddubsw + vpmaddwd), float weights with fp32 FMA, and the Q8A quantiser.
+//
+// Same structure as the AVX-512 kernels (see gemm_avx512.cc): packed layout of repack.h (GGUF
+// rows are packed on the fly), per 32-value block an exact int32 dot per output, scaled by
+// d_w * d_x into fp32 sums. A packed panel's 64-byte k-step line is two ymm: rows 0..7 and
+// rows 8..15. The micro-tile is kMr rows of X x one panel (two ymm halves): 8 int32
+// accumulators; the fp32 sums live in an L1 buffer (16 ymm registers do not hold both sets).
+// vpmaddubsw saturates at +-32767: Q4_0/Q4_K (u4 x s8, pairs <= 2 * 15 * 127) and Q6_K (u6,
+// <= 2 * 63 * 127) cannot reach it; Q8_0 takes the signed weights (q + 128 xor 0x80) through
+// the sign trick |w| * sign(x, w) (<= 2 * 128 * 127) and needs no zero-point bias.
+#include "kernels/x86_avx2/gemm_avx2.h"
+
 #include <immintrin.h>
 
-#include "kernels/dispatch.h"
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "base/check.h"
+#include "base/cpu.h"
+#include "base/fp16.h"
+#include "base/memory.h"
+#include "kernels/repack.h"
 #include "quant/quant.h"
 
 namespace estream::kernels {
+namespace {
 
-void FillAvx2Gemm(KernelTable* t) { (void)t; }
+constexpr int kMr = 4;
+constexpr int kKcBytes = 24 * 1024;
+
+struct XAux {
+  float dx;
+  int32_t b0;
+  int32_t b1;
+  float dxs;
+};
+
+template <QuantType kT, bool kVnni>
+void BuildAux(const BlockQ8A* xq, int64_t count, XAux* aux) {
+  // Without VNNI, Q8_0 multiplies signed weights: no zero point to remove.
+  const int z = (kT == QuantType::kQ8_0 && !kVnni) ? 0 : ZeroPoint(kT);
+  for (int64_t i = 0; i < count; ++i) {
+    const int s0 = xq[i].sum[0], s1 = xq[i].sum[1];
+    aux[i].dx = xq[i].d;
+    aux[i].dxs = xq[i].d * static_cast<float>(s0 + s1);
+    if (kT == QuantType::kQ6_K) {
+      aux[i].b0 = -z * s0;
+      aux[i].b1 = -z * s1;
+    } else {
+      aux[i].b0 = -z * (s0 + s1);
+      aux[i].b1 = 0;
+    }
+  }
+}
+
+inline int32_t Load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// acc += dot4(w u8, x s8) per int32 lane.
+template <bool kVnni, bool kSignedW>
+inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
+  if constexpr (kVnni) {
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+  } else {
+    __m256i p;
+    if constexpr (kSignedW) {
+      p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    } else {
+      p = _mm256_maddubs_epi16(w, x);
+    }
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
+}
+
+// MR rows of x x one packed panel at w, blocks [b0, b1); see the AVX-512 Micro.
+template <QuantType kT, int MR, bool kVnni>
+void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0, int64_t b1, float* y,
+           int64_t ldy, int valid_lo, int valid_hi, bool accumulate) {
+  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
+  constexpr int kQOff = (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0) ? 64 : 128;
+  constexpr bool kSignedW = kT == QuantType::kQ8_0 && !kVnni;
+  alignas(32) float fsum[MR][2][8];
+  for (int i = 0; i < MR; ++i)
+    for (int hh = 0; hh < 2; ++hh) _mm256_store_ps(fsum[i][hh], _mm256_setzero_ps());
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = w + b * kBB;
+    constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
+    for (int h = 0; h < kHalves; ++h) {
+      __m256i iacc[MR][2];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m256i bias = _mm256_set1_epi32(h == 0 ? aux[i * kb + b].b0 : aux[i * kb + b].b1);
+        iacc[i][0] = bias;
+        iacc[i][1] = bias;
+      }
+      if constexpr (kT == QuantType::kQ4_0 || kT == QuantType::kQ4_K) {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; ++s) {
+          __m256i lo[2], hi[2];
+#pragma GCC unroll 2
+          for (int hh = 0; hh < 2; ++hh) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQOff + 64 * s + 32 * hh));
+            lo[hh] = _mm256_and_si256(v, low4);
+            hi[hh] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m256i xl = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 4 * s));
+            const __m256i xh = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 16 + 4 * s));
+#pragma GCC unroll 2
+            for (int hh = 0; hh < 2; ++hh) {
+              iacc[i][hh] = Dot<kVnni, false>(iacc[i][hh], lo[hh], xl);
+              iacc[i][hh] = Dot<kVnni, false>(iacc[i][hh], hi[hh], xh);
+            }
+          }
+        }
+      } else {
+        constexpr int kSteps = kT == QuantType::kQ6_K ? 4 : 8;
+#pragma GCC unroll 8
+        for (int s0 = 0; s0 < kSteps; ++s0) {
+          const int s = h * 4 + s0;
+          __m256i wv[2];
+#pragma GCC unroll 2
+          for (int hh = 0; hh < 2; ++hh) {
+            wv[hh] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQOff + 64 * s + 32 * hh));
+            if constexpr (kSignedW) wv[hh] = _mm256_xor_si256(wv[hh], flip);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m256i xv = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 4 * s));
+#pragma GCC unroll 2
+            for (int hh = 0; hh < 2; ++hh) iacc[i][hh] = Dot<kVnni, kSignedW>(iacc[i][hh], wv[hh], xv);
+          }
+        }
+      }
+#pragma GCC unroll 2
+      for (int hh = 0; hh < 2; ++hh) {
+        const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(wb) + 16 * h + 8 * hh);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(aux[i * kb + b].dx));
+          _mm256_store_ps(fsum[i][hh],
+                          _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[i][hh]), sc, _mm256_load_ps(fsum[i][hh])));
+        }
+      }
+    }
+    if constexpr (kT == QuantType::kQ4_K) {
+#pragma GCC unroll 2
+      for (int hh = 0; hh < 2; ++hh) {
+        const __m256 mneg = _mm256_loadu_ps(reinterpret_cast<const float*>(wb) + 16 + 8 * hh);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i)
+          _mm256_store_ps(fsum[i][hh], _mm256_fmadd_ps(mneg, _mm256_set1_ps(aux[i * kb + b].dxs),
+                                                       _mm256_load_ps(fsum[i][hh])));
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int r = valid_lo; r < valid_hi; ++r) {
+      const float v = fsum[i][r / 8][r % 8];
+      y[i * ldy + r] = accumulate ? y[i * ldy + r] + v : v;
+    }
+}
+
+template <QuantType kT, bool kVnni, int MR = kMr>
+void MicroAny(int mr, const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0, int64_t b1,
+              float* y, int64_t ldy, int lo, int hi, bool acc) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return MicroAny<kT, kVnni, MR - 1>(mr, w, x, aux, kb, b0, b1, y, ldy, lo, hi, acc);
+  }
+  return Micro<kT, MR, kVnni>(w, x, aux, kb, b0, b1, y, ldy, lo, hi, acc);
+}
+
+// Columns [n_begin, n_end) of y from `count` packed panels at w, the first holding columns
+// [16 * p0, 16 * p0 + 16). Loop order as on AVX-512: panel > k chunk > X row tiles.
+template <QuantType kT, bool kVnni>
+void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, const BlockQ8A* xq, const XAux* aux,
+           int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
+  const int64_t kc = std::max<int64_t>(1, kKcBytes / PackedBlockBytes(kT));
+  for (int64_t g = 0; g < count; ++g) {
+    const int64_t col0 = (p0 + g) * kPackRows;
+    const int lo = static_cast<int>(std::max<int64_t>(0, n_begin - col0));
+    const int hi = static_cast<int>(std::min<int64_t>(kPackRows, n_end - col0));
+    for (int64_t c0 = 0; c0 < kb; c0 += kc) {
+      const int64_t c1 = std::min(kb, c0 + kc);
+      for (int64_t i = 0; i < m; i += kMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
+        MicroAny<kT, kVnni>(mr, w + g * panel_stride, xq + i * kb, aux + i * kb, kb, c0, c1, y + i * ldy + col0, ldy,
+                            lo, hi, c0 > 0);
+      }
+    }
+  }
+}
+
+template <QuantType kT, bool kPacked, bool kVnni>
+void GemmAvx2(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
+              int64_t ldy) {
+  if (m <= 0 || n_begin >= n_end) return;
+  const int64_t kb = w.k / 32;
+  thread_local std::vector<XAux> aux;
+  if (aux.size() < static_cast<size_t>(m * kb)) aux.resize(static_cast<size_t>(m * kb));
+  BuildAux<kT, kVnni>(xq, m * kb, aux.data());
+  const int64_t panel_stride = PackedPanelBytes(kT, w.k);
+  const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
+  if (kPacked) {
+    Drive<kT, kVnni>(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1,
+                     panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    return;
+  }
+  thread_local AlignedPtr<uint8_t> buf;
+  thread_local size_t buf_bytes = 0;
+  if (buf_bytes < static_cast<size_t>(panel_stride)) {
+    buf_bytes = static_cast<size_t>(panel_stride);
+    buf.reset(static_cast<uint8_t*>(AlignedAlloc(64, buf_bytes)));
+    ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the weight pack buffer");
+  }
+  const size_t row_bytes = RowBytes(kT, w.k);
+  for (int64_t p = p_first; p <= p_last; ++p) {
+    const int64_t r0 = p * kPackRows;
+    const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
+    PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k, buf.get());
+    Drive<kT, kVnni>(buf.get(), p, 1, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+  }
+}
+
+// ---- float weights ---------------------------------------------------------------------------
+
+template <QuantType kT>
+inline __m256 LoadW8(const void* row, int64_t j) {
+  if constexpr (kT == QuantType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + j);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + j));
+    if constexpr (kT == QuantType::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <QuantType kT>
+inline float LoadW1(const void* row, int64_t j) {
+  if constexpr (kT == QuantType::kF32) return static_cast<const float*>(row)[j];
+  else if constexpr (kT == QuantType::kF16) return Fp16ToFp32(static_cast<const uint16_t*>(row)[j]);
+  else return Bf16ToFp32(static_cast<const uint16_t*>(row)[j]);
+}
+
+inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 2 x 4 tiles of (x row, w row) dot products along k (8 lanes), scalar tail; fp32 throughout.
+template <QuantType kT>
+void GemmFloatAvx2(const WeightView& w, const float* x, int64_t ldx, int64_t m, int64_t n_begin, int64_t n_end,
+                   float* y, int64_t ldy) {
+  const int64_t k = w.k, k8 = k / 8 * 8;
+  const size_t row_bytes = static_cast<size_t>(k) * (kT == QuantType::kF32 ? 4 : 2);
+  const uint8_t* wd = static_cast<const uint8_t*>(w.data);
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += 4) {
+    const int nr = static_cast<int>(std::min<int64_t>(4, n_end - n0));
+    const uint8_t* wr[4];
+    for (int j = 0; j < 4; ++j) wr[j] = wd + (n0 + std::min(j, nr - 1)) * row_bytes;
+    for (int64_t i0 = 0; i0 < m; i0 += 2) {
+      const int mr = static_cast<int>(std::min<int64_t>(2, m - i0));
+      const float* xr[2] = {x + i0 * ldx, x + (i0 + mr - 1) * ldx};
+      __m256 acc[2][4];
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+      for (int64_t kk = 0; kk < k8; kk += 8) {
+        __m256 wv[4];
+        for (int j = 0; j < 4; ++j) wv[j] = LoadW8<kT>(wr[j], kk);
+        for (int i = 0; i < 2; ++i) {
+          const __m256 xv = _mm256_loadu_ps(xr[i] + kk);
+          for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+      }
+      for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j) {
+          float s = HSum(acc[i][j]);
+          for (int64_t kk = k8; kk < k; ++kk) s += xr[i][kk] * LoadW1<kT>(wr[j], kk);
+          y[(i0 + i) * ldy + n0 + j] = s;
+        }
+    }
+  }
+}
+
+// ---- Q8A quantiser (bit-exact with QuantizeRowQ8A) --------------------------------------------
+
+void QuantizeQ8AAvx2(const float* x, BlockQ8A* y, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < n / kQK8A; ++b) {
+    __m256 v[4];
+    for (int q = 0; q < 4; ++q) v[q] = _mm256_loadu_ps(x + 32 * b + 8 * q);
+    __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));  // round half to even
+    // Pack 32 int32 to int8 (values are within [-127, 127], no saturation), restoring order.
+    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), p);
+    const __m256i s01 = _mm256_add_epi32(q[0], q[1]), s23 = _mm256_add_epi32(q[2], q[3]);
+    auto hsum = [](__m256i s) {
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+      return _mm_cvtsi128_si32(t);
+    };
+    y[b].d = d;
+    y[b].sum[0] = static_cast<int16_t>(hsum(s01));
+    y[b].sum[1] = static_cast<int16_t>(hsum(s23));
+  }
+}
+
+template <bool kVnni>
+void FillQuant(KernelTable* t) {
+  t->gemm_q4_0 = GemmAvx2<QuantType::kQ4_0, false, kVnni>;
+  t->gemm_q8_0 = GemmAvx2<QuantType::kQ8_0, false, kVnni>;
+  t->gemm_q4_k = GemmAvx2<QuantType::kQ4_K, false, kVnni>;
+  t->gemm_q6_k = GemmAvx2<QuantType::kQ6_K, false, kVnni>;
+  t->gemm_q4_0_packed = GemmAvx2<QuantType::kQ4_0, true, kVnni>;
+  t->gemm_q8_0_packed = GemmAvx2<QuantType::kQ8_0, true, kVnni>;
+  t->gemm_q4_k_packed = GemmAvx2<QuantType::kQ4_K, true, kVnni>;
+  t->gemm_q6_k_packed = GemmAvx2<QuantType::kQ6_K, true, kVnni>;
+}
+
+}  // namespace
+
+void FillAvx2GemmWith(KernelTable* t, bool use_avx_vnni) {
+  if (use_avx_vnni) FillQuant<true>(t);
+  else FillQuant<false>(t);
+  t->gemm_f32 = GemmFloatAvx2<QuantType::kF32>;
+  t->gemm_f16 = GemmFloatAvx2<QuantType::kF16>;
+  t->gemm_bf16 = GemmFloatAvx2<QuantType::kBF16>;
+  t->quantize_q8a = QuantizeQ8AAvx2;
+}
+
+void FillAvx2Gemm(KernelTable* t) { FillAvx2GemmWith(t, HostCpuFeatures().avx_vnni); }
 
 }  // namespace estream::kernels
