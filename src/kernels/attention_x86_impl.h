@@ -86,31 +86,29 @@ inline void QkTile(const float* k, int64_t ldk, const float* v, int64_t ldv, con
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
     for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Zero();
-  for (int i0 = 0; i0 < d; i0 += S::kLanes) {
-    const int i1 = std::min(d, i0 + S::kLanes);
-    for (int r = R; r < R + n_prefetch; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(k + r * ldk + i0), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(v + r * ldv + i0), _MM_HINT_T0);
+  // Copy and prefetch first, as independent work the out-of-order core overlaps with the FMA loop
+  // below (interleaving them into that loop cut it into short trips and cost more than it saved).
+  if (vb != nullptr) {
+    const int full = d / S::kLanes * S::kLanes;
+    for (int r = 0; r < R; ++r) {
+      for (int i = 0; i < full; i += S::kLanes) S::Store(vb + r * d + i, S::Load(v + r * ldv + i));
+      for (int i = full; i < d; ++i) vb[r * d + i] = v[r * ldv + i];
     }
-    if (vb == nullptr) {
-      // V of these keys already copied by an earlier tile.
-    } else if (i1 - i0 == S::kLanes) {
-      ESTREAM_UNROLL
-      for (int r = 0; r < R; ++r) S::Store(vb + r * d + i0, S::Load(v + r * ldv + i0));
-    } else {
-      for (int r = 0; r < R; ++r)
-        for (int i = i0; i < i1; ++i) vb[r * d + i] = v[r * ldv + i];
+  }
+  for (int r = R; r < R + n_prefetch; ++r)
+    for (int i = 0; i < d; i += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(k + r * ldk + i), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + r * ldv + i), _MM_HINT_T0);
     }
-    for (int i = i0; i < i1; ++i) {
-      typename S::V q[S::kVecs];
+  for (int i = 0; i < d; ++i) {
+    typename S::V q[S::kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) q[c] = S::Load(qt + i * kQ + c * S::kLanes);
+    ESTREAM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const typename S::V kb = S::Set1(k[r * ldk + i]);
       ESTREAM_UNROLL
-      for (int c = 0; c < S::kVecs; ++c) q[c] = S::Load(qt + i * kQ + c * S::kLanes);
-      ESTREAM_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const typename S::V kb = S::Set1(k[r * ldk + i]);
-        ESTREAM_UNROLL
-        for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Fma(kb, q[c], acc[r][c]);
-      }
+      for (int c = 0; c < S::kVecs; ++c) acc[r][c] = S::Fma(kb, q[c], acc[r][c]);
     }
   }
   ESTREAM_UNROLL
@@ -205,18 +203,38 @@ void AttentionBlockX86(const AttentionArgs& a, int head_begin, int head_end, int
   auto tile_m = [&](int x) { return scratch.ml.get() + static_cast<size_t>(2 * x) * kQ; };
   auto tile_l = [&](int x) { return scratch.ml.get() + static_cast<size_t>(2 * x + 1) * kQ; };
 
-  for (int x = 0; x < n_tiles; ++x) {
-    const int q0 = tile_q0(x);
-    const int nq = std::min(kQ, t_end - q0);
+  // Tile x starts (queries transposed in, state reset) when key block 0 reaches it and finishes
+  // (out stored) right after its last key block, so the loads of Q and the stores of out can
+  // overlap with the arithmetic of neighbouring tiles instead of forming phases of their own.
+  // (Software prefetch of the next tile's Q rows measured slower: it floods the fill buffers.)
+  auto q_rows_of = [&](int x) {
+    return a.q + static_cast<int64_t>(tile_q0(x)) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
+  };
+  auto start_tile = [&](int x) {
+    const int nq = std::min(kQ, t_end - tile_q0(x));
     float* qt = tile_qt(x);
-    const float* q_rows = a.q + static_cast<int64_t>(q0) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
-    TransposeBlock<S>(q_rows, a.ldq, nq, d, q_scale, qt, kQ);
+    TransposeBlock<S>(q_rows_of(x), a.ldq, nq, d, q_scale, qt, kQ);
     if (nq < kQ)
       for (int c = 0; c < d; ++c) std::memset(qt + c * kQ + nq, 0, sizeof(float) * (kQ - nq));
     std::memset(tile_ot(x), 0, sizeof(float) * scratch.tile_floats);
     std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
     std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
-  }
+  };
+  // out[q0 + i][c] = OT[c][i] / l[i]: scale the rows of OT, then store them transposed.
+  auto finish_tile = [&](int x) {
+    const int q0 = tile_q0(x);
+    const int nq = std::min(kQ, t_end - q0);
+    float* ot = tile_ot(x);
+    V inv_l[S::kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < S::kVecs; ++c) inv_l[c] = S::Div(S::Set1(1.0f), S::Load(tile_l(x) + c * S::kLanes));
+    for (int r = 0; r < d; ++r)
+      ESTREAM_UNROLL
+      for (int c = 0; c < S::kVecs; ++c)
+        S::Store(ot + r * kQ + c * S::kLanes, S::Mul(S::Load(ot + r * kQ + c * S::kLanes), inv_l[c]));
+    float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
+    TransposeBlock<S>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
+  };
 
   for (int kb = 0; kb < t_end; kb += S::kKeys) {
     const float* kblk = k_head + static_cast<int64_t>(kb) * a.ldk;
@@ -227,6 +245,7 @@ void AttentionBlockX86(const AttentionArgs& a, int head_begin, int head_end, int
       const int q1 = std::min(t_end, q0 + kQ);
       if (kb >= q1) continue;
       const int nk = std::min(S::kKeys, q1 - kb);
+      if (kb == 0) start_tile(x);
       const float* qt = tile_qt(x);
       float* ot = tile_ot(x);
       // Tiles are visited with q1 non-increasing, so the first one copies the most V rows.
@@ -275,23 +294,8 @@ void AttentionBlockX86(const AttentionArgs& a, int head_begin, int head_end, int
       // a power of two such as 2 KiB), which folds them onto a few L1 sets. So they read the
       // contiguous copy vb (nk x d) made by the first tile's QK pass.
       ForTiles<S::kPvRows>(d, [&]<int R>(int c0) { PvTile<S, R>(vb + c0, d, st, nk, alpha, ot + c0 * kQ); });
+      if (kb + S::kKeys >= q1) finish_tile(x);
     }
-  }
-
-  // out[q0 + i][c] = OT[c][i] / l[i]: scale the rows of OT, then store them transposed.
-  for (int x = 0; x < n_tiles; ++x) {
-    const int q0 = tile_q0(x);
-    const int nq = std::min(kQ, t_end - q0);
-    float* ot = tile_ot(x);
-    V inv_l[S::kVecs];
-    ESTREAM_UNROLL
-    for (int c = 0; c < S::kVecs; ++c) inv_l[c] = S::Div(S::Set1(1.0f), S::Load(tile_l(x) + c * S::kLanes));
-    for (int r = 0; r < d; ++r)
-      ESTREAM_UNROLL
-      for (int c = 0; c < S::kVecs; ++c)
-        S::Store(ot + r * kQ + c * S::kLanes, S::Mul(S::Load(ot + r * kQ + c * S::kLanes), inv_l[c]));
-    float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
-    TransposeBlock<S>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
   }
 }
 
