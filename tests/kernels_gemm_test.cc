@@ -32,6 +32,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/x86_avx2/gemm_avx2.h"
+#include "kernels/x86_avx512/gemm_avx512.h"
 #include "quant/quant.h"
 
 namespace estream::kernels {
@@ -63,6 +64,15 @@ std::vector<Path> PathsToTest() {
       return t;
     }();
     paths.push_back({"avx2-maddubs", &no_vnni});
+  }
+  // With AMX the avx512 table sends row tiles of 16 to the tile unit; check vpdpbusd alone too.
+  if (HostIsa() == Isa::kAvx512 && AmxUsable()) {
+    static const KernelTable no_amx = [] {
+      KernelTable t = KernelsFor(Isa::kAvx2);
+      FillAvx512GemmWith(&t, false);
+      return t;
+    }();
+    paths.push_back({"avx512-vnni-only", &no_amx});
   }
   return paths;
 }
@@ -307,13 +317,15 @@ TEST(GemmQuant, PackedBytes) {
   EXPECT_FALSE(GemmSupports(QuantType::kQ5_K));
 }
 
-// Public entry points with 1 and 2 threads: bit-identical, and correct.
+// Public entry points with 1 and 2 threads: bit-identical, and correct. n = 17 (two panels) makes
+// the split go by rows, which moves rows between the AMX tiles and the vpdpbusd tail.
 TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
   const int saved = omp_get_max_threads();
   for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
     for (int64_t m : {3, 70}) {
       const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 320 : 512;
-      Problem p = MakeProblem(t, m, 101, k);
+      for (int64_t n : {101, 17}) {
+      Problem p = MakeProblem(t, m, n, k);
       for (bool packed : {false, true}) {
         const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
                            packed ? p.packed.data() : p.w.data()};
@@ -327,6 +339,7 @@ TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
         EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << TypeName(t);
         EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)), 0) << TypeName(t);
         EXPECT_EQ(CheckAgainst(p, y1, p.n, std::string("MatMul ") + TypeName(t)), 0);
+      }
       }
     }
   }

@@ -22,6 +22,7 @@
 #include "base/memory.h"
 #include "kernels/dispatch.h"
 #include "kernels/repack.h"
+#include "kernels/x86_avx512/gemm_avx512.h"
 #include "quant/quant.h"
 
 // GCC 12 reports the _mm512_undefined_* operand inside the masked-load intrinsics as
@@ -33,14 +34,6 @@ namespace estream::kernels {
 namespace {
 
 constexpr int kKcBytes = 24 * 1024;  // bytes of one panel group's k chunk kept in L1
-
-// Per activation row and block: what the micro-kernel broadcasts besides the int8 values.
-struct XAux {
-  float dx;     // activation scale
-  int32_t b0;   // int32 accumulator start: -Z * sum (Q6_K: of values 0..15)
-  int32_t b1;   // Q6_K: -Z * sum of values 16..31
-  float dxs;    // Q4_K: dx * sum (multiplies the weights' -min)
-};
 
 template <QuantType kT>
 void BuildAux(const BlockQ8A* xq, int64_t count, XAux* aux) {
@@ -226,30 +219,57 @@ constexpr int64_t KcBlocks() {
 }
 
 // Computes columns [n_begin, n_end) of y (rows [0, m)) from `count` packed panels at `w`, the
-// first of which holds columns [16 * p0, 16 * p0 + 16).
-template <QuantType kT>
+// first of which holds columns [16 * p0, 16 * p0 + 16). With kAmx, groups are 2 panels and row
+// tiles of 32 (then 16) rows go to the AMX path, the remaining rows to vpdpbusd.
+template <QuantType kT, bool kAmx>
 void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, const BlockQ8A* xq, const XAux* aux,
            int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
   constexpr int64_t kc = KcBlocks<kT>();
-  constexpr int kMr = Tile<kT>::kMr, kNv = Tile<kT>::kNv;
-  for (int64_t g = 0; g < count; g += kNv) {
-    const int nv = static_cast<int>(std::min<int64_t>(kNv, count - g));
-    __mmask16 mask[kNv];
+  constexpr int kMr = Tile<kT>::kMr;
+  constexpr int kGroup = kAmx ? 2 : Tile<kT>::kNv;
+  const bool amx = kAmx && m >= 16;
+  int8_t* bt = nullptr;
+  if (amx) {
+    thread_local AlignedPtr<int8_t> tiles;
+    if (tiles == nullptr) {
+      tiles.reset(static_cast<int8_t*>(AlignedAlloc(64, 2 * kc * 512)));
+      ESTREAM_CHECK(tiles != nullptr, "GEMM: out of memory for the AMX tile buffer");
+    }
+    bt = tiles.get();
+    AmxBegin();
+  }
+  for (int64_t g = 0; g < count; g += kGroup) {
+    const int nv = static_cast<int>(std::min<int64_t>(kGroup, count - g));
+    __mmask16 mask[kGroup];
     for (int j = 0; j < nv; ++j) mask[j] = ColumnMask((p0 + g + j) * kPackRows, n_begin, n_end);
     const uint8_t* wg = w + g * panel_stride;
     float* yg = y + (p0 + g) * kPackRows;
     for (int64_t c0 = 0; c0 < kb; c0 += kc) {
       const int64_t c1 = std::min(kb, c0 + kc);
-      for (int64_t i = 0; i < m; i += kMr) {
+      int64_t i = 0;
+      if (amx) {
+        AmxUnpack(kT, wg, panel_stride, nv, c0, c1, bt);
+        for (; m - i >= 16; i += 32) {
+          const int xt = m - i >= 32 ? 2 : 1;
+          AmxTiles(kT, bt, wg, panel_stride, nv, xq + i * kb, aux + i * kb, kb, c0, c1, xt, yg + i * ldy, ldy, mask,
+                   c0 > 0);
+          if (xt == 1) {
+            i += 16;
+            break;
+          }
+        }
+      }
+      for (; i < m; i += kMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
         MicroAny<kT>(mr, nv, wg, panel_stride, xq + i * kb, aux + i * kb, kb, c0, c1, yg + i * ldy, ldy, mask,
                      c0 > 0);
       }
     }
   }
+  if (amx) AmxEnd();
 }
 
-template <QuantType kT, bool kPacked>
+template <QuantType kT, bool kPacked, bool kAmx>
 void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
                 int64_t ldy) {
   if (m <= 0 || n_begin >= n_end) return;
@@ -261,8 +281,8 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
   const int64_t panel_stride = PackedPanelBytes(kT, w.k);
   const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
   if (kPacked) {
-    Drive<kT>(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1,
-              panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    Drive<kT, kAmx>(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1,
+                    panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
     return;
   }
   // GGUF rows: pack kNv panels at a time into a per-thread buffer.
@@ -283,7 +303,7 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
       PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k,
                 buf.get() + j * panel_stride);
     }
-    Drive<kT>(buf.get(), p, count, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    Drive<kT, kAmx>(buf.get(), p, count, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
   }
 }
 
@@ -352,21 +372,30 @@ void QuantizeQ8AAvx512(const float* x, BlockQ8A* y, int64_t n) {
   }
 }
 
+template <bool kAmx>
+void FillQuant(KernelTable* t) {
+  constexpr bool kA = kAmx;  // AMX for the types it handles (AmxHandles)
+  t->gemm_q4_0 = GemmAvx512<QuantType::kQ4_0, false, kA>;
+  t->gemm_q8_0 = GemmAvx512<QuantType::kQ8_0, false, kA>;
+  t->gemm_q4_k = GemmAvx512<QuantType::kQ4_K, false, kA>;
+  t->gemm_q6_k = GemmAvx512<QuantType::kQ6_K, false, false>;
+  t->gemm_q4_0_packed = GemmAvx512<QuantType::kQ4_0, true, kA>;
+  t->gemm_q8_0_packed = GemmAvx512<QuantType::kQ8_0, true, kA>;
+  t->gemm_q4_k_packed = GemmAvx512<QuantType::kQ4_K, true, kA>;
+  t->gemm_q6_k_packed = GemmAvx512<QuantType::kQ6_K, true, false>;
+}
+
 }  // namespace
 
-void FillAvx512Gemm(KernelTable* t) {
-  t->gemm_q4_0 = GemmAvx512<QuantType::kQ4_0, false>;
-  t->gemm_q8_0 = GemmAvx512<QuantType::kQ8_0, false>;
-  t->gemm_q4_k = GemmAvx512<QuantType::kQ4_K, false>;
-  t->gemm_q6_k = GemmAvx512<QuantType::kQ6_K, false>;
-  t->gemm_q4_0_packed = GemmAvx512<QuantType::kQ4_0, true>;
-  t->gemm_q8_0_packed = GemmAvx512<QuantType::kQ8_0, true>;
-  t->gemm_q4_k_packed = GemmAvx512<QuantType::kQ4_K, true>;
-  t->gemm_q6_k_packed = GemmAvx512<QuantType::kQ6_K, true>;
+void FillAvx512GemmWith(KernelTable* t, bool use_amx) {
+  if (use_amx) FillQuant<true>(t);
+  else FillQuant<false>(t);
   t->gemm_f32 = GemmFloatAvx512<QuantType::kF32>;
   t->gemm_f16 = GemmFloatAvx512<QuantType::kF16>;
   t->gemm_bf16 = GemmFloatAvx512<QuantType::kBF16>;
   t->quantize_q8a = QuantizeQ8AAvx512;
 }
+
+void FillAvx512Gemm(KernelTable* t) { FillAvx512GemmWith(t, AmxUsable()); }
 
 }  // namespace estream::kernels

@@ -1,0 +1,195 @@
+// AMX-INT8 tile path of the quantised GEMM (see gemm_avx512.h).
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "base/cpu.h"
+#include "kernels/repack.h"
+#include "kernels/x86_avx512/gemm_avx512.h"
+
+#pragma GCC target("amx-tile,amx-int8")
+
+namespace estream::kernels {
+namespace {
+
+constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl: request permission for a state component
+constexpr long kXfeatureXtiledata = 18;
+
+// Tile registers: C = tmm0, tmm1 (16 x 16 int32, alternating blocks), A = tmm4 (16 rows x 32
+// bytes of X), B = tmm6 (8 rows x 64 bytes of W).
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool ComputeAmxUsable() {
+  const char* env = std::getenv("ESTREAM_AMX");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (!HostCpuFeatures().amx_int8) return false;
+  unsigned int eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  if ((eax & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+template <QuantType kT>
+void Unpack(const uint8_t* w, int64_t panel_stride, int nv, int64_t b0, int64_t b1, int8_t* dst) {
+  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : 384;
+  constexpr int kQOff = kT == QuantType::kQ4_K ? 128 : 64;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i z = _mm512_set1_epi8(static_cast<char>(ZeroPoint(kT)));
+  for (int j = 0; j < nv; ++j)
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* q = w + j * panel_stride + b * kBB + kQOff;
+      int8_t* out = dst + (j * (b1 - b0) + (b - b0)) * 512;
+      if constexpr (kT == QuantType::kQ8_0) {
+        for (int s = 0; s < 8; ++s)
+          _mm512_store_si512(out + 64 * s, _mm512_sub_epi8(_mm512_loadu_si512(q + 64 * s), z));
+      } else {
+        for (int s = 0; s < 4; ++s) {
+          const __m512i v = _mm512_loadu_si512(q + 64 * s);
+          _mm512_store_si512(out + 64 * s, _mm512_sub_epi8(_mm512_and_si512(v, low4), z));
+          _mm512_store_si512(out + 64 * (s + 4),
+                             _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), z));
+        }
+      }
+    }
+}
+
+// One X tile (16 rows) x one panel over blocks [b0, b1), software-pipelined in three stages:
+// in step t the tile unit multiplies block t (into C tile tmm(t % 2)), the tile of block t - 1
+// is stored to the L1 buffer c[(t - 1) % 2], and the vector units scale the tile of block t - 2
+// (stored one step earlier, so its loads never wait for the tile store) into the 16 fp32 row
+// sums f, kept in registers. Per block and row: f = fma(float(I), d_w * d_x, f) (+ Q4_K:
+// fma(mneg, d_x * sum, f)), the operations of the vpdpbusd kernel in the same order.
+template <QuantType kT>
+void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
+           int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : 384;
+  alignas(64) int32_t c[2][16 * 16];
+  __m512 f[16];
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) f[r] = _mm512_setzero_ps();
+  const int64_t nb = b1 - b0;
+  const int64_t xstride = kb * static_cast<int64_t>(sizeof(BlockQ8A));
+  auto issue = [&](int64_t t) {
+    if ((t & 1) == 0) {
+      _tile_zero(0);
+      _tile_loadd(4, x[b0 + t].qs, xstride);
+      _tile_loadd(6, bt + t * 512, 64);
+      _tile_dpbssd(0, 4, 6);
+    } else {
+      _tile_zero(1);
+      _tile_loadd(4, x[b0 + t].qs, xstride);
+      _tile_loadd(6, bt + t * 512, 64);
+      _tile_dpbssd(1, 4, 6);
+    }
+  };
+  auto store = [&](int64_t t) {
+    if ((t & 1) == 0) _tile_stored(0, c[0], 64);
+    else _tile_stored(1, c[1], 64);
+  };
+  auto scale = [&](int64_t t) {
+    const int64_t b = b0 + t;
+    const float* dw = reinterpret_cast<const float*>(w + b * kBB);
+    const int32_t* ct = c[t & 1];
+    const __m512 vdw = _mm512_loadu_ps(dw);
+    __m512 mneg;
+    if constexpr (kT == QuantType::kQ4_K) mneg = _mm512_loadu_ps(dw + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      const XAux& a = aux[r * kb + b];
+      const __m512 ti = _mm512_cvtepi32_ps(_mm512_load_si512(ct + 16 * r));
+      f[r] = _mm512_fmadd_ps(ti, _mm512_mul_ps(vdw, _mm512_set1_ps(a.dx)), f[r]);
+      if constexpr (kT == QuantType::kQ4_K) f[r] = _mm512_fmadd_ps(mneg, _mm512_set1_ps(a.dxs), f[r]);
+    }
+  };
+  for (int64_t t = 0; t < nb; ++t) {
+    issue(t);
+    if (t >= 1) store(t - 1);
+    if (t >= 2) scale(t - 2);
+  }
+  store(nb - 1);
+  if (nb >= 2) scale(nb - 2);
+  scale(nb - 1);
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) {
+    float* out = y + r * ldy;
+    __m512 v = f[r];
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), v);
+    _mm512_mask_storeu_ps(out, mask, v);
+  }
+}
+
+template <QuantType kT>
+void TilesAny(int x_tiles, int nv, const int8_t* bt, const uint8_t* w, int64_t ps, const BlockQ8A* x,
+              const XAux* aux, int64_t kb, int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask,
+              bool acc) {
+  const int64_t nb = b1 - b0;
+  for (int j = 0; j < nv; ++j)
+    for (int xt = 0; xt < x_tiles; ++xt) {
+      const int64_t r0 = 16 * xt;
+      Tiles<kT>(bt + j * nb * 512, w + j * ps, x + r0 * kb, aux + r0 * kb, kb, b0, b1, y + r0 * ldy + 16 * j, ldy,
+                mask[j], acc);
+    }
+}
+
+}  // namespace
+
+bool AmxUsable() {
+  static const bool usable = ComputeAmxUsable();
+  return usable;
+}
+
+void AmxBegin() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 4; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  for (int t = 4; t < 6; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 32;
+  }
+  for (int t = 6; t < 8; ++t) {
+    cfg.rows[t] = 8;
+    cfg.colsb[t] = 64;
+  }
+  // GCC 12 does not see ldtilecfg read the whole struct and drops the stores above without this
+  // compiler barrier.
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+void AmxEnd() { _tile_release(); }
+
+void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int nv, int64_t b0, int64_t b1, int8_t* dst) {
+  switch (t) {
+    case QuantType::kQ4_0: return Unpack<QuantType::kQ4_0>(w, panel_stride, nv, b0, b1, dst);
+    case QuantType::kQ8_0: return Unpack<QuantType::kQ8_0>(w, panel_stride, nv, b0, b1, dst);
+    default: return Unpack<QuantType::kQ4_K>(w, panel_stride, nv, b0, b1, dst);
+  }
+}
+
+void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const BlockQ8A* x,
+              const XAux* aux, int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy,
+              const __mmask16* mask, bool accumulate) {
+  switch (t) {
+    case QuantType::kQ4_0:
+      return TilesAny<QuantType::kQ4_0>(x_tiles, nv, bt, w, panel_stride, x, aux, kb, b0, b1, y, ldy, mask, accumulate);
+    case QuantType::kQ8_0:
+      return TilesAny<QuantType::kQ8_0>(x_tiles, nv, bt, w, panel_stride, x, aux, kb, b0, b1, y, ldy, mask, accumulate);
+    default:
+      return TilesAny<QuantType::kQ4_K>(x_tiles, nv, bt, w, panel_stride, x, aux, kb, b0, b1, y, ldy, mask, accumulate);
+  }
+}
+
+}  // namespace estream::kernels

@@ -1,0 +1,59 @@
+// Internal to the AVX-512 GEMM translation units (gemm_avx512.cc, gemm_amx.cc) and the GEMM
+// tests: the per-row activation data the kernels share, and the AMX-INT8 tile path.
+//
+// AMX path (Sapphire Rapids and later): 16 rows of X x 16 weight rows per tile multiply, K = 32
+// (one block) per multiply so that every block's int32 dot can be scaled by its own d_w * d_x;
+// the int32 tile is stored to L1 and scaled into fp32 sums with AVX-512, exactly the fp32
+// operations of the vpdpbusd micro-kernel in the same order, so both paths give bit-identical
+// results and the split between them (by row tiles) never changes the output.
+// Measured: the tile unit alone does ~3x the vpdpbusd peak at K = 32, but the per-block tile
+// store and fp32 scaling (which do not overlap with it) bring the path to ~1.1-1.25x the
+// vpdpbusd kernel (most for Q4_0/Q4_K, whose nibbles are unpacked once per k chunk instead of
+// once per row tile).
+// Weights are first unpacked, per panel group and k chunk, into signed B tiles (value - Z, so no
+// zero-point term is left): 8 rows (k-steps) x 64 bytes (16 weight rows x 4 values) per block.
+// Thread safety: AmxUsable() is computed once; the tile configuration is per thread.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/dispatch.h"
+#include "quant/types.h"
+
+namespace estream::kernels {
+
+// Per activation row and block: what the micro-kernels broadcast besides the int8 values.
+struct XAux {
+  float dx;     // activation scale
+  int32_t b0;   // int32 accumulator start: -Z * sum (Q6_K: of values 0..15)
+  int32_t b1;   // Q6_K: -Z * sum of values 16..31
+  float dxs;    // Q4_K: dx * sum (multiplies the weights' -min)
+};
+
+// True if the CPU has AMX-INT8, the OS enabled the tile state and granted this process its use
+// (arch_prctl ARCH_REQ_XCOMP_PERM), and ESTREAM_AMX is not "0". Computed once.
+bool AmxUsable();
+// The AVX-512 GEMM entries with (where AmxUsable) or without the AMX tile path; FillAvx512Gemm
+// uses AmxUsable(). Tests fill both.
+void FillAvx512GemmWith(KernelTable* t, bool use_amx);
+
+// Types the AMX path handles (Q4_0, Q8_0, Q4_K; Q6_K's 16-value scales stay on vpdpbusd).
+constexpr bool AmxHandles(QuantType t) {
+  return t == QuantType::kQ4_0 || t == QuantType::kQ8_0 || t == QuantType::kQ4_K;
+}
+// Loads this thread's tile configuration / releases the tile state.
+void AmxBegin();
+void AmxEnd();
+// Unpacks blocks [b0, b1) of nv (<= 2) packed panels (panel j at w + j * panel_stride) into
+// signed B tiles at dst: block b of panel j at dst + (j * (b1 - b0) + b - b0) * 512.
+void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int nv, int64_t b0, int64_t b1, int8_t* dst);
+// 16 * x_tiles rows of x (row i at x + i * kb) x nv panels, blocks [b0, b1) of the unpacked
+// tiles `bt` (scales read from the packed panels at w). Writes or, with accumulate, adds to
+// y[i * ldy + 16 * j + r] for the lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
+void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const BlockQ8A* x,
+              const XAux* aux, int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy,
+              const __mmask16* mask, bool accumulate);
+
+}  // namespace estream::kernels
