@@ -1,0 +1,186 @@
+// End-to-end tests of `estream tokenize` and `estream perplexity` (runs the built CLI).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "gguf/gguf.h"
+
+namespace estream {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kBin = fs::path(ESTREAM_BINARY_DIR);
+const fs::path kCli = kBin / "tools" / "estream" / "estream";
+const fs::path kTok = fs::path(ESTREAM_SHARED_DIR) / "testdata" / "tokenizer";
+const fs::path kModels = fs::path(ESTREAM_SHARED_DIR) / "testdata" / "models";
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct CliRun {
+  int rc = -1;
+  std::string out, err;
+};
+
+// Runs `estream ARGS` (args are shell-quoted by the caller) and captures stdout and stderr.
+// Engine runs use one thread: the CI machine is shared and OpenMP barriers stall under load.
+CliRun Estream(const std::string& args) {
+  // Unique per process and call: ctest may run these tests in parallel processes.
+  static int counter = 0;
+  const std::string tag = std::to_string(getpid()) + "_" + std::to_string(counter++);
+  const fs::path out = kBin / ("tokenizer_cli_test_" + tag + ".out");
+  const fs::path err = kBin / ("tokenizer_cli_test_" + tag + ".err");
+  const std::string cmd = "'" + kCli.string() + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
+  CliRun r;
+  const int status = std::system(cmd.c_str());
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  fs::remove(out);
+  fs::remove(err);
+  return r;
+}
+
+std::string Q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+TEST(TokenizeCli, JsonIdsAndPieces) {
+  ASSERT_TRUE(fs::exists(kCli)) << kCli;
+  CliRun r = Estream("tokenize -m " + Q(kTok / "ggml-vocab-qwen3.gguf") + " -p 'Hello world' --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ids"], nlohmann::json({9707, 1879}));
+  EXPECT_EQ(j["pieces"], nlohmann::json({"Hello", " world"}));
+}
+
+TEST(TokenizeCli, BosPerMetadataAndNoBos) {
+  const std::string spm = Q(kTok / "ggml-vocab-llama-spm.gguf");
+  CliRun r = Estream("tokenize -m " + spm + " -p 'Hello world' --ids");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "1 15043 3186\n");
+  r = Estream("tokenize -m " + spm + " -p 'Hello world' --ids --no-bos");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "15043 3186\n");
+}
+
+TEST(TokenizeCli, TextFromFileAndInvalidUtf8Warning) {
+  const fs::path in = kBin / ("tokenizer_cli_test_input_" + std::to_string(getpid()) + ".txt");
+  std::ofstream(in, std::ios::binary) << "caf\xC3\xA9\n\xFF";
+  CliRun r = Estream("tokenize -m " + Q(kTok / "ggml-vocab-gpt-2.gguf") + " -f " + Q(in) + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("not valid UTF-8"), std::string::npos) << r.err;
+  fs::remove(in);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["ids"].size(), 3u);
+}
+
+TEST(TokenizeCli, ClearErrors) {
+  // A model without tokenizer keys.
+  GgufWriter w;
+  w.AddKv("general.architecture", GgufValue::String("olmoe"));
+  const fs::path no_vocab = kBin / ("tokenizer_cli_test_no_vocab_" + std::to_string(getpid()) + ".gguf");
+  ASSERT_TRUE(w.Begin(no_vocab.string()).ok());
+  ASSERT_TRUE(w.Finish().ok());
+  CliRun r = Estream("tokenize -m " + Q(no_vocab) + " -p hi");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("no tokenizer"), std::string::npos) << r.err;
+  fs::remove(no_vocab);
+  // Not a GGUF file at all.
+  r = Estream("tokenize -m " + Q(kTok / "README.md") + " -p hi");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("README.md"), std::string::npos) << r.err;
+  // No text.
+  r = Estream("tokenize -m " + Q(kTok / "ggml-vocab-gpt-2.gguf"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("-p TEXT or -f FILE"), std::string::npos) << r.err;
+}
+
+// The text scored in the perplexity tests: 160 words of plain English.
+fs::path PerplexityText() {
+  const fs::path p = kBin / ("tokenizer_cli_test_ppl_" + std::to_string(getpid()) + ".txt");
+  std::string text;
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "then",
+                         "runs", "back", "home", "again", "while", "birds", "sing"};
+  for (int i = 0; i < 160; ++i) text += std::string(words[(i * 7 + i / 5) % 17]) + (i % 11 == 10 ? ".\n" : " ");
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+
+TEST(PerplexityCli, WindowsAddUpAndMatchPrefill) {
+  const fs::path model = kModels / "qwen3moe-tiny-f32.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no tiny model at " << model;
+  const fs::path text = PerplexityText();
+  CliRun r = Estream("perplexity -m " + Q(model) + " -f " + Q(text) + " --ctx 48 -t 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const int64_t n_text = j["n_text_tokens"];
+  const auto& windows = j["windows"];
+  ASSERT_EQ(j["bos"], false);  // this vocabulary adds no BOS
+  ASSERT_EQ(static_cast<int64_t>(windows.size()), (n_text + 47) / 48 - (n_text % 48 == 1 ? 1 : 0));
+  double ll = 0;
+  int64_t scored = 0, tokens = 0;
+  for (const auto& w : windows) {
+    EXPECT_LE(w["n_tokens"].get<int64_t>(), 48);
+    EXPECT_EQ(w["n_scored"].get<int64_t>(), w["n_tokens"].get<int64_t>() - 1);
+    ll += w["log_likelihood"].get<double>();
+    scored += w["n_scored"].get<int64_t>();
+    tokens += w["n_tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(tokens, n_text);
+  EXPECT_EQ(scored, j["n_scored"].get<int64_t>());
+  EXPECT_NEAR(ll, j["log_likelihood"].get<double>(), 1e-9 * std::abs(ll));
+  EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(-ll / static_cast<double>(scored)),
+              1e-9 * j["perplexity"].get<double>());
+  EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
+  EXPECT_GT(j["peak_rss_bytes"].get<uint64_t>(), 0u);
+
+  // One window holding the whole text scores exactly what `prefill --logprobs` scores for it
+  // (same tokens, same engine; the sums may differ only in summation order: float logprobs
+  // summed in double, so a relative 1e-6 covers it).
+  CliRun one = Estream("perplexity -m " + Q(model) + " -f " + Q(text) + " --ctx " + std::to_string(n_text) +
+                    " -t 1 --json");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  const auto j1 = nlohmann::json::parse(one.out);
+  ASSERT_EQ(j1["n_windows"], 1);
+  CliRun pre = Estream("prefill -m " + Q(model) + " -f " + Q(text) + " --no-bos --logprobs -t 1 --json");
+  ASSERT_EQ(pre.rc, 0) << pre.err;
+  fs::remove(text);
+  const auto jp = nlohmann::json::parse(pre.out);
+  EXPECT_EQ(jp["n_tokens"].get<int64_t>(), n_text);
+  EXPECT_NEAR(j1["log_likelihood"].get<double>(), jp["log_likelihood"].get<double>(),
+              1e-6 * std::abs(jp["log_likelihood"].get<double>()));
+}
+
+TEST(PerplexityCli, ClearErrors) {
+  const fs::path model = kModels / "qwen3moe-tiny-f32.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no tiny model at " << model;
+  const fs::path tiny = kBin / ("tokenizer_cli_test_one_word_" + std::to_string(getpid()) + ".txt");
+  std::ofstream(tiny, std::ios::binary) << "a";
+  CliRun r = Estream("perplexity -m " + Q(model) + " -f " + Q(tiny));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("at least"), std::string::npos) << r.err;
+  fs::remove(tiny);
+  const fs::path text = PerplexityText();
+  r = Estream("perplexity -m " + Q(model) + " -f " + Q(text) + " --ctx 100000");
+  fs::remove(text);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("context length"), std::string::npos) << r.err;
+  r = Estream("perplexity -m " + Q(model) + " -f /nonexistent/file.txt");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("/nonexistent/file.txt"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace estream
