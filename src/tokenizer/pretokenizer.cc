@@ -78,8 +78,23 @@ void Pretokenizer::SplitImpl(std::string_view text, WordFn fn, void* ctx) const 
   size_t pos = 0;   // where the next search starts
   size_t emitted = 0;  // end of the last word handed out
   while (pos < n) {
-    const int rc = pcre2_match(Code(code_), subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0) break;  // no further match (or a match-limit error): the rest is one gap word
+    int rc = pcre2_match(Code(code_), subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+      // A resource limit (JIT stack, heap, match limit) on pathological input: retry with the
+      // interpreter; if that fails too, split off one character and go on. Never seen with the
+      // built-in patterns (1 MiB runs of one character split fine), but never lump text silently.
+      rc = pcre2_match(Code(code_), subject, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
+      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+        size_t step = 1;
+        while (pos + step < n && (static_cast<uint8_t>(text[pos + step]) & 0xC0) == 0x80) ++step;
+        if (pos > emitted) fn(ctx, emitted, pos);
+        fn(ctx, pos, pos + step);
+        pos += step;
+        emitted = pos;
+        continue;
+      }
+    }
+    if (rc < 0) break;  // no further match: the rest is one gap word
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     size_t begin = ov[0], end = ov[1];
     if (begin > emitted) fn(ctx, emitted, begin);  // unmatched gap
