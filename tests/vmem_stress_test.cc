@@ -264,10 +264,10 @@ TEST_P(StressTest, ProducerConsumersKeepInvariants) {
 
 INSTANTIATE_TEST_SUITE_P(
     Banks, StressTest,
-    ::testing::Values(Config{IoBackend::kIoUring, 1, 60}, Config{IoBackend::kIoUring, 2, 80},
-                      Config{IoBackend::kIoUring, 3, 100}, Config{IoBackend::kIoUring, 5, 100},
-                      Config{IoBackend::kPread, 1, 60}, Config{IoBackend::kPread, 2, 80},
-                      Config{IoBackend::kPread, 3, 100}, Config{IoBackend::kPread, 5, 100}),
+    ::testing::Values(Config{IoBackend::kIoUring, 1, 150}, Config{IoBackend::kIoUring, 2, 200},
+                      Config{IoBackend::kIoUring, 3, 250}, Config{IoBackend::kIoUring, 5, 250},
+                      Config{IoBackend::kPread, 1, 150}, Config{IoBackend::kPread, 2, 200},
+                      Config{IoBackend::kPread, 3, 250}, Config{IoBackend::kPread, 5, 250}),
     [](const auto& info) {
       return std::string(info.param.backend == IoBackend::kIoUring ? "IoUring" : "Pread") + "_B" +
              std::to_string(info.param.n_banks);
