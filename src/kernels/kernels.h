@@ -93,13 +93,17 @@ enum class RopeMode {
 };
 // Rotates, in place, n_heads heads of head_dim for each of n_tokens rows (row t at x + t * ldx),
 // token t at position pos0 + t, theta_i = pos * freq_base^(-2i/head_dim). [parallel]
+// Precision: freq_base^(-2i/head_dim) and pos * that are computed in fp64 and reduced modulo pi/2
+// in fp64, so cos/sin are correct to fp32 rounding at any position (ggml builds theta by repeated
+// fp32 multiplication: relative errors of 1e-7..1e-6, i.e. up to ~1e-3 rad at pos 8192).
 void Rope(float* x, int64_t ldx, int n_tokens, int n_heads, int head_dim, int pos0, float freq_base,
           RopeMode mode);
 
 // h = silu(g) * u, n values. h may alias g or u.
 void SwiGlu(const float* g, const float* u, float* h, int64_t n);
 
-// Router: p = softmax(logits[0..n_expert)); picks the top `k` (ties: lower index first), in
+// Router: p = softmax(logits[0..n_expert)); picks the top `k` (ties: lower index first; selected
+// on the logits, which orders exactly as p does, so every ISA picks the same experts), in
 // descending order of p, into idx[0..k) and their weights into w[0..k); with `renormalize` the
 // k weights are divided by their sum.
 void SoftmaxTopK(const float* logits, int n_expert, int k, bool renormalize, int32_t* idx, float* w);

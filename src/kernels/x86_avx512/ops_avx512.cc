@@ -57,7 +57,7 @@ struct Avx512Traits {
   static constexpr int kVecs = 4;     // 64 query rows per tile
   static constexpr int kQkRows = 6;   // 6 keys x 4 vectors = 24 accumulators
   static constexpr int kKeys = 64;    // keys per block (ST is kKeys x kQ floats)
-  static constexpr int kPvRows = 6;   // 6 head dims x 4 vectors
+  static constexpr int kPvRows = 4;   // 4 head dims x 4 vectors (no tail for head_dim % 4 == 0)
   static V Zero() { return _mm512_setzero_ps(); }
   static V Set1(float x) { return _mm512_set1_ps(x); }
   static V Load(const float* p) { return _mm512_loadu_ps(p); }
