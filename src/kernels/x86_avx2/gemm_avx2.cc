@@ -200,19 +200,28 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
   }
 }
 
+// Rows of X per pass over the weights (see the AVX-512 kernels).
+constexpr int64_t kMc = 512;
+
 template <QuantType kT, bool kPacked, bool kVnni>
 void GemmAvx2(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
               int64_t ldy) {
   if (m <= 0 || n_begin >= n_end) return;
   const int64_t kb = w.k / 32;
+  const int64_t mc = std::min(m, kMc);
   thread_local std::vector<XAux> aux;
-  if (aux.size() < static_cast<size_t>(m * kb)) aux.resize(static_cast<size_t>(m * kb));
-  BuildAux<kT, kVnni>(xq, m * kb, aux.data());
+  if (aux.size() < static_cast<size_t>(mc * kb)) aux.resize(static_cast<size_t>(mc * kb));
   const int64_t panel_stride = PackedPanelBytes(kT, w.k);
   const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
+  auto rows_pass = [&](const uint8_t* wp, int64_t p, int64_t count, int64_t i0, int64_t rows) {
+    BuildAux<kT, kVnni>(xq + i0 * kb, rows * kb, aux.data());
+    Drive<kT, kVnni>(wp, p, count, panel_stride, xq + i0 * kb, aux.data(), rows, kb, y + i0 * ldy, ldy, n_begin,
+                     n_end);
+  };
   if (kPacked) {
-    Drive<kT, kVnni>(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1,
-                     panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    for (int64_t i0 = 0; i0 < m; i0 += kMc)
+      rows_pass(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1, i0,
+                std::min(kMc, m - i0));
     return;
   }
   thread_local AlignedPtr<uint8_t> buf;
@@ -227,7 +236,7 @@ void GemmAvx2(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begi
     const int64_t r0 = p * kPackRows;
     const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
     PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k, buf.get());
-    Drive<kT, kVnni>(buf.get(), p, 1, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    for (int64_t i0 = 0; i0 < m; i0 += kMc) rows_pass(buf.get(), p, 1, i0, std::min(kMc, m - i0));
   }
 }
 

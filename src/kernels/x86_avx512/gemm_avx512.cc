@@ -1,16 +1,20 @@
-// AVX-512 VNNI GEMM kernels: quantised weights x Q8A activations with vpdpbusd on zmm, float
-// weights with fp32 FMA, and the Q8A quantiser.
+// AVX-512 VNNI GEMM kernels: quantised weights x Q8A activations with vpdpbusd on zmm (and, for
+// row tiles of 16 where the CPU has AMX-INT8, the tile path of gemm_amx.cc), float weights with
+// fp32 FMA, and the Q8A quantiser.
 //
 // Quantised path. Weights are in the packed layout of repack.h (GGUF-layout weights are packed
-// on the fly, one group of panels at a time, into a per-thread buffer). The micro-kernel
-// computes a tile of kMr rows of X x kNv panels (16 weight rows each) over a range of 32-value
-// blocks: per block, kMr x kNv int32 accumulators start at the activation bias -Z * sum(x) and
-// take 8 vpdpbusd steps (16 rows x 4 values of W against 4 broadcast bytes of X); the block's
-// int32 dot is then converted and multiplied into kMr x kNv fp32 accumulators by d_w * d_x.
-// Loop nest per thread (Drive): k chunks of kKcBytes of W per panel group (so that the group's
-// chunk stays in L1 while every X tile streams past it from L2) > panel groups > X row tiles.
-// Partial sums of consecutive k chunks are added to y in chunk order; the chunk size depends
-// only on the weight type, so every thread split gives bit-identical results.
+// on the fly, one group of panels at a time, into a per-thread 64-byte aligned buffer). The
+// micro-kernel computes a tile of 4 rows of X x 3 panels (48 weight rows) over a range of
+// 32-value blocks: per block, 12 int32 accumulators start at the activation bias -Z * sum(x)
+// and take 8 vpdpbusd steps (16 rows x 4 values of W against 4 broadcast bytes of X); the
+// block's exact int32 dot is then converted and multiplied into 12 fp32 accumulators by
+// d_w * d_x (3 vector ops per 8 vpdpbusd: the bound on this kernel, about 8/11 of the peak).
+// Loop nest per thread: passes of up to kMc rows of X > (Drive) panel groups > k chunks (kKcBytes of the group's weights, which
+// stay in L1 while every X row tile streams past them from L2; the group's y columns stay in L2
+// across chunks) > X row tiles. Partial sums of consecutive k chunks are added to y in chunk
+// order; the chunk size depends only on the weight type and both the vpdpbusd and the AMX path
+// perform the same fp32 operations per output, so every thread split (and every assignment of
+// rows to AMX or vpdpbusd) gives bit-identical results.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -269,23 +273,34 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
   if (amx) AmxEnd();
 }
 
+// Rows of X per pass over the weights: the k-chunk slice of this many rows (with their XAux)
+// stays in L2 while the panel groups stream past, and bounds the per-thread XAux buffer.
+constexpr int64_t kMc = 512;
+
 template <QuantType kT, bool kPacked, bool kAmx>
 void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
                 int64_t ldy) {
   if (m <= 0 || n_begin >= n_end) return;
   const int64_t kb = w.k / 32;
+  const int64_t mc = std::min(m, kMc);
   thread_local std::vector<XAux> aux;
-  if (aux.size() < static_cast<size_t>(m * kb)) aux.resize(static_cast<size_t>(m * kb));
-  BuildAux<kT>(xq, m * kb, aux.data());
+  if (aux.size() < static_cast<size_t>(mc * kb)) aux.resize(static_cast<size_t>(mc * kb));
   constexpr int kNv = Tile<kT>::kNv;
   const int64_t panel_stride = PackedPanelBytes(kT, w.k);
   const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
+  // Rows [i0, i0 + rows) against `count` panels at wp (the first is panel p).
+  auto rows_pass = [&](const uint8_t* wp, int64_t p, int64_t count, int64_t i0, int64_t rows) {
+    BuildAux<kT>(xq + i0 * kb, rows * kb, aux.data());
+    Drive<kT, kAmx>(wp, p, count, panel_stride, xq + i0 * kb, aux.data(), rows, kb, y + i0 * ldy, ldy, n_begin,
+                    n_end);
+  };
   if (kPacked) {
-    Drive<kT, kAmx>(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1,
-                    panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    for (int64_t i0 = 0; i0 < m; i0 += kMc)
+      rows_pass(static_cast<const uint8_t*>(w.data) + p_first * panel_stride, p_first, p_last - p_first + 1, i0,
+                std::min(kMc, m - i0));
     return;
   }
-  // GGUF rows: pack kNv panels at a time into a per-thread buffer.
+  // GGUF rows: pack kNv panels at a time into a per-thread buffer, then every row pass.
   // 64-byte aligned: a 64-byte load that straddles two cache lines costs two.
   thread_local AlignedPtr<uint8_t> buf;
   thread_local size_t buf_bytes = 0;
@@ -303,7 +318,7 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
       PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k,
                 buf.get() + j * panel_stride);
     }
-    Drive<kT, kAmx>(buf.get(), p, count, panel_stride, xq, aux.data(), m, kb, y, ldy, n_begin, n_end);
+    for (int64_t i0 = 0; i0 < m; i0 += kMc) rows_pass(buf.get(), p, count, i0, std::min(kMc, m - i0));
   }
 }
 
