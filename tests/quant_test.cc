@@ -59,6 +59,7 @@ struct VectorCase {
   const char* file;
   QuantType type;
 };
+void PrintTo(const VectorCase& c, std::ostream* os) { *os << c.file; }
 
 class SharedVectorTest : public ::testing::TestWithParam<VectorCase> {};
 

@@ -77,34 +77,39 @@ class Rng {
   uint64_t s_[4];
 };
 
-// 16-bit inverse-CDF tables: entry i is round(Phi^-1((i + 0.5) / 65536) / step), clamped to
-// [-max_code, max_code], i.e. a uniform 16-bit draw becomes a quantised normal code.
+// Inverse-CDF tables: entry i of a table of n is round(Phi^-1((i + 0.5) / n) / step), clamped to
+// [-max_code, max_code], so a uniform index becomes a quantised normal code. Q4_0 has 15 codes
+// and uses 8-bit indices (the rarest code, |z| > 1.95, still gets 13 entries of 256); Q8_0 has
+// 255 codes and needs 16-bit indices.
+template <int kBits>
 struct CodeTable {
-  int8_t code[65536];
+  int8_t code[1 << kBits];
 };
 
-void FillCodeTable(CodeTable* t, float step, int max_code) {
+template <int kBits>
+void FillCodeTable(CodeTable<kBits>* t, float step, int max_code) {
+  constexpr int kSize = 1 << kBits;
   int i = 0;
   for (int q = -max_code; q <= max_code; ++q) {
     const double upper = q == max_code ? HUGE_VAL : (q + 0.5) * step;
     const double cdf = 0.5 * std::erfc(-upper / std::sqrt(2.0));
-    while (i < 65536 && (i + 0.5) / 65536.0 < cdf) t->code[i++] = static_cast<int8_t>(q);
+    while (i < kSize && (i + 0.5) / kSize < cdf) t->code[i++] = static_cast<int8_t>(q);
   }
-  while (i < 65536) t->code[i++] = static_cast<int8_t>(max_code);
+  while (i < kSize) t->code[i++] = static_cast<int8_t>(max_code);
 }
 
-const CodeTable& Q4Table() {
-  static const CodeTable* t = [] {
-    auto* table = new CodeTable;
+const CodeTable<8>& Q4Table() {
+  static const CodeTable<8>* t = [] {
+    auto* table = new CodeTable<8>;
     FillCodeTable(table, kQ4Step, 7);
     return table;
   }();
   return *t;
 }
 
-const CodeTable& Q8Table() {
-  static const CodeTable* t = [] {
-    auto* table = new CodeTable;
+const CodeTable<16>& Q8Table() {
+  static const CodeTable<16>* t = [] {
+    auto* table = new CodeTable<16>;
     FillCodeTable(table, kQ8Step, 127);
     return table;
   }();
@@ -112,26 +117,35 @@ const CodeTable& Q8Table() {
 }
 
 // Per-block scale multiplier in [0.9, 1.1] from 4 random bits: real blocks' scales vary too.
-inline float BlockJitter(uint64_t r) { return 0.9f + 0.2f * static_cast<float>(r & 15) / 15.0f; }
+// One random word serves 16 blocks.
+inline float BlockJitter(uint64_t word, int64_t block) {
+  return 0.9f + 0.2f * static_cast<float>((word >> (4 * (block & 15))) & 15) / 15.0f;
+}
 
 void DirectQ4_0Row(Rng& rng, float sigma, int64_t n, BlockQ4_0* y) {
-  const CodeTable& table = Q4Table();
+  const CodeTable<8>& table = Q4Table();
+  uint64_t jitter = 0;
   for (int64_t b = 0; b < n / kQK4_0; ++b) {
-    y[b].d = Fp32ToFp16(sigma * kQ4Step * BlockJitter(rng.Next()));
-    int8_t c[kQK4_0];
-    for (int k = 0; k < kQK4_0; k += 4) {
-      const uint64_t r = rng.Next();
-      for (int j = 0; j < 4; ++j) c[k + j] = table.code[(r >> (16 * j)) & 0xFFFF];
+    if ((b & 15) == 0) jitter = rng.Next();
+    y[b].d = Fp32ToFp16(sigma * kQ4Step * BlockJitter(jitter, b));
+    // Four words of eight 8-bit indices: words 0-1 give values 0..15 (low nibbles), words 2-3
+    // values 16..31 (high nibbles).
+    const uint64_t r0 = rng.Next(), r1 = rng.Next(), r2 = rng.Next(), r3 = rng.Next();
+    for (int j = 0; j < 8; ++j) {
+      const int lo0 = table.code[(r0 >> (8 * j)) & 0xFF] + 8, hi0 = table.code[(r2 >> (8 * j)) & 0xFF] + 8;
+      const int lo1 = table.code[(r1 >> (8 * j)) & 0xFF] + 8, hi1 = table.code[(r3 >> (8 * j)) & 0xFF] + 8;
+      y[b].qs[j] = static_cast<uint8_t>(lo0 | (hi0 << 4));
+      y[b].qs[j + 8] = static_cast<uint8_t>(lo1 | (hi1 << 4));
     }
-    for (int j = 0; j < kQK4_0 / 2; ++j)
-      y[b].qs[j] = static_cast<uint8_t>((c[j] + 8) | ((c[j + kQK4_0 / 2] + 8) << 4));
   }
 }
 
 void DirectQ8_0Row(Rng& rng, float sigma, int64_t n, BlockQ8_0* y) {
-  const CodeTable& table = Q8Table();
+  const CodeTable<16>& table = Q8Table();
+  uint64_t jitter = 0;
   for (int64_t b = 0; b < n / kQK8_0; ++b) {
-    y[b].d = Fp32ToFp16(sigma * kQ8Step * BlockJitter(rng.Next()));
+    if ((b & 15) == 0) jitter = rng.Next();
+    y[b].d = Fp32ToFp16(sigma * kQ8Step * BlockJitter(jitter, b));
     for (int k = 0; k < kQK8_0; k += 4) {
       const uint64_t r = rng.Next();
       for (int j = 0; j < 4; ++j) y[b].qs[k + j] = table.code[(r >> (16 * j)) & 0xFFFF];

@@ -172,6 +172,13 @@ void DequantQ6_K(const BlockQ6_K* x, float* y, int64_t nb) {
   }
 }
 
+// roundf (half away from zero) without the libm call: |x| <= 127.5 here, so x + 0.5 is exact in
+// double and truncation gives the same integer as roundf for every float input.
+inline int RoundHalfAway(float x) {
+  const double d = x;
+  return d >= 0 ? static_cast<int>(d + 0.5) : -static_cast<int>(0.5 - d);
+}
+
 int64_t Blocks(QuantType t, int64_t n) {
   const TypeTraits* tr = GetTypeTraits(t);
   ESTREAM_CHECK(tr != nullptr, "unknown quant type");
@@ -243,7 +250,7 @@ void QuantizeRowQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = Fp32ToFp16(d);
-    for (int j = 0; j < kQK8_0; ++j) y[i].qs[j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+    for (int j = 0; j < kQK8_0; ++j) y[i].qs[j] = static_cast<int8_t>(RoundHalfAway(xb[j] * id));
   }
 }
 
