@@ -308,7 +308,9 @@ TEST(GemmQuant, RepackIsExact) {
 }
 
 TEST(GemmQuant, PackedBytes) {
-  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_0, 17, 64), 2u * 2 * 320);
+  // Q4_0/Q8_0: scale section of k/32 fp16 x 16 rows padded to 64 bytes, then the quants.
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_0, 17, 64), 2u * (64 + 2 * 256));
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_0, 32, 4096), 2u * 16 * RowBytes(QuantType::kQ4_0, 4096));
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ8_0, 16, 32), 576u);
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_K, 1, 256), 8u * 384);
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ6_K, 33, 256), 3u * 8 * 640);

@@ -23,16 +23,6 @@ void ScaleMinK4(int j, const uint8_t* q, int* sc, int* m) {
 
 }  // namespace
 
-int PackedBlockBytes(QuantType t) {
-  switch (t) {
-    case QuantType::kQ4_0: return 64 + 256;
-    case QuantType::kQ8_0: return 64 + 512;
-    case QuantType::kQ4_K: return 128 + 256;
-    case QuantType::kQ6_K: return 128 + 512;
-    default: return 0;
-  }
-}
-
 int ZeroPoint(QuantType t) {
   switch (t) {
     case QuantType::kQ4_0: return 8;
@@ -98,44 +88,41 @@ void DecodeBlock32(QuantType t, const void* row, int64_t b, Block32* out) {
 }
 
 void PackPanel(QuantType t, const void* src, size_t src_stride, int rows, int64_t k, void* dst) {
-  const int bb = PackedBlockBytes(t);
-  ESTREAM_CHECK(bb > 0 && rows >= 0 && rows <= kPackRows, "PackPanel: bad type or row count");
+  const int sb = PackedScaleBytes(t), qb = PackedQuantBytes(t);
+  ESTREAM_CHECK(sb > 0 && rows >= 0 && rows <= kPackRows, "PackPanel: bad type or row count");
   const int64_t kb = k / 32;
-  uint8_t* out = static_cast<uint8_t*>(dst);
-  for (int64_t b = 0; b < kb; ++b, out += bb) {
-    std::memset(out, 0, static_cast<size_t>(bb));
-    float* d = reinterpret_cast<float*>(out);
+  uint8_t* scales = static_cast<uint8_t*>(dst);
+  uint8_t* quants = scales + PackedScaleSection(t, kb);
+  std::memset(dst, 0, static_cast<size_t>(PackedPanelBytes(t, k)));
+  const bool f16_scales = t == QuantType::kQ4_0 || t == QuantType::kQ8_0;
+  for (int64_t b = 0; b < kb; ++b) {
+    uint8_t* sc = scales + b * sb;
+    uint8_t* q = quants + b * qb;
     for (int r = 0; r < rows; ++r) {
+      const uint8_t* row = static_cast<const uint8_t*>(src) + r * src_stride;
       Block32 blk;
-      DecodeBlock32(t, static_cast<const uint8_t*>(src) + r * src_stride, b, &blk);
-      switch (t) {
-        case QuantType::kQ8_0:
-        case QuantType::kQ6_K: {
-          uint8_t* q = out + (t == QuantType::kQ8_0 ? 64 : 128);
-          d[r] = blk.d[0];
-          if (t == QuantType::kQ6_K) d[16 + r] = blk.d[1];
-          for (int s = 0; s < 8; ++s)
-            for (int j = 0; j < 4; ++j) q[(s * 16 + r) * 4 + j] = blk.q[4 * s + j];
-          break;
-        }
-        case QuantType::kQ4_0:
-        case QuantType::kQ4_K: {
-          uint8_t* q = out + (t == QuantType::kQ4_0 ? 64 : 128);
-          d[r] = blk.d[0];
-          if (t == QuantType::kQ4_K) d[16 + r] = blk.mneg;
-          for (int s = 0; s < 4; ++s)
-            for (int j = 0; j < 4; ++j)
-              q[(s * 16 + r) * 4 + j] = static_cast<uint8_t>(blk.q[4 * s + j] | (blk.q[16 + 4 * s + j] << 4));
-          break;
-        }
-        default:
-          break;
+      DecodeBlock32(t, row, b, &blk);
+      if (f16_scales) {
+        // The GGUF scale bits, unchanged (the first two bytes of the block).
+        std::memcpy(sc + 2 * r, row + b * (t == QuantType::kQ4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0)), 2);
+      } else {
+        float* d = reinterpret_cast<float*>(sc);
+        d[r] = blk.d[0];
+        d[16 + r] = t == QuantType::kQ4_K ? blk.mneg : blk.d[1];
+      }
+      if (t == QuantType::kQ8_0 || t == QuantType::kQ6_K) {
+        for (int s = 0; s < 8; ++s)
+          for (int j = 0; j < 4; ++j) q[(s * 16 + r) * 4 + j] = blk.q[4 * s + j];
+      } else {
+        for (int s = 0; s < 4; ++s)
+          for (int j = 0; j < 4; ++j)
+            q[(s * 16 + r) * 4 + j] = static_cast<uint8_t>(blk.q[4 * s + j] | (blk.q[16 + 4 * s + j] << 4));
       }
     }
   }
 }
 
-bool CanRepack(QuantType t) { return PackedBlockBytes(t) > 0; }
+bool CanRepack(QuantType t) { return PackedScaleBytes(t) > 0; }
 
 size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k) {
   if (!CanRepack(t)) return 0;

@@ -33,30 +33,30 @@ inline float BlockDot(const Block32& w, int zero_point, const BlockQ8A& xb) {
 }
 
 // Decodes row r of block b of a packed panel (the inverse of PackPanel for one row).
-void DecodePacked(QuantType t, const uint8_t* blk, int r, Block32* out) {
-  const float* d = reinterpret_cast<const float*>(blk);
+void DecodePacked(QuantType t, const uint8_t* panel, int64_t kb, int64_t b, int r, Block32* out) {
+  const uint8_t* sc = panel + b * PackedScaleBytes(t);
+  const uint8_t* q = panel + PackedScaleSection(t, kb) + b * PackedQuantBytes(t);
   out->mneg = 0.0f;
-  out->d[0] = out->d[1] = d[r];
-  switch (t) {
-    case QuantType::kQ8_0:
-    case QuantType::kQ6_K: {
-      const uint8_t* q = blk + (t == QuantType::kQ8_0 ? 64 : 128);
-      if (t == QuantType::kQ6_K) out->d[1] = d[16 + r];
-      for (int s = 0; s < 8; ++s)
-        for (int j = 0; j < 4; ++j) out->q[4 * s + j] = q[(s * 16 + r) * 4 + j];
-      return;
-    }
-    default: {
-      const uint8_t* q = blk + (t == QuantType::kQ4_0 ? 64 : 128);
-      if (t == QuantType::kQ4_K) out->mneg = d[16 + r];
-      for (int s = 0; s < 4; ++s)
-        for (int j = 0; j < 4; ++j) {
-          const uint8_t v = q[(s * 16 + r) * 4 + j];
-          out->q[4 * s + j] = v & 0x0F;
-          out->q[16 + 4 * s + j] = v >> 4;
-        }
-      return;
-    }
+  if (t == QuantType::kQ4_0 || t == QuantType::kQ8_0) {
+    uint16_t h;
+    std::memcpy(&h, sc + 2 * r, 2);
+    out->d[0] = out->d[1] = Fp16ToFp32(h);
+  } else {
+    const float* d = reinterpret_cast<const float*>(sc);
+    out->d[0] = out->d[1] = d[r];
+    if (t == QuantType::kQ4_K) out->mneg = d[16 + r];
+    if (t == QuantType::kQ6_K) out->d[1] = d[16 + r];
+  }
+  if (t == QuantType::kQ8_0 || t == QuantType::kQ6_K) {
+    for (int s = 0; s < 8; ++s)
+      for (int j = 0; j < 4; ++j) out->q[4 * s + j] = q[(s * 16 + r) * 4 + j];
+  } else {
+    for (int s = 0; s < 4; ++s)
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t v = q[(s * 16 + r) * 4 + j];
+        out->q[4 * s + j] = v & 0x0F;
+        out->q[16 + 4 * s + j] = v >> 4;
+      }
   }
 }
 
@@ -67,14 +67,13 @@ void GemmScalar(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
   const int zp = ZeroPoint(kType);
   const size_t row_bytes = RowBytes(kType, w.k);
   const int64_t panel_bytes = PackedPanelBytes(kType, w.k);
-  const int block_bytes = PackedBlockBytes(kType);
   for (int64_t n = n_begin; n < n_end; ++n) {
     for (int64_t i = 0; i < m; ++i) y[i * ldy + n] = 0.0f;
     for (int64_t b = 0; b < kb; ++b) {
       Block32 blk;
       if (kPacked) {
-        const uint8_t* p = static_cast<const uint8_t*>(w.data) + (n / kPackRows) * panel_bytes + b * block_bytes;
-        DecodePacked(kType, p, static_cast<int>(n % kPackRows), &blk);
+        const uint8_t* p = static_cast<const uint8_t*>(w.data) + (n / kPackRows) * panel_bytes;
+        DecodePacked(kType, p, kb, b, static_cast<int>(n % kPackRows), &blk);
       } else {
         DecodeBlock32(kType, static_cast<const uint8_t*>(w.data) + n * row_bytes, b, &blk);
       }

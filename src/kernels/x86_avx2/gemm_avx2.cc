@@ -81,8 +81,9 @@ inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
 template <QuantType kT, int MR, bool kVnni>
 void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0, int64_t b1, float* y,
            int64_t ldy, int valid_lo, int valid_hi, bool accumulate) {
-  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
-  constexpr int kQOff = (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0) ? 64 : 128;
+  constexpr int kSB = PackedScaleBytes(kT), kQB = PackedQuantBytes(kT);
+  constexpr bool kF16Scales = kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0;
+  const int64_t sect = PackedScaleSection(kT, kb);
   constexpr bool kSignedW = kT == QuantType::kQ8_0 && !kVnni;
   alignas(32) float fsum[MR][2][8];
   for (int i = 0; i < MR; ++i)
@@ -91,7 +92,8 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
 
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* wb = w + b * kBB;
+    const uint8_t* ws = w + b * kSB;
+    const uint8_t* wq = w + sect + b * kQB;
     constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
     for (int h = 0; h < kHalves; ++h) {
       __m256i iacc[MR][2];
@@ -107,7 +109,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
           __m256i lo[2], hi[2];
 #pragma GCC unroll 2
           for (int hh = 0; hh < 2; ++hh) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQOff + 64 * s + 32 * hh));
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 64 * s + 32 * hh));
             lo[hh] = _mm256_and_si256(v, low4);
             hi[hh] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           }
@@ -130,7 +132,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
           __m256i wv[2];
 #pragma GCC unroll 2
           for (int hh = 0; hh < 2; ++hh) {
-            wv[hh] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQOff + 64 * s + 32 * hh));
+            wv[hh] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 64 * s + 32 * hh));
             if constexpr (kSignedW) wv[hh] = _mm256_xor_si256(wv[hh], flip);
           }
 #pragma GCC unroll 8
@@ -143,7 +145,11 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
       }
 #pragma GCC unroll 2
       for (int hh = 0; hh < 2; ++hh) {
-        const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(wb) + 16 * h + 8 * hh);
+        __m256 dw;
+        if constexpr (kF16Scales)
+          dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + 16 * hh)));
+        else
+          dw = _mm256_loadu_ps(reinterpret_cast<const float*>(ws) + 16 * h + 8 * hh);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
           const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(aux[i * kb + b].dx));
@@ -155,7 +161,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
     if constexpr (kT == QuantType::kQ4_K) {
 #pragma GCC unroll 2
       for (int hh = 0; hh < 2; ++hh) {
-        const __m256 mneg = _mm256_loadu_ps(reinterpret_cast<const float*>(wb) + 16 + 8 * hh);
+        const __m256 mneg = _mm256_loadu_ps(reinterpret_cast<const float*>(ws) + 16 + 8 * hh);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i)
           _mm256_store_ps(fsum[i][hh], _mm256_fmadd_ps(mneg, _mm256_set1_ps(aux[i * kb + b].dxs),
@@ -184,7 +190,7 @@ void MicroAny(int mr, const uint8_t* w, const BlockQ8A* x, const XAux* aux, int6
 template <QuantType kT, bool kVnni>
 void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, const BlockQ8A* xq, const XAux* aux,
            int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
-  const int64_t kc = std::max<int64_t>(1, kKcBytes / PackedBlockBytes(kT));
+  const int64_t kc = std::max<int64_t>(1, kKcBytes / (PackedScaleBytes(kT) + PackedQuantBytes(kT)));
   for (int64_t g = 0; g < count; ++g) {
     const int64_t col0 = (p0 + g) * kPackRows;
     const int lo = static_cast<int>(std::max<int64_t>(0, n_begin - col0));

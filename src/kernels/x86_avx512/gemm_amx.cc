@@ -39,14 +39,14 @@ bool ComputeAmxUsable() {
 }
 
 template <QuantType kT>
-void Unpack(const uint8_t* w, int64_t panel_stride, int nv, int64_t b0, int64_t b1, int8_t* dst) {
-  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : 384;
-  constexpr int kQOff = kT == QuantType::kQ4_K ? 128 : 64;
+void Unpack(const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t b0, int64_t b1, int8_t* dst) {
+  constexpr int kQB = PackedQuantBytes(kT);
+  const int64_t sect = PackedScaleSection(kT, kb);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i z = _mm512_set1_epi8(static_cast<char>(ZeroPoint(kT)));
   for (int j = 0; j < nv; ++j)
     for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* q = w + j * panel_stride + b * kBB + kQOff;
+      const uint8_t* q = w + j * panel_stride + sect + b * kQB;
       int8_t* out = dst + (j * (b1 - b0) + (b - b0)) * 512;
       if constexpr (kT == QuantType::kQ8_0) {
         for (int s = 0; s < 8; ++s)
@@ -71,7 +71,7 @@ void Unpack(const uint8_t* w, int64_t panel_stride, int nv, int64_t b0, int64_t 
 template <QuantType kT>
 void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
            int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
-  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : 384;
+  constexpr int kSB = PackedScaleBytes(kT);
   alignas(64) int32_t c[2][16 * 16];
   __m512 f[16];
 #pragma GCC unroll 16
@@ -97,11 +97,15 @@ void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* au
   };
   auto scale = [&](int64_t t) {
     const int64_t b = b0 + t;
-    const float* dw = reinterpret_cast<const float*>(w + b * kBB);
+    const uint8_t* ws = w + b * kSB;
     const int32_t* ct = c[t & 1];
-    const __m512 vdw = _mm512_loadu_ps(dw);
-    __m512 mneg;
-    if constexpr (kT == QuantType::kQ4_K) mneg = _mm512_loadu_ps(dw + 16);
+    __m512 vdw, mneg;
+    if constexpr (kT == QuantType::kQ4_K) {
+      vdw = _mm512_loadu_ps(reinterpret_cast<const float*>(ws));
+      mneg = _mm512_loadu_ps(reinterpret_cast<const float*>(ws) + 16);
+    } else {
+      vdw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws)));
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
       const XAux& a = aux[r * kb + b];
@@ -171,11 +175,12 @@ void AmxBegin() {
 
 void AmxEnd() { _tile_release(); }
 
-void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int nv, int64_t b0, int64_t b1, int8_t* dst) {
+void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t b0, int64_t b1,
+               int8_t* dst) {
   switch (t) {
-    case QuantType::kQ4_0: return Unpack<QuantType::kQ4_0>(w, panel_stride, nv, b0, b1, dst);
-    case QuantType::kQ8_0: return Unpack<QuantType::kQ8_0>(w, panel_stride, nv, b0, b1, dst);
-    default: return Unpack<QuantType::kQ4_K>(w, panel_stride, nv, b0, b1, dst);
+    case QuantType::kQ4_0: return Unpack<QuantType::kQ4_0>(w, panel_stride, kb, nv, b0, b1, dst);
+    case QuantType::kQ8_0: return Unpack<QuantType::kQ8_0>(w, panel_stride, kb, nv, b0, b1, dst);
+    default: return Unpack<QuantType::kQ4_K>(w, panel_stride, kb, nv, b0, b1, dst);
   }
 }
 

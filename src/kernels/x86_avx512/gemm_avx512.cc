@@ -70,8 +70,9 @@ inline int32_t Load4(const int8_t* p) {
 template <QuantType kT, int MR, int NV>
 void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
            int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
-  constexpr int kBB = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
-  constexpr int kQOff = (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0) ? 64 : 128;
+  constexpr int kSB = PackedScaleBytes(kT), kQB = PackedQuantBytes(kT);
+  constexpr bool kF16Scales = kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0;
+  const int64_t sect = PackedScaleSection(kT, kb);
   constexpr bool kMem = MR * NV > 12;
   __m512 facc[kMem ? 1 : MR][kMem ? 1 : NV];
   alignas(64) float fmem[kMem ? MR : 1][kMem ? NV : 1][16];
@@ -85,7 +86,8 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
   const __m512i low4 = _mm512_set1_epi8(0x0F);
 
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* wb = w + b * kBB;
+    const uint8_t* ws = w + b * kSB;         // scale entry of block b (panel 0)
+    const uint8_t* wq = w + sect + b * kQB;  // quant block b (panel 0)
     constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
 #pragma GCC unroll 2
     for (int h = 0; h < kHalves; ++h) {
@@ -102,7 +104,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
           __m512i lo[NV], hi[NV];
 #pragma GCC unroll 8
           for (int j = 0; j < NV; ++j) {
-            const __m512i v = _mm512_loadu_si512(wb + j * panel_stride + kQOff + 64 * s);
+            const __m512i v = _mm512_loadu_si512(wq + j * panel_stride + 64 * s);
             lo[j] = _mm512_and_si512(v, low4);
             hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
           }
@@ -124,7 +126,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
           const int s = h * 4 + s0;
           __m512i wv[NV];
 #pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) wv[j] = _mm512_loadu_si512(wb + j * panel_stride + kQOff + 64 * s);
+          for (int j = 0; j < NV; ++j) wv[j] = _mm512_loadu_si512(wq + j * panel_stride + 64 * s);
 #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) {
             const __m512i xv = _mm512_set1_epi32(Load4(x[i * kb + b].qs + 4 * s));
@@ -135,8 +137,12 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
       }
       __m512 dw[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j)
-        dw[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(wb + j * panel_stride) + 16 * h);
+      for (int j = 0; j < NV; ++j) {
+        if constexpr (kF16Scales)
+          dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + j * panel_stride)));
+        else
+          dw[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(ws + j * panel_stride) + 16 * h);
+      }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m512 dx = _mm512_set1_ps(aux[i * kb + b].dx);
@@ -152,7 +158,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
     if constexpr (kT == QuantType::kQ4_K) {
       __m512 mneg[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) mneg[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(wb + j * panel_stride) + 16);
+      for (int j = 0; j < NV; ++j) mneg[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(ws + j * panel_stride) + 16);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m512 dxs = _mm512_set1_ps(aux[i * kb + b].dxs);
@@ -218,7 +224,7 @@ inline __mmask16 ColumnMask(int64_t col0, int64_t n_begin, int64_t n_end) {
 template <QuantType kT>
 constexpr int64_t KcBlocks() {
   constexpr int kNv = Tile<kT>::kNv;
-  constexpr int64_t bb = kT == QuantType::kQ4_0 ? 320 : kT == QuantType::kQ8_0 ? 576 : kT == QuantType::kQ4_K ? 384 : 640;
+  constexpr int64_t bb = PackedScaleBytes(kT) + PackedQuantBytes(kT);
   return std::max<int64_t>(1, kKcBytes / (kNv * bb));
 }
 
@@ -252,7 +258,7 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
       const int64_t c1 = std::min(kb, c0 + kc);
       int64_t i = 0;
       if (amx) {
-        AmxUnpack(kT, wg, panel_stride, nv, c0, c1, bt);
+        AmxUnpack(kT, wg, panel_stride, kb, nv, c0, c1, bt);
         for (; m - i >= 16; i += 32) {
           const int xt = m - i >= 32 ? 2 : 1;
           AmxTiles(kT, bt, wg, panel_stride, nv, xq + i * kb, aux + i * kb, kb, c0, c1, xt, yg + i * ldy, ldy, mask,

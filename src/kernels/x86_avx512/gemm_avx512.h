@@ -48,7 +48,9 @@ void AmxBegin();
 void AmxEnd();
 // Unpacks blocks [b0, b1) of nv (<= 2) packed panels (panel j at w + j * panel_stride) into
 // signed B tiles at dst: block b of panel j at dst + (j * (b1 - b0) + b - b0) * 512.
-void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int nv, int64_t b0, int64_t b1, int8_t* dst);
+// kb: blocks per panel row (the scale section's size depends on it).
+void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t b0, int64_t b1,
+               int8_t* dst);
 // 16 * x_tiles rows of x (row i at x + i * kb) x nv panels, blocks [b0, b1) of the unpacked
 // tiles `bt` (scales read from the packed panels at w). Writes or, with accumulate, adds to
 // y[i * ldy + 16 * j + r] for the lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
