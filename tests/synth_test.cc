@@ -670,6 +670,7 @@ struct ForwardCase {
   const char* preset;
   const char* arch;
   int layers, experts, top_k, n_tokens;
+  QuantType type = QuantType::kQ4_0;
 };
 
 // Every preset at reduced depth (and fewer experts: Mixtral's are 176M values each, so it keeps
@@ -680,6 +681,8 @@ TEST(SynthNumerics, EveryLayerChangesTheStreamAndNoneBlowsItUp) {
   const ForwardCase cases[] = {
       {"tiny", "olmoe", 2, 0, 0, 12}, {"tiny", "qwen3moe", 2, 0, 0, 12}, {"tiny", "llama", 2, 0, 0, 12},
       {"tiny", "qwen3moe", 24, 0, 0, 12},  // deep: per-branch changes shrink as 1/sqrt(L), growth stays bounded
+      {"tiny", "olmoe", 2, 0, 0, 12, QuantType::kQ8_0}, {"tiny", "qwen3moe", 2, 0, 0, 12, QuantType::kF16},
+      {"tiny", "llama", 2, 0, 0, 12, QuantType::kBF16}, {"tiny", "olmoe", 2, 0, 0, 12, QuantType::kF32},
       {"olmoe-1b-7b", "", 2, 8, 0, 8}, {"qwen3-30b-a3b", "", 2, 8, 0, 8}, {"mixtral-8x7b", "", 2, 1, 0, 4}};
   for (const ForwardCase& c : cases) {
     SynthOptions o;
@@ -688,6 +691,7 @@ TEST(SynthNumerics, EveryLayerChangesTheStreamAndNoneBlowsItUp) {
     o.layers = c.layers;
     o.experts = c.experts;
     o.top_k = c.top_k;
+    o.type = c.type;
     if (std::string(c.preset) != "tiny") o.vocab = 512;
     auto m = MustCreate(o);
     ASSERT_NE(m, nullptr);
@@ -700,7 +704,7 @@ TEST(SynthNumerics, EveryLayerChangesTheStreamAndNoneBlowsItUp) {
     const double rms0 = stats[0].rms_in;
     for (size_t l = 0; l < stats.size(); ++l) {
       const auto& s = stats[l];
-      SCOPED_TRACE(std::string(c.preset) + "/" + m->shape().arch + " layer " + std::to_string(l));
+      SCOPED_TRACE(std::string(c.preset) + "/" + m->shape().arch + "/" + TypeName(c.type) + " layer " + std::to_string(l));
       EXPECT_TRUE(std::isfinite(s.rms_out));
       EXPECT_GT(s.attn_change, 0.01);
       EXPECT_GT(s.moe_change, 0.01);
@@ -708,8 +712,9 @@ TEST(SynthNumerics, EveryLayerChangesTheStreamAndNoneBlowsItUp) {
       EXPECT_LT(s.moe_change, 2.0);
       EXPECT_LT(s.rms_out / rms0, 4.0);
       EXPECT_GT(s.rms_out / rms0, 0.5);
-      std::printf("  %-14s %-8s layer %zu: rms %.3f -> %.3f, attn %.1f%%, moe %.1f%%\n", c.preset,
-                  m->shape().arch.c_str(), l, s.rms_in, s.rms_out, 100 * s.attn_change, 100 * s.moe_change);
+      std::printf("  %-14s %-8s %-4s layer %2zu: rms %.3f -> %.3f, attn %.1f%%, moe %.1f%%\n", c.preset,
+                  m->shape().arch.c_str(), TypeName(c.type), l, s.rms_in, s.rms_out, 100 * s.attn_change,
+                  100 * s.moe_change);
     }
     for (float v : x) ASSERT_TRUE(std::isfinite(v));
     // Distinct tokens keep distinct states (cosine < 0.99 for the last two positions).
@@ -789,6 +794,37 @@ TEST(SynthRouter, SkewFollowsRanks) {
   // sample of router rows.
   EXPECT_LT(*std::max_element(counts.begin(), counts.end()) / mean, 1.35);
   EXPECT_GT(*std::min_element(counts.begin(), counts.end()) / mean, 0.65);
+}
+
+// The skew survives depth: routing the hidden states of a real forward pass (256 random tokens,
+// 8 layers) still picks the most popular expert several times more often than the mean, at every
+// layer, and the intended rank-0 expert is among the three most picked.
+TEST(SynthRouter, SkewHoldsThroughTheForwardPass) {
+  SynthOptions o;
+  o.arch = "qwen3moe";
+  o.layers = 8;
+  o.experts = 32;
+  o.top_k = 4;
+  o.router_skew = 1.0f;
+  auto m = MustCreate(o);
+  ASSERT_NE(m, nullptr);
+  std::mt19937 rng(5);
+  std::vector<int> tokens(256);
+  for (int& t : tokens) t = static_cast<int>(rng() % m->shape().n_vocab);
+  NaiveForward fwd(*m);
+  const auto stats = fwd.Run(tokens, nullptr);
+  const double mean = 256.0 * 4 / 32;
+  for (int l = 0; l < 8; ++l) {
+    std::vector<int> order(32);
+    std::iota(order.begin(), order.end(), 0);
+    const auto& counts = stats[l].expert_counts;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return counts[a] > counts[b]; });
+    const auto& ranks = m->ExpertRanks(l);
+    std::printf("  layer %d: most picked %.2f x mean (intended rank %d), least %.2f\n", l, counts[order[0]] / mean,
+                ranks[order[0]], counts[order[31]] / mean);
+    EXPECT_GT(counts[order[0]] / mean, 2.5) << "layer " << l;
+    EXPECT_LE(std::min({ranks[order[0]], ranks[order[1]], ranks[order[2]]}), 0) << "layer " << l;
+  }
 }
 
 }  // namespace
