@@ -312,8 +312,8 @@ TEST(GemmQuant, PackedBytes) {
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_0, 17, 64), 2u * (64 + 2 * 256));
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_0, 32, 4096), 2u * 16 * RowBytes(QuantType::kQ4_0, 4096));
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ8_0, 16, 32), 576u);
-  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_K, 1, 256), 8u * 384);
-  EXPECT_EQ(PackedWeightBytes(QuantType::kQ6_K, 33, 256), 3u * 8 * 640);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_K, 1, 256), 64u + 8 * 32 + 8 * 256);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ6_K, 33, 256), 3u * (320 + 8 * 512));
   EXPECT_FALSE(CanRepack(QuantType::kF16));
   EXPECT_TRUE(GemmSupports(QuantType::kBF16));
   EXPECT_FALSE(GemmSupports(QuantType::kQ5_K));

@@ -91,25 +91,51 @@ void PackPanel(QuantType t, const void* src, size_t src_stride, int rows, int64_
   const int sb = PackedScaleBytes(t), qb = PackedQuantBytes(t);
   ESTREAM_CHECK(sb > 0 && rows >= 0 && rows <= kPackRows, "PackPanel: bad type or row count");
   const int64_t kb = k / 32;
-  uint8_t* scales = static_cast<uint8_t*>(dst);
-  uint8_t* quants = scales + PackedScaleSection(t, kb);
+  uint8_t* supers = static_cast<uint8_t*>(dst);
+  uint8_t* scales = supers + PackedBlockScaleOffset(t, kb);
+  uint8_t* quants = supers + PackedScaleSection(t, kb);
   std::memset(dst, 0, static_cast<size_t>(PackedPanelBytes(t, k)));
-  const bool f16_scales = t == QuantType::kQ4_0 || t == QuantType::kQ8_0;
-  for (int64_t b = 0; b < kb; ++b) {
-    uint8_t* sc = scales + b * sb;
-    uint8_t* q = quants + b * qb;
-    for (int r = 0; r < rows; ++r) {
-      const uint8_t* row = static_cast<const uint8_t*>(src) + r * src_stride;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(src) + r * src_stride;
+    // Scales, copied from the GGUF fields (fp16 bits and small integers) without rounding.
+    for (int64_t b = 0; b < kb; ++b) {
+      uint8_t* sc = scales + b * sb;
+      switch (t) {
+        case QuantType::kQ4_0:
+          std::memcpy(sc + 2 * r, &reinterpret_cast<const BlockQ4_0*>(row)[b].d, 2);
+          break;
+        case QuantType::kQ8_0:
+          std::memcpy(sc + 2 * r, &reinterpret_cast<const BlockQ8_0*>(row)[b].d, 2);
+          break;
+        case QuantType::kQ4_K: {
+          const BlockQ4_K& x = reinterpret_cast<const BlockQ4_K*>(row)[b / 8];
+          int s6, m6;
+          ScaleMinK4(static_cast<int>(b % 8), x.scales, &s6, &m6);
+          sc[r] = static_cast<uint8_t>(s6);
+          sc[16 + r] = static_cast<uint8_t>(m6);
+          if (b % 8 == 0) {
+            uint8_t* sup = supers + (b / 8) * PackedSuperBytes(t);
+            std::memcpy(sup + 2 * r, &x.d, 2);
+            const uint16_t ndmin = static_cast<uint16_t>(x.dmin ^ 0x8000u);  // sign flip: exact
+            std::memcpy(sup + 32 + 2 * r, &ndmin, 2);
+          }
+          break;
+        }
+        case QuantType::kQ6_K: {
+          const BlockQ6_K& x = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+          sc[r] = static_cast<uint8_t>(x.scales[2 * (b % 8)]);
+          sc[16 + r] = static_cast<uint8_t>(x.scales[2 * (b % 8) + 1]);
+          if (b % 8 == 0) std::memcpy(supers + (b / 8) * PackedSuperBytes(t) + 2 * r, &x.d, 2);
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      uint8_t* q = quants + b * qb;
       Block32 blk;
       DecodeBlock32(t, row, b, &blk);
-      if (f16_scales) {
-        // The GGUF scale bits, unchanged (the first two bytes of the block).
-        std::memcpy(sc + 2 * r, row + b * (t == QuantType::kQ4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0)), 2);
-      } else {
-        float* d = reinterpret_cast<float*>(sc);
-        d[r] = blk.d[0];
-        d[16 + r] = t == QuantType::kQ4_K ? blk.mneg : blk.d[1];
-      }
       if (t == QuantType::kQ8_0 || t == QuantType::kQ6_K) {
         for (int s = 0; s < 8; ++s)
           for (int j = 0; j < 4; ++j) q[(s * 16 + r) * 4 + j] = blk.q[4 * s + j];

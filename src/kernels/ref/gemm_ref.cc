@@ -32,20 +32,31 @@ inline float BlockDot(const Block32& w, int zero_point, const BlockQ8A& xb) {
   return r;
 }
 
-// Decodes row r of block b of a packed panel (the inverse of PackPanel for one row).
+// Decodes row r of block b of a packed panel (the inverse of PackPanel for one row): the scales
+// are formed in fp32 as the fast kernels form them (exact products).
 void DecodePacked(QuantType t, const uint8_t* panel, int64_t kb, int64_t b, int r, Block32* out) {
-  const uint8_t* sc = panel + b * PackedScaleBytes(t);
+  const uint8_t* sup = panel + (b / 8) * PackedSuperBytes(t);
+  const uint8_t* sc = panel + PackedBlockScaleOffset(t, kb) + b * PackedScaleBytes(t);
   const uint8_t* q = panel + PackedScaleSection(t, kb) + b * PackedQuantBytes(t);
-  out->mneg = 0.0f;
-  if (t == QuantType::kQ4_0 || t == QuantType::kQ8_0) {
+  auto half = [](const uint8_t* p) {
     uint16_t h;
-    std::memcpy(&h, sc + 2 * r, 2);
-    out->d[0] = out->d[1] = Fp16ToFp32(h);
-  } else {
-    const float* d = reinterpret_cast<const float*>(sc);
-    out->d[0] = out->d[1] = d[r];
-    if (t == QuantType::kQ4_K) out->mneg = d[16 + r];
-    if (t == QuantType::kQ6_K) out->d[1] = d[16 + r];
+    std::memcpy(&h, p, 2);
+    return Fp16ToFp32(h);
+  };
+  out->mneg = 0.0f;
+  switch (t) {
+    case QuantType::kQ4_0:
+    case QuantType::kQ8_0:
+      out->d[0] = out->d[1] = half(sc + 2 * r);
+      break;
+    case QuantType::kQ4_K:
+      out->d[0] = out->d[1] = half(sup + 2 * r) * static_cast<float>(sc[r]);
+      out->mneg = half(sup + 32 + 2 * r) * static_cast<float>(sc[16 + r]);
+      break;
+    default:  // Q6_K
+      out->d[0] = half(sup + 2 * r) * static_cast<float>(static_cast<int8_t>(sc[r]));
+      out->d[1] = half(sup + 2 * r) * static_cast<float>(static_cast<int8_t>(sc[16 + r]));
+      break;
   }
   if (t == QuantType::kQ8_0 || t == QuantType::kQ6_K) {
     for (int s = 0; s < 8; ++s)

@@ -61,6 +61,32 @@ inline int32_t Load4(const int8_t* p) {
   return v;
 }
 
+// d_b of block b (Q6_K: half h) for rows 8hh..8hh+7 of the panel at p (layout: repack.h); exact
+// fp32 products as in DequantizeRow.
+template <QuantType kT>
+inline __m256 PanelScale8(const uint8_t* p, int64_t kb, int64_t b, int h, int hh) {
+  const uint8_t* blk = p + PackedBlockScaleOffset(kT, kb) + b * PackedScaleBytes(kT);
+  if constexpr (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * hh)));
+  } else {
+    const uint8_t* sup = p + (b / 8) * PackedSuperBytes(kT);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16 * hh)));
+    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 16 * h + 8 * hh));
+    const __m256i sc = kT == QuantType::kQ6_K ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw);
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+  }
+}
+
+// Q4_K: mneg_b = -dmin * m for rows 8hh..8hh+7.
+inline __m256 PanelMinNegQ4K8(const uint8_t* p, int64_t kb, int64_t b, int hh) {
+  constexpr QuantType kT = QuantType::kQ4_K;
+  const uint8_t* blk = p + PackedBlockScaleOffset(kT, kb) + b * PackedScaleBytes(kT);
+  const uint8_t* sup = p + (b / 8) * PackedSuperBytes(kT);
+  const __m256 nd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 32 + 16 * hh)));
+  const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 16 + 8 * hh)));
+  return _mm256_mul_ps(nd, _mm256_cvtepi32_ps(m));
+}
+
 // acc += dot4(w u8, x s8) per int32 lane.
 template <bool kVnni, bool kSignedW>
 inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
@@ -81,8 +107,7 @@ inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
 template <QuantType kT, int MR, bool kVnni>
 void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0, int64_t b1, float* y,
            int64_t ldy, int valid_lo, int valid_hi, bool accumulate) {
-  constexpr int kSB = PackedScaleBytes(kT), kQB = PackedQuantBytes(kT);
-  constexpr bool kF16Scales = kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0;
+  constexpr int kQB = PackedQuantBytes(kT);
   const int64_t sect = PackedScaleSection(kT, kb);
   constexpr bool kSignedW = kT == QuantType::kQ8_0 && !kVnni;
   alignas(32) float fsum[MR][2][8];
@@ -92,7 +117,6 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
 
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* ws = w + b * kSB;
     const uint8_t* wq = w + sect + b * kQB;
     constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
     for (int h = 0; h < kHalves; ++h) {
@@ -145,11 +169,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
       }
 #pragma GCC unroll 2
       for (int hh = 0; hh < 2; ++hh) {
-        __m256 dw;
-        if constexpr (kF16Scales)
-          dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + 16 * hh)));
-        else
-          dw = _mm256_loadu_ps(reinterpret_cast<const float*>(ws) + 16 * h + 8 * hh);
+        const __m256 dw = PanelScale8<kT>(w, kb, b, h, hh);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
           const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(aux[i * kb + b].dx));
@@ -161,7 +181,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
     if constexpr (kT == QuantType::kQ4_K) {
 #pragma GCC unroll 2
       for (int hh = 0; hh < 2; ++hh) {
-        const __m256 mneg = _mm256_loadu_ps(reinterpret_cast<const float*>(ws) + 16 + 8 * hh);
+        const __m256 mneg = PanelMinNegQ4K8(w, kb, b, hh);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i)
           _mm256_store_ps(fsum[i][hh], _mm256_fmadd_ps(mneg, _mm256_set1_ps(aux[i * kb + b].dxs),

@@ -9,6 +9,7 @@
 #include "base/cpu.h"
 #include "kernels/repack.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
+#include "kernels/x86_avx512/gemm_avx512_scales.h"
 
 #pragma GCC target("amx-tile,amx-int8")
 
@@ -71,7 +72,6 @@ void Unpack(const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t 
 template <QuantType kT>
 void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
            int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
-  constexpr int kSB = PackedScaleBytes(kT);
   alignas(64) int32_t c[2][16 * 16];
   __m512 f[16];
 #pragma GCC unroll 16
@@ -97,15 +97,10 @@ void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* au
   };
   auto scale = [&](int64_t t) {
     const int64_t b = b0 + t;
-    const uint8_t* ws = w + b * kSB;
     const int32_t* ct = c[t & 1];
-    __m512 vdw, mneg;
-    if constexpr (kT == QuantType::kQ4_K) {
-      vdw = _mm512_loadu_ps(reinterpret_cast<const float*>(ws));
-      mneg = _mm512_loadu_ps(reinterpret_cast<const float*>(ws) + 16);
-    } else {
-      vdw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws)));
-    }
+    const __m512 vdw = PanelScale<kT>(w, kb, b, 0);
+    __m512 mneg;
+    if constexpr (kT == QuantType::kQ4_K) mneg = PanelMinNegQ4K(w, kb, b);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
       const XAux& a = aux[r * kb + b];

@@ -27,6 +27,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/repack.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
+#include "kernels/x86_avx512/gemm_avx512_scales.h"
 #include "quant/quant.h"
 
 // GCC 12 reports the _mm512_undefined_* operand inside the masked-load intrinsics as
@@ -70,8 +71,7 @@ inline int32_t Load4(const int8_t* p) {
 template <QuantType kT, int MR, int NV>
 void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
            int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
-  constexpr int kSB = PackedScaleBytes(kT), kQB = PackedQuantBytes(kT);
-  constexpr bool kF16Scales = kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0;
+  constexpr int kQB = PackedQuantBytes(kT);
   const int64_t sect = PackedScaleSection(kT, kb);
   constexpr bool kMem = MR * NV > 12;
   __m512 facc[kMem ? 1 : MR][kMem ? 1 : NV];
@@ -86,7 +86,6 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
   const __m512i low4 = _mm512_set1_epi8(0x0F);
 
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* ws = w + b * kSB;         // scale entry of block b (panel 0)
     const uint8_t* wq = w + sect + b * kQB;  // quant block b (panel 0)
     constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
 #pragma GCC unroll 2
@@ -137,12 +136,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
       }
       __m512 dw[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) {
-        if constexpr (kF16Scales)
-          dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + j * panel_stride)));
-        else
-          dw[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(ws + j * panel_stride) + 16 * h);
-      }
+      for (int j = 0; j < NV; ++j) dw[j] = PanelScale<kT>(w + j * panel_stride, kb, b, h);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m512 dx = _mm512_set1_ps(aux[i * kb + b].dx);
@@ -158,7 +152,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
     if constexpr (kT == QuantType::kQ4_K) {
       __m512 mneg[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) mneg[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(ws + j * panel_stride) + 16);
+      for (int j = 0; j < NV; ++j) mneg[j] = PanelMinNegQ4K(w + j * panel_stride, kb, b);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m512 dxs = _mm512_set1_ps(aux[i * kb + b].dxs);
@@ -224,7 +218,7 @@ inline __mmask16 ColumnMask(int64_t col0, int64_t n_begin, int64_t n_end) {
 template <QuantType kT>
 constexpr int64_t KcBlocks() {
   constexpr int kNv = Tile<kT>::kNv;
-  constexpr int64_t bb = PackedScaleBytes(kT) + PackedQuantBytes(kT);
+  constexpr int64_t bb = PackedScaleBytes(kT) + PackedQuantBytes(kT) + PackedSuperBytes(kT) / 8;
   return std::max<int64_t>(1, kKcBytes / (kNv * bb));
 }
 
