@@ -20,11 +20,13 @@
 // micro-kernels of R rows x kVecs vectors held in registers. All arithmetic is fp32 FMA; the
 // T x T score matrix is never formed (ST is kKeys x kQ).
 //
-// Traits S provide: V (vector type), kLanes, kVecs (vectors of queries per tile), kQkRows and
-// kPvRows (register-tile heights), Zero, Set1, Load, Store (unaligned), Fma(a, b, c) = a * b + c,
-// Mul, Sub, Max, MaskBelow(s, lane0, limit) (lanes with index lane0 + lane < limit get -inf), and
-// Exp2(x) for x <= 0 or -inf (relative error <= 3u; results below 2^-125 are flushed to 0, so
-// masked keys get exactly 0 and no denormals enter the products).
+// Traits S provide: V (vector type), kLanes, kVecs (vectors of queries per tile), kKeys (keys per
+// block, <= kAttnMaxKeys), kQkRows and kPvRows (register-tile heights), Zero, Set1, Load, Store
+// (unaligned), Fma(a, b, c) = a * b + c, Mul, Add, Sub, Div, Max, MaskBelow(s, lane0, limit)
+// (lanes with index lane0 + lane < limit get -inf), Exp2(x) for x <= 0 or -inf (relative error
+// <= 3u; results below 2^-125 are flushed to 0, so masked keys get exactly 0 and no denormals
+// enter the products), and Transpose(src, lds, scale, dst, ldd) of one kLanes x kLanes block.
+// Thread safety: the scratch is thread_local; calls on different threads are independent.
 #pragma once
 
 #include <algorithm>
