@@ -587,6 +587,26 @@ TEST(TokenizerErrors, UnknownModelOrPre) {
   EXPECT_EQ((*ok)->Encode("ab", false, false), std::vector<int32_t>{256});
 }
 
+TEST(TokenizerFamilies, Llama3IgnoreMergesAndBos) {
+  // "abc" is a token that the merges cannot build ("a b" gives "ab", nothing joins "ab c"): the
+  // gpt-2 family emits ab + c, llama-bpe emits the whole word because it is a token.
+  TokenizerVocab v = TinyBpe();
+  v.tokens.push_back("abc");
+  v.tokens.push_back("<|begin_of_text|>");
+  v.token_types.assign(v.tokens.size(), 1);
+  v.token_types.back() = 3;
+  v.bos_id = static_cast<int32_t>(v.tokens.size() - 1);
+  auto gpt2 = Tokenizer::FromVocab(v);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status().ToString();
+  EXPECT_EQ((*gpt2)->Encode("abc", true, false), (std::vector<int32_t>{256, 'c'}));
+  v.pre = "llama-bpe";
+  auto llama3 = Tokenizer::FromVocab(v);
+  ASSERT_TRUE(llama3.ok()) << llama3.status().ToString();
+  EXPECT_TRUE((*llama3)->add_bos());  // llama-bpe adds BOS unless the metadata says otherwise
+  EXPECT_EQ((*llama3)->Encode("abc", true, false), (std::vector<int32_t>{*v.bos_id, 257}));
+  EXPECT_EQ((*llama3)->Decode((*llama3)->Encode("abc abc", true, false)), "abc abc");
+}
+
 TEST(TokenizerErrors, InconsistentMetadata) {
   TokenizerVocab v = TinyBpe();
   v.token_types = {1, 1};
