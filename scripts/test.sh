@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 export CTEST_OUTPUT_ON_FAILURE=1
+# ctest runs tests side by side on few cores; spinning OpenMP workers would then steal the cores
+# their own team waits on (a 20 ms test can take seconds). Tests assert results, never times.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
 step() { echo; echo "==== $* ===="; }
 
