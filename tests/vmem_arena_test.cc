@@ -31,6 +31,8 @@ TEST(Arena, AddressesAreFixedAlignedAndDisjoint) {
             EXPECT_EQ(p, a.base() + (bank * g + r) * stride);
             EXPECT_EQ(a.SlotAddress(a.SlotIndex(bank, r)), p);
             EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
+            EXPECT_EQ(a.Record(bank, r, stride), p);
+            EXPECT_EQ(a.Record(bank, r, 4096), a.Bank(bank) + r * 4096);  // a layer with smaller records
           }
         }
         // Fill every slot's full record with its own byte, then check nothing overlapped

@@ -71,6 +71,15 @@ class Arena {
   uint8_t* Slot(size_t bank, size_t r) const { return SlotAddress(SlotIndex(bank, r)); }
   // First byte of bank b: its G slots follow contiguously, bank_bytes() in all.
   uint8_t* Bank(size_t bank) const { return Slot(bank, 0); }
+  // Record r of a group whose records are `record_stride` bytes apart on disk, after the group
+  // was read into bank b as one range. Layers of one packed model may have different record
+  // strides (a Q4_K_M file keeps some ffn_down in Q6_K): the arena is sized for the largest
+  // (slot_stride), and a layer with smaller records packs them tighter in the bank. With
+  // record_stride == slot_stride() this is Slot(b, r). REQUIRES: record_stride <= slot_stride().
+  uint8_t* Record(size_t bank, size_t r, size_t record_stride) const {
+    ESTREAM_DCHECK(record_stride <= slot_stride_ && r < group_size_, "Arena::Record out of range");
+    return Bank(bank) + r * record_stride;
+  }
 
  private:
   Arena(size_t n_banks, size_t group_size, size_t slot_bytes, size_t slot_stride, size_t alignment,

@@ -152,7 +152,9 @@ class ResidencyTable {
   int32_t ReleaseAllReady();
 
   // ---- queries (snapshots: may change as soon as they return) ----
-  // Global arena slot of (layer, expert) if its group is published (Ready or InUse), else -1.
+  // Global arena slot s = b * G + r of (layer, expert) if its group is published (Ready or
+  // InUse), else -1. Its address: arena.SlotAddress(s), or arena.Record(s / G, s % G, stride)
+  // for a layer whose record stride is smaller than the arena's slot stride.
   int32_t SlotOf(int32_t layer, int32_t expert) const;
   // slot_of_expert[e] = SlotOf(layer, e) for all n_expert experts, under one lock.
   void SlotsOfLayer(int32_t layer, int32_t* slot_of_expert) const;
