@@ -222,6 +222,44 @@ constexpr int64_t KcBlocks() {
   return std::max<int64_t>(1, kKcBytes / (kNv * bb));
 }
 
+// Software prefetch (to L2) of the weights of one k chunk of up to 3 panels: their quant blocks
+// and block scale entries, walked a few cache lines per Step.
+class NextChunkPrefetch {
+ public:
+  template <QuantType kT>
+  void Set(const uint8_t* w, int64_t nv, int64_t panel_stride, int64_t kb, int64_t b0, int64_t b1) {
+    for (int64_t j = 0; j < nv && n_ + 2 <= kMaxRanges; ++j) {
+      const uint8_t* p = w + j * panel_stride;
+      Add(p + PackedScaleSection(kT, kb) + b0 * PackedQuantBytes(kT), (b1 - b0) * PackedQuantBytes(kT));
+      Add(p + PackedBlockScaleOffset(kT, kb) + b0 * PackedScaleBytes(kT), (b1 - b0) * PackedScaleBytes(kT));
+    }
+  }
+  int64_t Lines() const { return total_; }
+  void Step(int64_t lines) {
+    for (; lines > 0 && r_ < n_; --lines) {
+      _mm_prefetch(reinterpret_cast<const char*>(begin_[r_] + 64 * at_), _MM_HINT_T1);
+      if (++at_ == lines_[r_]) {
+        at_ = 0;
+        ++r_;
+      }
+    }
+  }
+
+ private:
+  static constexpr int kMaxRanges = 8;
+  void Add(const uint8_t* p, int64_t bytes) {
+    if (bytes <= 0) return;
+    begin_[n_] = p;
+    lines_[n_] = (bytes + 63) / 64;
+    total_ += lines_[n_];
+    ++n_;
+  }
+  const uint8_t* begin_[kMaxRanges] = {};
+  int64_t lines_[kMaxRanges] = {};
+  int n_ = 0, r_ = 0;
+  int64_t at_ = 0, total_ = 0;
+};
+
 // Computes columns [n_begin, n_end) of y (rows [0, m)) from `count` packed panels at `w`, the
 // first of which holds columns [16 * p0, 16 * p0 + 16). With kAmx, groups are 2 panels and row
 // tiles of 32 (then 16) rows go to the AMX path, the remaining rows to vpdpbusd.
@@ -250,11 +288,23 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
     float* yg = y + (p0 + g) * kPackRows;
     for (int64_t c0 = 0; c0 < kb; c0 += kc) {
       const int64_t c1 = std::min(kb, c0 + kc);
+      // The next k chunk of weights (this group's, or the next group's first) is fetched into
+      // L2 a slice per row tile, so that its first row tile does not wait on DRAM. (With few
+      // rows the loop is a plain stream that the hardware prefetchers follow.)
+      NextChunkPrefetch pf;
+      if (m < 16) {
+      } else if (c1 < kb) pf.Set<kT>(wg, std::min<int64_t>(nv, count - g), panel_stride, kb, c1, std::min(kb, c1 + kc));
+      else if (g + kGroup < count)
+        pf.Set<kT>(wg + kGroup * panel_stride, std::min<int64_t>(kGroup, count - g - kGroup), panel_stride, kb, 0,
+                   std::min(kb, kc));
+      const int64_t tiles = (m + kMr - 1) / kMr;
+      const int64_t lines_per_tile = (pf.Lines() + tiles - 1) / tiles;
       int64_t i = 0;
       if (amx) {
         AmxUnpack(kT, wg, panel_stride, kb, nv, c0, c1, bt);
         for (; m - i >= 16; i += 32) {
           const int xt = m - i >= 32 ? 2 : 1;
+          pf.Step(lines_per_tile * 4 * xt);
           AmxTiles(kT, bt, wg, panel_stride, nv, xq + i * kb, aux + i * kb, kb, c0, c1, xt, yg + i * ldy, ldy, mask,
                    c0 > 0);
           if (xt == 1) {
@@ -265,6 +315,7 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
       }
       for (; i < m; i += kMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
+        pf.Step(lines_per_tile);
         MicroAny<kT>(mr, nv, wg, panel_stride, xq + i * kb, aux + i * kb, kb, c0, c1, yg + i * ldy, ldy, mask,
                      c0 > 0);
       }
