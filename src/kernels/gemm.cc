@@ -1,8 +1,7 @@
 // Public GEMM entry points (kernels.h): type checks, activation quantisation, and the split of
 // one multiply over the OpenMP team.
 //
-// Work split: the output is cut into at most nth rectangles, either by columns (in whole packed
-// panels of 16 weight rows) or, when there are too few panels to share, by rows of X. Every
+// Work split (ParallelSplit): rectangles of the output taken dynamically by the team. Every
 // output element is computed by exactly one thread with the same arithmetic in the same order
 // whatever the split (the kernels' reductions depend only on k), so results are bit-identical
 // for every thread count.
@@ -20,31 +19,35 @@
 namespace estream::kernels {
 namespace {
 
-// Calls fn(m_begin, m_end, n_begin, n_end) for each thread's share of an m x n output.
+// Calls fn(m_begin, m_end, n_begin, n_end) over rectangles covering the m x n output, in parallel.
+// The output is cut by columns (in multiples of 6 packed panels of 16 weight rows, which the
+// kernels' panel groups of 2 and 3 divide) or, when there are too few panels, by rows of X (in
+// multiples of 32, the AMX row tile pair). There are about 4 pieces per thread, taken
+// dynamically: a thread that the OS deschedules (the machine may be shared) leaves its pieces to
+// the others instead of stalling the whole multiply.
 template <typename Fn>
 void ParallelSplit(int64_t m, int64_t n, Fn&& fn) {
   const int64_t panels = PackedPanels(n);
   int nth = omp_get_max_threads();
   if (omp_in_parallel()) nth = 1;
-  // Columns when every thread gets at least 2 panels or X is too short to cut; rows otherwise.
   const bool by_cols = panels >= 2 * nth || m < 8 * nth;
   const int64_t units = by_cols ? panels : m;
-  nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, units)));
+  const int64_t align = by_cols ? 6 : 32;
+  int64_t piece = std::max<int64_t>(1, units / (4 * static_cast<int64_t>(nth)));
+  piece = std::max(align, (piece + align - 1) / align * align);
+  const int64_t pieces = (units + piece - 1) / piece;
+  nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, pieces)));
+  auto run = [&](int64_t p) {
+    const int64_t u0 = p * piece, u1 = std::min(units, u0 + piece);
+    if (by_cols) fn(int64_t{0}, m, std::min(n, u0 * kPackRows), std::min(n, u1 * kPackRows));
+    else fn(u0, u1, int64_t{0}, n);
+  };
   if (nth == 1) {
-    fn(int64_t{0}, m, int64_t{0}, n);
+    for (int64_t p = 0; p < pieces; ++p) run(p);
     return;
   }
-#pragma omp parallel num_threads(nth)
-  {
-    const int t = omp_get_thread_num();
-    const int64_t u0 = units * t / nth, u1 = units * (t + 1) / nth;
-    if (by_cols) {
-      const int64_t n0 = std::min(n, u0 * kPackRows), n1 = std::min(n, u1 * kPackRows);
-      if (n0 < n1) fn(int64_t{0}, m, n0, n1);
-    } else if (u0 < u1) {
-      fn(u0, u1, int64_t{0}, n);
-    }
-  }
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 1)
+  for (int64_t p = 0; p < pieces; ++p) run(p);
 }
 
 KernelTable::GemmFn QuantFn(const KernelTable& kt, const WeightView& w) {
