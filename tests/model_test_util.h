@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "gguf/gguf.h"
+#include "quant/quant.h"
 
 namespace estream::model_test {
 
@@ -99,6 +100,25 @@ inline void SplitExperts(GgufContents* c) {
     }
   }
   c->tensors = std::move(out);
+}
+
+// Converts every F32 weight matrix (2-D and 3-D tensors except the router ffn_gate_inp, which
+// stays F32 as llama.cpp's quantiser keeps it) to `type` with the reference quantiser
+// QuantizeRow. The converted bytes live in `storage`, which must outlive the contents.
+inline void QuantizeMatrices(GgufContents* c, QuantType type, std::vector<std::vector<uint8_t>>* storage) {
+  storage->reserve(storage->size() + c->tensors.size());
+  for (OutTensor& t : c->tensors) {
+    if (t.type != QuantType::kF32 || t.dims.size() < 2 || t.name.find("ffn_gate_inp") != std::string::npos) continue;
+    const int64_t row = t.dims[0];
+    const int64_t rows = static_cast<int64_t>(t.size / sizeof(float)) / row;
+    const size_t row_bytes = RowBytes(type, row);
+    storage->emplace_back(row_bytes * rows);
+    for (int64_t r = 0; r < rows; ++r)
+      QuantizeRow(type, reinterpret_cast<const float*>(t.data) + r * row, storage->back().data() + r * row_bytes, row);
+    t.type = type;
+    t.data = storage->back().data();
+    t.size = storage->back().size();
+  }
 }
 
 // ||a - b|| / ||b||.

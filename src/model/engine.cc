@@ -69,8 +69,8 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
   model::ModelLoadOptions mo;
   // Repacking is chosen per type inside the loader (kernels::CanRepack); see docs/PERFORMANCE.md
   // for why experts are (or are not) repacked by default.
-  mo.repack_experts = options.repack == EngineOptions::Repack::kAlways;
-  mo.repack_dense = options.repack == EngineOptions::Repack::kAlways;
+  mo.repack_experts = options.repack != EngineOptions::Repack::kNever;
+  mo.repack_dense = options.repack != EngineOptions::Repack::kNever;
   mo.prefault = options.prefault;
   std::unique_ptr<Engine> engine(new Engine());
   Impl& im = *engine->impl_;

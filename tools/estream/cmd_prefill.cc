@@ -85,6 +85,8 @@ class PrefillCommand : public Command {
     sub->add_option("-t,--threads", threads_, "compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
     sub->add_option("--dump-logits", dump_logits_,
                     "write the logits of every position to FILE: float32 little-endian [n_tokens][n_vocab]");
+    sub->add_option("--repack", repack_, "repack quantised weights into the kernels' layout at load: auto (default), "
+                    "never")->check(CLI::IsMember({"auto", "never"}));
     sub->add_option("--repeat", repeat_, "run the prompt N times (model loaded once) and report the median time")
         ->check(CLI::PositiveNumber);
   }
@@ -129,7 +131,9 @@ class PrefillCommand : public Command {
       }
     }
     ESTREAM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptTokens());
-    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, {.n_threads = threads_}));
+    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(
+        model_, {.n_threads = threads_,
+                 .repack = repack_ == "never" ? EngineOptions::Repack::kNever : EngineOptions::Repack::kAuto}));
 
     Request req;
     req.tokens = ids;
@@ -245,6 +249,7 @@ class PrefillCommand : public Command {
   int threads_ = 0;
   std::string dump_logits_;
   int repeat_ = 1;
+  std::string repack_ = "auto";
   std::unique_ptr<Tokenizer> tokenizer_;
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
 };
