@@ -46,6 +46,7 @@ struct ModelSpec {
   int dense_block = -1;      // a block without experts (dense FFN), -1: none
   bool expert_count_key = true;
   bool omit_up = false;      // drop blk.0.ffn_up(_exps) (a defect)
+  bool stray_estream_keys = false;  // estream.* keys in an unpacked file (not a layout)
   uint32_t seed = 1;
 };
 
@@ -108,6 +109,10 @@ void WriteModel(const std::string& path, const ModelSpec& s) {
   w.AddKv("tokenizer.ggml.token_type", GgufValue::I32Array({1, 1, 1, 3, 3}));
   w.AddKv("tokenizer.ggml.merges", GgufValue::StringArray({"a b"}));
   w.AddKv("tokenizer.ggml.bos_token_id", GgufValue::U32(3));
+  if (s.stray_estream_keys) {
+    w.AddKv("estream.n_embd", GgufValue::U32(7));
+    w.AddKv("estream.checksums.0", GgufValue::StringArray({"x"}));
+  }
 
   struct T {
     std::string name;
@@ -202,7 +207,7 @@ void CheckPacked(const std::string& src_path, const std::string& out_path,
 
   // Metadata: every source key with the same value (general.alignment aside).
   for (const GgufKv& kv : src.kvs()) {
-    if (kv.key == "general.alignment") continue;
+    if (kv.key == "general.alignment" || kv.key.rfind("estream.", 0) == 0) continue;
     const GgufValue* v = out.Find(kv.key);
     ASSERT_NE(v, nullptr) << kv.key;
     EXPECT_TRUE(ValueEq(kv.value, *v)) << kv.key;
@@ -363,6 +368,21 @@ TEST(Pack, DenseBlockKeptAndSkipped) {
   EXPECT_EQ(info->FindLayer(1), nullptr);
   EXPECT_NE(info->FindLayer(2), nullptr);
   EXPECT_EQ(info->TotalRecordBytes(), 2 * 8 * info->layers[0].record_bytes);
+}
+
+TEST(Pack, StrayEstreamKeysOfTheSourceAreDropped) {
+  ScratchDir dir;
+  ModelSpec s;
+  s.stray_estream_keys = true;
+  WriteModel(dir.File("src.gguf"), s);
+  ASSERT_EQ(Pack(dir.File("src.gguf"), dir.File("out.gguf")), "");
+  auto out = GgufFile::Open(dir.File("out.gguf"));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out->get()->GetU32(packed_keys::kNEmbd), 64u);
+  auto info = ReadPackedLayout(**out);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  const uint8_t* base = out->get()->TensorData(*out->get()->FindTensor(packed_keys::RegionTensor(0)));
+  for (int p = 0; p < 8; ++p) EXPECT_TRUE(VerifyRecord(info->layers[0], p, base + p * info->layers[0].record_bytes).ok());
 }
 
 TEST(Pack, SharedTinyReferenceModels) {

@@ -198,50 +198,57 @@ class FileRemover {
   std::string path_;
 };
 
-// Writes each block's checksums into the header of the finished file at `path`. The offset of
-// each estream.checksums.N value is computed from `kvs` (in the order they were written); the
-// key bytes found there are compared first, so a mismatch with the writer is an error, never a
-// silent overwrite.
-Status PatchChecksums(const std::string& path, const std::vector<GgufKv>& kvs,
-                      const std::unordered_map<std::string, const std::vector<uint64_t>*>& sums) {
+// One estream.checksums.N value in the header of the written file.
+struct ChecksumSlot {
+  std::string key;
+  uint64_t key_pos = 0;                      // header byte offset of the key's length prefix
+  const std::vector<uint64_t>* sums = nullptr;
+};
+
+// Header byte offset of each key of `kvs`, as GgufWriter serialises them in this order (the
+// writer adds no key of its own: general.alignment is among `kvs`).
+std::unordered_map<std::string, uint64_t> KeyPositions(const std::vector<GgufKv>& kvs) {
+  std::unordered_map<std::string, uint64_t> out;
+  uint64_t pos = 4 + 4 + 8 + 8;  // magic, version, n_tensors, n_kv
+  for (const GgufKv& kv : kvs) {
+    out[kv.key] = pos;
+    pos += 8 + kv.key.size() + 4 + ValueBytes(kv.value);
+  }
+  return out;
+}
+
+// Writes the checksums into the header of the finished file at `path`. The bytes at each slot
+// (key, array type, element type, count) are compared first, so a disagreement with the
+// writer's serialisation is an error, never a silent overwrite.
+Status PatchChecksums(const std::string& path, const std::vector<ChecksumSlot>& slots) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Status::IOError(fmt::format("{}: cannot reopen to write checksums: {}", path, std::strerror(errno)));
   Status st;
-  uint64_t pos = 4 + 4 + 8 + 8;  // magic, version, n_tensors, n_kv
-  size_t patched = 0;
-  for (const GgufKv& kv : kvs) {
-    const uint64_t value_pos = pos + 8 + kv.key.size() + 4;
-    auto it = sums.find(kv.key);
-    if (it != sums.end()) {
-      // Expected bytes from the key to the array count.
-      std::string expect;
-      auto put = [&expect](const void* p, size_t n) { expect.append(static_cast<const char*>(p), n); };
-      const uint64_t key_len = kv.key.size();
-      const uint32_t type = static_cast<uint32_t>(GgufType::kArray), elem = static_cast<uint32_t>(GgufType::kU64);
-      const uint64_t count = it->second->size();
-      put(&key_len, 8);
-      put(kv.key.data(), kv.key.size());
-      put(&type, 4);
-      put(&elem, 4);
-      put(&count, 8);
-      std::string got(expect.size(), '\0');
-      if (::pread(fd, got.data(), got.size(), static_cast<off_t>(pos)) != static_cast<ssize_t>(got.size()) ||
-          got != expect) {
-        st = Status::Internal(fmt::format("{}: key {} is not at header byte {} as computed; checksums not written",
-                                          path, kv.key, pos));
-        break;
-      }
-      const size_t n = count * sizeof(uint64_t);
-      if (::pwrite(fd, it->second->data(), n, static_cast<off_t>(value_pos + 12)) != static_cast<ssize_t>(n)) {
-        st = Status::IOError(fmt::format("{}: cannot write checksums of {}: {}", path, kv.key, std::strerror(errno)));
-        break;
-      }
-      ++patched;
+  for (const ChecksumSlot& slot : slots) {
+    std::string expect;
+    auto put = [&expect](const void* p, size_t n) { expect.append(static_cast<const char*>(p), n); };
+    const uint64_t key_len = slot.key.size();
+    const uint32_t type = static_cast<uint32_t>(GgufType::kArray), elem = static_cast<uint32_t>(GgufType::kU64);
+    const uint64_t count = slot.sums->size();
+    put(&key_len, 8);
+    put(slot.key.data(), slot.key.size());
+    put(&type, 4);
+    put(&elem, 4);
+    put(&count, 8);
+    std::string got(expect.size(), '\0');
+    if (::pread(fd, got.data(), got.size(), static_cast<off_t>(slot.key_pos)) != static_cast<ssize_t>(got.size()) ||
+        got != expect) {
+      st = Status::Internal(fmt::format("{}: key {} is not at header byte {} as computed; checksums not written", path,
+                                        slot.key, slot.key_pos));
+      break;
     }
-    pos = value_pos + ValueBytes(kv.value);
+    const size_t n = count * sizeof(uint64_t);
+    if (::pwrite(fd, slot.sums->data(), n, static_cast<off_t>(slot.key_pos + expect.size())) !=
+        static_cast<ssize_t>(n)) {
+      st = Status::IOError(fmt::format("{}: cannot write checksums of {}: {}", path, slot.key, std::strerror(errno)));
+      break;
+    }
   }
-  if (st.ok() && patched != sums.size())
-    st = Status::Internal(fmt::format("{}: wrote {} of {} checksum keys", path, patched, sums.size()));
   if (st.ok() && ::fsync(fd) != 0) st = Status::IOError(fmt::format("{}: fsync failed: {}", path, std::strerror(errno)));
   ::close(fd);
   return st;
@@ -383,6 +390,8 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
   std::vector<GgufKv> kvs;
   bool has_alignment = false;
   for (const GgufKv& kv : in.kvs()) {
+    // Stray estream.* keys of an unpacked source would describe a layout that is not there.
+    if (kv.key.rfind("estream.", 0) == 0) continue;
     if (kv.key == "general.alignment") {
       kvs.push_back({kv.key, GgufValue::U32(kPackedRecordAlignment)});
       has_alignment = true;
@@ -456,7 +465,17 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
   }
 
   GgufWriter writer(3, kPackedRecordAlignment);
-  for (const GgufKv& kv : kvs) writer.AddKv(kv.key, kv.value);
+  std::vector<ChecksumSlot> slots;
+  {
+    const std::unordered_map<std::string, uint64_t> positions = KeyPositions(kvs);
+    for (size_t i = 0; i < src.layers.size(); ++i) {
+      const std::string key = packed_keys::Checksums(src.layers[i].layer);
+      slots.push_back({key, positions.at(key), &checksums[i]});
+    }
+  }
+  // Moved, not copied: the tokenizer arrays of a large vocabulary take tens of MB as GgufValues.
+  for (GgufKv& kv : kvs) writer.AddKv(std::move(kv.key), std::move(kv.value));
+  kvs = {};
   for (const Item& item : items) {
     if (item.dense != nullptr) {
       std::vector<int64_t> dims(item.dense->dims, item.dense->dims + item.dense->n_dims);
@@ -545,9 +564,7 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
   stats.output_bytes = writer.ExpectedFileSize();
 
   FileRemover remove_staging(staging);
-  std::unordered_map<std::string, const std::vector<uint64_t>*> sums;
-  for (size_t i = 0; i < src.layers.size(); ++i) sums[packed_keys::Checksums(src.layers[i].layer)] = &checksums[i];
-  ESTREAM_RETURN_IF_ERROR(PatchChecksums(staging, kvs, sums));
+  ESTREAM_RETURN_IF_ERROR(PatchChecksums(staging, slots));
   if (::rename(staging.c_str(), out_path.c_str()) != 0)
     return Status::IOError(fmt::format("{}: cannot rename {} to it: {}", out_path, staging, std::strerror(errno)));
   remove_staging.Release();

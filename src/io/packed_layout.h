@@ -59,7 +59,9 @@
 //   estream.checksums.N           u64[n_expert]  per physical record of block N
 //   estream.expert_permutation.N  i32[n_expert]  physical -> logical; only when not identity
 // Later versions may add keys (a reader of version 1 ignores estream.* keys it does not know);
-// any change to the meaning of the keys above bumps estream.layout_version.
+// any change to the meaning of the keys above bumps estream.layout_version. The prefix
+// estream.config.* is reserved for the configurator's result (group size, queue depth, banks;
+// DESIGN.md section 7), which does not change the layout.
 //
 // ---- Reader ---------------------------------------------------------------------------------
 // ReadPackedLayout validates all of the above against the file (tensor present with the right

@@ -29,12 +29,15 @@ class PackCommand : public Command {
     sub->add_option("--permutation", permutation_,
                     "JSON file: {\"LAYER\": [expert at position 0, expert at position 1, ...], ...}; layers not "
                     "listed keep the identity order");
+    sub->add_option("-t,--threads", options_threads_, "Repacking threads (default 1: the work is mostly I/O)")
+        ->check(CLI::Range(1, 256));
     sub->add_flag("--json", json_, "Print a JSON summary on stdout");
     sub->add_flag("-q,--quiet", quiet_, "No progress output");
   }
 
   int Run() override {
     io::PackOptions options;
+    options.threads = options_threads_;
     if (!permutation_.empty()) {
       Result<io::ExpertPermutations> perms = io::ReadPermutationFile(permutation_);
       if (!perms.ok()) return ReportError(name(), perms.status());
@@ -94,6 +97,7 @@ class PackCommand : public Command {
   std::string input_;
   std::string output_;
   std::string permutation_;
+  int options_threads_ = 1;
   bool json_ = false;
   bool quiet_ = false;
 };
