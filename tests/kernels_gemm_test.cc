@@ -22,6 +22,8 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -77,8 +79,14 @@ std::vector<Path> PathsToTest() {
   return paths;
 }
 
+// Fresh inputs every run; the seed is printed, and ESTREAM_TEST_SEED=<n> replays a run.
 std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
+  static std::mt19937_64 rng([] {
+    const char* env = std::getenv("ESTREAM_TEST_SEED");
+    const uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("kernels_gemm_test: seed %llu (ESTREAM_TEST_SEED replays it)\n", static_cast<unsigned long long>(seed));
+    return seed;
+  }());
   return rng;
 }
 

@@ -324,15 +324,22 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
   if (amx) AmxEnd();
 }
 
-// Rows of X per pass over the weights: the k-chunk slice of this many rows (with their XAux)
-// stays in L2 while the panel groups stream past, and bounds the per-thread XAux buffer.
-constexpr int64_t kMc = 512;
+// Rows of X per pass over the weights. A pass's X rows (1.25 bytes per value) and their XAux
+// (0.5 bytes per value) are re-read for every panel group, so they should stay in L2 (2 MiB per
+// core here) while the weights stream through it: about 512 KiB of them (measured better than
+// 1 MiB; software prefetch of the next row tile instead was slower); at least 64 rows (each
+// pass streams all the weights once), at most 512. Multiples of 32 (the AMX row tile pair).
+inline int64_t RowsPerPass(int64_t k) {
+  const int64_t rows = (int64_t{512} << 10) * 4 / (7 * k);
+  return std::clamp<int64_t>(rows / 32 * 32, 64, 512);
+}
 
 template <QuantType kT, bool kPacked, bool kAmx>
 void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
                 int64_t ldy) {
   if (m <= 0 || n_begin >= n_end) return;
   const int64_t kb = w.k / 32;
+  const int64_t kMc = RowsPerPass(w.k);
   const int64_t mc = std::min(m, kMc);
   thread_local std::vector<XAux> aux;
   if (aux.size() < static_cast<size_t>(mc * kb)) aux.resize(static_cast<size_t>(mc * kb));
