@@ -106,6 +106,14 @@ struct Response {
   std::vector<float> routing_weights;
   // Wall time of the forward pass and the outputs (model load excluded).
   double seconds = 0;
+  // Where `seconds` went (wall time, summed over layers).
+  struct Timing {
+    double embed = 0;      // token embeddings
+    double attention = 0;  // norms, Q/K/V, q/k norm, RoPE, attention, output projection, residual
+    double router = 0;     // MoE norm, router GEMM, softmax/top-k, grouping routes by expert
+    double experts = 0;    // expert GEMMs, SwiGLU, scatter-add
+    double head = 0;       // final norm, LM head, log-softmax, top-k, pooling
+  } timing;
 };
 
 // Read-only facts about the loaded model.

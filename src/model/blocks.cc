@@ -30,20 +30,30 @@ bool AnyQuantized(std::initializer_list<const kernels::WeightView*> ws) {
 
 bool IsQuantized(QuantType t) { return t != QuantType::kF32 && t != QuantType::kF16 && t != QuantType::kBF16; }
 
-Status Workspace::Reserve(const ModelConfig& c, int64_t n_tokens) {
-  if (n_tokens <= capacity_ && config_ == &c) return Status::Ok();
+Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
+  if (n_tokens <= capacity_ && n_threads <= thread_capacity_ && model_ == &model) return Status::Ok();
+  const ModelConfig& c = model.config();
   // Round up so that slowly growing prompts do not reallocate every time.
   const int64_t T = std::max<int64_t>(n_tokens, std::min<int64_t>(c.n_ctx, (capacity_ * 3) / 2));
   const int64_t C = std::min<int64_t>(kExpertChunkRows, T);
-  const int64_t d = c.n_embd, k = c.n_expert_used;
+  const int64_t W = std::min<int64_t>(kRouteWindow, T * c.n_expert_used);
+  const int64_t d = c.n_embd, k = c.n_expert_used, ff = c.n_ff_expert;
+  bool float_in = false, float_down = false;
+  for (const LayerWeights& L : model.layers())
+    for (int e = 0; e < c.n_expert; ++e) {
+      float_in = float_in || !IsQuantized(L.experts.gate[e].type) || !IsQuantized(L.experts.up[e].type);
+      float_down = float_down || !IsQuantized(L.experts.down[e].type);
+    }
   Workspace w;
   const bool ok = Grow(&w.x, T * d) && Grow(&w.xn, T * d) && Grow(&w.xq, T * (d / kQK8A)) &&
                   Grow(&w.q, T * c.q_dim()) && Grow(&w.k, T * c.kv_dim()) && Grow(&w.v, T * c.kv_dim()) &&
                   Grow(&w.att, T * c.q_dim()) && Grow(&w.router_logits, T * c.n_expert) &&
                   Grow(&w.route_expert, T * k) && Grow(&w.route_weight, T * k) && Grow(&w.route_token, T * k) &&
                   Grow(&w.route_w, T * k) && Grow(&w.gx, C * d) && Grow(&w.gxq, C * (d / kQK8A)) &&
-                  Grow(&w.gate, C * c.n_ff_expert) && Grow(&w.up, C * c.n_ff_expert) &&
-                  Grow(&w.hq, C * (c.n_ff_expert / kQK8A)) && Grow(&w.down, C * d);
+                  Grow(&w.gate, C * ff) && Grow(&w.up, C * ff) && Grow(&w.hq, C * (ff / kQK8A)) &&
+                  Grow(&w.down, C * d) && Grow(&w.wxq, W * (d / kQK8A)) && Grow(&w.wx, float_in ? W * d : 1) &&
+                  Grow(&w.whq, W * (ff / kQK8A)) && Grow(&w.whf, float_down ? W * ff : 1) &&
+                  Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock));
   if (!ok) {
     return Status::ResourceExhausted(
         "cannot allocate the activation buffers for a prompt of " + std::to_string(n_tokens) +
@@ -52,7 +62,8 @@ Status Workspace::Reserve(const ModelConfig& c, int64_t n_tokens) {
   w.expert_begin.assign(c.n_expert + 1, 0);
   w.capacity_ = T;
   w.chunk_capacity_ = C;
-  w.config_ = &c;
+  w.thread_capacity_ = n_threads;
+  w.model_ = &model;
   *this = std::move(w);
   return Status::Ok();
 }
@@ -132,6 +143,11 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws)
 }
 
 void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
+  RouteBlock(model, il, n_tokens, ws);
+  ExpertsBatched(model.layers()[il].experts, model.config(), n_tokens, ws);
+}
+
+void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
   const ModelConfig& c = model.config();
   const LayerWeights& L = model.layers()[il];
   const int64_t T = n_tokens, d = c.n_embd;
@@ -168,8 +184,6 @@ void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
       ws->route_token[pos] = static_cast<int32_t>(t);
       ws->route_w[pos] = wt[t * K + j];
     }
-
-  ExpertsGrouped(L.experts, c, T, ws);
 }
 
 void FinalNorm(const Model& model, const float* x, int64_t n_rows, float* y) {

@@ -22,14 +22,24 @@ namespace estream::model {
 
 // Routed rows processed per expert GEMM chunk: bounds the expert scratch whatever the skew.
 constexpr int64_t kExpertChunkRows = 512;
+// Routes processed per window of the batched expert path (experts.h): bounds its gathered input
+// and SwiGLU output buffers to O(kRouteWindow x (n_embd + n_ff)).
+constexpr int64_t kRouteWindow = 2048;
+// Column blocks of the batched expert path's work items (multiples of 32: Q8A blocks, and of the
+// kernels' 16-row panels).
+constexpr int64_t kFfBlock = 256;
+constexpr int64_t kEmbdBlock = 128;
 
 // Activation buffers, grown on demand and reused by every request (no allocation per layer).
 class Workspace {
  public:
-  // Makes room for prompts of up to n_tokens. ResourceExhausted if an allocation fails (the
-  // workspace then keeps its previous capacity and stays usable).
-  Status Reserve(const ModelConfig& c, int64_t n_tokens);
+  // Makes room for prompts of up to n_tokens run with up to n_threads threads. ResourceExhausted
+  // if an allocation fails (the workspace then keeps its previous capacity and stays usable).
+  Status Reserve(const Model& model, int64_t n_tokens, int n_threads);
   int64_t capacity() const { return capacity_; }
+  int thread_capacity() const { return thread_capacity_; }
+  // Rows of one expert chunk the buffers hold: min(kExpertChunkRows, capacity()).
+  int64_t chunk_capacity() const { return chunk_capacity_; }
 
   // Per token (capacity rows each):
   AlignedPtr<float> x;              // [T x d] residual stream
@@ -54,11 +64,18 @@ class Workspace {
   AlignedPtr<float> up;             // [C x n_ff]
   AlignedPtr<BlockQ8A> hq;          // [C x n_ff/32]
   AlignedPtr<float> down;           // [C x d]
+  // The batched expert path (W = kRouteWindow routes):
+  AlignedPtr<BlockQ8A> wxq;         // [W x d/32] gathered Q8A rows
+  AlignedPtr<float> wx;             // [W x d] gathered float rows (only if some gate/up is float)
+  AlignedPtr<BlockQ8A> whq;         // [W x n_ff/32] SwiGLU output, Q8A (quantised down)
+  AlignedPtr<float> whf;            // [W x n_ff] SwiGLU output, float (only if some down is float)
+  AlignedPtr<float> tiles;          // per thread: 3 tiles of [C x max(kFfBlock, kEmbdBlock)]
 
  private:
   int64_t capacity_ = 0;
   int64_t chunk_capacity_ = 0;
-  const ModelConfig* config_ = nullptr;
+  int thread_capacity_ = 0;
+  const Model* model_ = nullptr;
 };
 
 // x[t] = dequantised row tokens[t] of token_embd. REQUIRES: ids validated (< n_vocab).
@@ -69,8 +86,10 @@ void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, fl
 void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
 
 // x += MoE(RMSNorm(x)) for layer `il`: router (softmax, top-k, renormalisation per architecture),
-// routes grouped by expert, then the grouped expert path of experts.h.
+// routes grouped by expert, then the grouped expert path of experts.h. MoeBlock = RouteBlock
+// then ExpertsGrouped (split so that callers can time or replace the expert part).
 void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
+void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
 
 // y[r] = RMSNorm(x[r]) * output_norm for rows [row0, row0 + n_rows).
 void FinalNorm(const Model& model, const float* x, int64_t n_rows, float* y);

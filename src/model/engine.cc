@@ -16,6 +16,7 @@
 #include "base/timer.h"
 #include "kernels/kernels.h"
 #include "model/blocks.h"
+#include "model/experts.h"
 #include "model/model.h"
 
 namespace estream {
@@ -136,7 +137,7 @@ Result<Response> Engine::Impl::Run(const Request& req) {
   const int64_t hidden_first = all_hidden ? 0 : T - 1;                  // normed rows [hidden_first, T)
 
   // Buffers (grown once, reused by later requests). A failure here leaves the engine as it was.
-  ESTREAM_RETURN_IF_ERROR(ws.Reserve(c, T));
+  ESTREAM_RETURN_IF_ERROR(ws.Reserve(*model, T, n_threads));
   if (hidden_rows < T) {
     AlignedPtr<float> h = AllocAligned<float>(static_cast<size_t>(T * d));
     if (!h) return Status::ResourceExhausted(fmt::format("cannot allocate the final hidden states ({} x {})", T, d));
@@ -160,10 +161,18 @@ Result<Response> Engine::Impl::Run(const Request& req) {
   }
 
   // The forward pass, layer by layer.
+  Response::Timing& tm = resp.timing;
+  double t0 = NowSeconds(), t1;
+  auto lap = [&](double* acc) { t1 = NowSeconds(); *acc += t1 - t0; t0 = t1; };
   model::EmbedTokens(*model, req.tokens.data(), T, ws.x.get());
+  lap(&tm.embed);
   for (int il = 0; il < c.n_layer; ++il) {
     model::AttentionBlock(*model, il, T, &ws);
-    model::MoeBlock(*model, il, T, &ws);
+    lap(&tm.attention);
+    model::RouteBlock(*model, il, T, &ws);
+    lap(&tm.router);
+    model::ExpertsBatched(model->layers()[il].experts, c, T, &ws);
+    lap(&tm.experts);
     if (req.return_routing) {
       std::copy(ws.route_expert.get(), ws.route_expert.get() + T * K, resp.routing.begin() + il * T * K);
       std::copy(ws.route_weight.get(), ws.route_weight.get() + T * K, resp.routing_weights.begin() + il * T * K);
@@ -222,6 +231,7 @@ Result<Response> Engine::Impl::Run(const Request& req) {
     resp.embedding.resize(d);
     for (int64_t i = 0; i < d; ++i) resp.embedding[i] = static_cast<float>(acc[i] / static_cast<double>(T));
   }
+  lap(&tm.head);
   resp.seconds = timer.Seconds();
   return resp;
 }

@@ -63,3 +63,134 @@ void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t 
 }
 
 }  // namespace estream::model
+
+namespace estream::model {
+namespace {
+
+// y[i * ldy + j - n_begin] for rows [0, m) and columns [n_begin, n_end) of x W^T, from Q8A rows
+// (quantised W) or float rows (float W): the dispatch table's single-threaded GEMM entries, which
+// address y by absolute column, hence the shifted base.
+void GemmColumns(const kernels::KernelTable& kt, const kernels::WeightView& w, const BlockQ8A* xq, const float* x,
+                 int64_t ldx, int64_t m, int64_t n_begin, int64_t n_end, float* tile, int64_t ld_tile) {
+  float* y = tile - n_begin;
+  const bool packed = w.layout == kernels::WeightLayout::kPacked;
+  kernels::KernelTable::GemmFn fn = nullptr;
+  switch (w.type) {
+    case QuantType::kQ4_0: fn = packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0; break;
+    case QuantType::kQ8_0: fn = packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0; break;
+    case QuantType::kQ4_K: fn = packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k; break;
+    case QuantType::kQ6_K: fn = packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k; break;
+    case QuantType::kF32: kt.gemm_f32(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    case QuantType::kF16: kt.gemm_f16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    case QuantType::kBF16: kt.gemm_bf16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    default: break;
+  }
+  ESTREAM_CHECK(fn != nullptr, "GemmColumns: weight type without a GEMM (the loader checks GemmSupports)");
+  fn(w, xq, m, n_begin, n_end, y, ld_tile);
+}
+
+struct Unit {
+  int expert;
+  int64_t route0;  // first route (index into route_token / route_w)
+  int64_t rows;    // routes in this unit
+  int64_t wrow;    // first row in the window's buffers
+};
+
+}  // namespace
+
+void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t n_tokens, Workspace* ws) {
+  const int64_t d = c.n_embd, ff = c.n_ff_expert;
+  const int64_t d_blocks = d / kQK8A, ff_blocks = ff / kQK8A;
+  // A unit holds at most one route per token of one expert, so at most min(kExpertChunkRows, T)
+  // rows: the workspace's chunk capacity.
+  const int64_t C = kExpertChunkRows;
+  const int64_t tile_elems = ws->chunk_capacity() * std::max(kFfBlock, kEmbdBlock);
+  ESTREAM_CHECK(std::min(C, n_tokens) <= ws->chunk_capacity(), "ExpertsBatched: workspace too small");
+  const kernels::KernelTable& kt = kernels::Kernels();
+  const int nth = omp_get_max_threads();
+  ESTREAM_CHECK(nth <= ws->thread_capacity(), "ExpertsBatched: workspace reserved for fewer threads");
+
+  // Units, then windows of consecutive units.
+  std::vector<Unit> units;
+  for (int e = 0; e < c.n_expert; ++e)
+    for (int64_t r0 = ws->expert_begin[e]; r0 < ws->expert_begin[e + 1]; r0 += C)
+      units.push_back({e, r0, std::min(C, ws->expert_begin[e + 1] - r0), 0});
+  const int64_t n_ff_items = (ff + kFfBlock - 1) / kFfBlock;
+  const int64_t n_d_items = (d + kEmbdBlock - 1) / kEmbdBlock;
+
+  for (size_t u0 = 0; u0 < units.size();) {
+    size_t u1 = u0;
+    int64_t rows = 0;
+    while (u1 < units.size() && rows + units[u1].rows <= kRouteWindow) {
+      units[u1].wrow = rows;
+      rows += units[u1++].rows;
+    }
+    const int64_t n_units = static_cast<int64_t>(u1 - u0);
+    const Unit* win = units.data() + u0;
+
+#pragma omp parallel num_threads(nth)
+    {
+      float* my_tiles = ws->tiles.get() + omp_get_thread_num() * 3 * tile_elems;
+      float* tg = my_tiles;
+      float* tu = my_tiles + tile_elems;
+      float* td = my_tiles + 2 * tile_elems;
+
+      // 1. Gather the routed rows (Q8A for quantised gate/up, floats for float ones).
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < n_units; ++i) {
+        const Unit& u = win[i];
+        const bool q_in = IsQuantized(experts.gate[u.expert].type) || IsQuantized(experts.up[u.expert].type);
+        const bool f_in = !IsQuantized(experts.gate[u.expert].type) || !IsQuantized(experts.up[u.expert].type);
+        for (int64_t r = 0; r < u.rows; ++r) {
+          const int64_t t = ws->route_token[u.route0 + r];
+          if (q_in) std::memcpy(ws->wxq.get() + (u.wrow + r) * d_blocks, ws->xq.get() + t * d_blocks,
+                                d_blocks * sizeof(BlockQ8A));
+          if (f_in) std::memcpy(ws->wx.get() + (u.wrow + r) * d, ws->xn.get() + t * d, d * sizeof(float));
+        }
+      }
+      // (implicit barrier)
+
+      // 2. Gate and up by column blocks, SwiGLU, H.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < n_units * n_ff_items; ++item) {
+        const Unit& u = win[item / n_ff_items];
+        const int64_t n0 = (item % n_ff_items) * kFfBlock, n1 = std::min(ff, n0 + kFfBlock), nb = n1 - n0;
+        const BlockQ8A* xq = ws->wxq.get() + u.wrow * d_blocks;
+        const float* x = ws->wx.get() + u.wrow * d;
+        GemmColumns(kt, experts.gate[u.expert], xq, x, d, u.rows, n0, n1, tg, nb);
+        GemmColumns(kt, experts.up[u.expert], xq, x, d, u.rows, n0, n1, tu, nb);
+        const bool q_down = IsQuantized(experts.down[u.expert].type);
+        for (int64_t r = 0; r < u.rows; ++r) {
+          float* h = tg + r * nb;
+          kt.swiglu(h, tu + r * nb, h, nb);
+          if (q_down) {
+            kt.quantize_q8a(h, ws->whq.get() + (u.wrow + r) * ff_blocks + n0 / kQK8A, nb);
+          } else {
+            std::memcpy(ws->whf.get() + (u.wrow + r) * ff + n0, h, nb * sizeof(float));
+          }
+        }
+      }
+      // (implicit barrier)
+
+      // 3. Down by column blocks of n_embd, every unit in order, scatter-add into x.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < n_d_items; ++item) {
+        const int64_t c0 = item * kEmbdBlock, c1 = std::min(d, c0 + kEmbdBlock), nb = c1 - c0;
+        for (int64_t i = 0; i < n_units; ++i) {
+          const Unit& u = win[i];
+          GemmColumns(kt, experts.down[u.expert], ws->whq.get() + u.wrow * ff_blocks, ws->whf.get() + u.wrow * ff, ff,
+                      u.rows, c0, c1, td, nb);
+          for (int64_t r = 0; r < u.rows; ++r) {
+            float* dst = ws->x.get() + static_cast<int64_t>(ws->route_token[u.route0 + r]) * d + c0;
+            const float* src = td + r * nb;
+            const float a = ws->route_w[u.route0 + r];
+            for (int64_t j = 0; j < nb; ++j) dst[j] += a * src[j];
+          }
+        }
+      }
+    }
+    u0 = u1;
+  }
+}
+
+}  // namespace estream::model

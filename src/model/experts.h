@@ -1,7 +1,15 @@
-// The grouped expert path: the straightforward implementation of a MoE layer's experts on the
-// quantised GEMM. The fused expert operator (src/moe, issue 6) replaces it; this one stays as the
-// baseline it is measured and checked against.
+// The expert part of a MoE layer on the quantised GEMM, in two forms that compute bit-identical
+// results (same GEMM per output element, same SwiGLU, same Q8A blocks, same order of the
+// scatter-adds into each element of x):
+//   ExpertsGrouped  the straightforward one: per expert, one kernels:: call per step, each its own
+//                   OpenMP region (about six regions per expert per layer);
+//   ExpertsBatched  what the engine runs: one OpenMP region per window of routes with dynamically
+//                   scheduled work items (see below), so that threads never wait on each other
+//                   between the steps of one expert.
+// The fused expert operator (src/moe, issue 6) replaces both; they stay as the baseline it is
+// measured and checked against.
 //
+// ExpertsGrouped:
 // Per expert e with routes (CSR in the Workspace), in chunks of at most kExpertChunkRows rows:
 //   gather the routed rows of the normed input (their Q8A blocks for quantised weights, floats
 //   otherwise) -> G = X Wg^T, U = X Wu^T  [R x n_ff] -> H = silu(G) * U -> D = H Wd^T [R x d]
@@ -17,9 +25,24 @@
 
 namespace estream::model {
 
-// REQUIRES: ws->xn holds the normed input [T x d]; ws->xq its Q8A form when any expert matrix is
-// quantised; ws->expert_begin / route_token / route_w the routes grouped by expert.
+//
+// ExpertsBatched: the routes, grouped by expert, are cut into units (one expert, at most
+// kExpertChunkRows routes) and the units into windows of at most kRouteWindow routes. Per window,
+// inside one parallel region:
+//   1. gather: the routed rows of the normed input, unit after unit, into one buffer;
+//   2. items (unit, block of kFfBlock columns of n_ff), dynamically scheduled: gate and up for
+//      those columns into per-thread tiles, SwiGLU, and the Q8A blocks of those columns of H;
+//   3. items (block of kEmbdBlock columns of n_embd), dynamically scheduled: for every unit in
+//      order, D = H Wd^T for those columns into a per-thread tile, then x[t_r] += a_r D[r] on
+//      those columns. One item owns its columns of x, so no two threads add into one element, and
+//      every element receives its experts in expert order, as in ExpertsGrouped.
+// Barriers: two per window (after 1 and after 2).
+//
+// REQUIRES (both): ws->xn holds the normed input [T x d]; ws->xq its Q8A form when any expert
+// matrix is quantised; ws->expert_begin / route_token / route_w the routes grouped by expert;
+// ExpertsBatched also a Workspace reserved for at least the calling thread's team size.
 // Adds every expert's weighted output into ws->x.
 void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t n_tokens, Workspace* ws);
+void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t n_tokens, Workspace* ws);
 
 }  // namespace estream::model

@@ -16,3 +16,6 @@ estream_add_test(model_synth_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_synt
 if(TARGET model_synth_test)
   target_compile_definitions(model_synth_test PRIVATE ESTREAM_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 endif()
+# The batched and the grouped expert paths agree bit for bit.
+estream_add_test(model_experts_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_experts_test.cc
+  LIBS estream_model LABELS model)

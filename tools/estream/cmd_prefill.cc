@@ -179,6 +179,8 @@ class PrefillCommand : public Command {
       j["seconds"] = secs;
       j["tokens_per_second"] = tps;
       if (repeat_ > 1) j["seconds_all"] = seconds;
+      j["timing"] = {{"embed", resp.timing.embed}, {"attention", resp.timing.attention}, {"router", resp.timing.router},
+                     {"experts", resp.timing.experts}, {"head", resp.timing.head}};
       j["peak_rss_bytes"] = peak;
       j["top"] = nlohmann::json::array();
       for (const TokenLogprob& t : resp.top) {
@@ -205,6 +207,8 @@ class PrefillCommand : public Command {
     std::printf("prompt: %lld tokens\n", static_cast<long long>(resp.n_tokens));
     std::printf("prefill: %.3f s, %.1f tokens/s (%d threads%s)\n", secs, tps, engine->n_threads(),
                 repeat_ > 1 ? (", median of " + std::to_string(repeat_) + " runs").c_str() : "");
+    std::printf("  attention %.3f s, router %.3f s, experts %.3f s, embeddings + head %.3f s (last run)\n",
+                resp.timing.attention, resp.timing.router, resp.timing.experts, resp.timing.embed + resp.timing.head);
     std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
     if (!resp.top.empty()) {
       std::printf("top %zu next tokens:\n", resp.top.size());
