@@ -12,6 +12,10 @@
 #include "kernels/x86_avx512/gemm_avx512_scales.h"
 
 #pragma GCC target("amx-tile,amx-int8")
+// GCC 12 reports the _mm512_undefined_* operand inside some intrinsics as uninitialised (a false
+// positive, as in gemm_avx512.cc).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace estream::kernels {
 namespace {
