@@ -1,5 +1,7 @@
 // estream prefill: one prompt through the all-resident engine; prints the next-token distribution,
 // the timing and the peak memory (or one JSON object with --json).
+#include <sys/resource.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -57,6 +59,13 @@ Result<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// User + system CPU time of this process (all threads), in seconds.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -87,6 +96,10 @@ class PrefillCommand : public Command {
                     "write the logits of every position to FILE: float32 little-endian [n_tokens][n_vocab]");
     sub->add_option("--repack", repack_, "repack quantised weights into the kernels' layout at load: auto (default), "
                     "never")->check(CLI::IsMember({"auto", "never"}));
+    sub->add_option("--sweep", sweep_,
+                    "benchmark: run the first N tokens of the prompt for each N of this list (e.g. 128,512,1024,2048), "
+                    "--repeat times each, and report median times and the implied share of the int8 peak")
+        ->delimiter(',');
     sub->add_option("--repeat", repeat_, "run the prompt N times (model loaded once) and report the median time")
         ->check(CLI::PositiveNumber);
   }
@@ -134,6 +147,8 @@ class PrefillCommand : public Command {
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(
         model_, {.n_threads = threads_,
                  .repack = repack_ == "never" ? EngineOptions::Repack::kNever : EngineOptions::Repack::kAuto}));
+
+    if (!sweep_.empty()) return Sweep(*engine, ids);
 
     Request req;
     req.tokens = ids;
@@ -240,6 +255,66 @@ class PrefillCommand : public Command {
   CLI::Option* tokens_opt_ = nullptr;
   CLI::Option* prompt_opt_ = nullptr;
   CLI::Option* file_opt_ = nullptr;
+  // Multiply-adds of one prefill of n tokens with the top-1 LM head row: every weight matrix a token
+  // meets (Q/K/V/O, router, its experts' gate/up/down) plus the attention scores and the weighted
+  // sums over the causal prefix.
+  static double PrefillMacs(const ModelInfo& i, int64_t n) {
+    const double d = i.n_embd, q = double(i.n_head) * i.head_dim, kv = double(i.n_head_kv) * i.head_dim;
+    const double per_token_layer =
+        d * (q + 2 * kv) + q * d + d * i.n_expert + double(i.n_expert_used) * 3 * d * i.n_ff_expert;
+    const double attention_layer = double(n) * double(n + 1) / 2 * 2 * q;  // q.k and p.v over the prefix
+    return i.n_layer * (n * per_token_layer + attention_layer) + d * i.n_vocab;
+  }
+
+  Result<int> Sweep(Engine& engine, const std::vector<int32_t>& ids) {
+    constexpr double kInt8PeakOps = 2.1e12;  // this machine, 2 threads (docs/PERFORMANCE.md, Peaks)
+    nlohmann::json rows = nlohmann::json::array();
+    for (int n : sweep_) {
+      if (n < 1 || n > static_cast<int>(ids.size()))
+        return Status::InvalidArgument("--sweep length " + std::to_string(n) + " is not within the prompt's " +
+                                       std::to_string(ids.size()) + " tokens");
+      Request req{.tokens = std::vector<int32_t>(ids.begin(), ids.begin() + n), .top_k = 1};
+      std::vector<double> secs, cpu;
+      Response last;
+      for (int r = 0; r < repeat_; ++r) {
+        const double c0 = ProcessCpuSeconds();
+        ESTREAM_ASSIGN_OR_RETURN(last, engine.Run(req));
+        cpu.push_back(ProcessCpuSeconds() - c0);
+        secs.push_back(last.seconds);
+      }
+      const double med = Median(secs);
+      // CPU time of all threads, divided by the thread count: the wall time the run would take with
+      // its threads never descheduled (the machine is shared; see docs/PERFORMANCE.md). OpenMP's
+      // spin-waiting counts as CPU time, so this is an upper bound of that wall time.
+      const double cpu_wall = Median(cpu) / engine.n_threads();
+      const double macs = PrefillMacs(engine.info(), n);
+      const double share = 2 * macs / med / kInt8PeakOps;
+      rows.push_back({{"n_tokens", n}, {"seconds", med}, {"tokens_per_second", n / med}, {"seconds_all", secs},
+                      {"cpu_seconds_per_thread", cpu_wall}, {"tokens_per_cpu_second_per_thread", n / cpu_wall},
+                      {"gops", 2 * macs / med / 1e9}, {"int8_peak_share", share},
+                      {"timing", {{"attention", last.timing.attention}, {"router", last.timing.router},
+                                  {"experts", last.timing.experts}, {"head", last.timing.embed + last.timing.head}}}});
+      if (!json_) {
+        std::printf("T=%5d  median %8.3f s  %8.1f tok/s  %6.1f GOP/s  %5.1f%% of int8 peak | CPU/thread %.3f s  %.1f tok/s"
+                    "  %.1f%% | runs:",
+                    n, med, n / med, 2 * macs / med / 1e9, 100 * share, cpu_wall, n / cpu_wall,
+                    100 * 2 * macs / cpu_wall / kInt8PeakOps);
+        for (double v : secs) std::printf(" %.3f", v);
+        std::printf("   (last: attention %.3f, router %.3f, experts %.3f)\n", last.timing.attention, last.timing.router,
+                    last.timing.experts);
+        std::fflush(stdout);
+      }
+    }
+    if (json_) {
+      nlohmann::json j{{"model", model_}, {"threads", engine.n_threads()}, {"peak_rss_bytes", PeakRssBytes()},
+                       {"sweep", rows}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("threads %d, peak RSS %s\n", engine.n_threads(), FormatBytes(PeakRssBytes()).c_str());
+    }
+    return 0;
+  }
+
   std::string model_;
   std::string tokens_;
   std::string prompt_;
@@ -253,6 +328,7 @@ class PrefillCommand : public Command {
   int threads_ = 0;
   std::string dump_logits_;
   int repeat_ = 1;
+  std::vector<int> sweep_;
   std::string repack_ = "auto";
   std::unique_ptr<Tokenizer> tokenizer_;
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
