@@ -14,7 +14,7 @@ export CTEST_OUTPUT_ON_FAILURE=1
 # their own team waits on (a 20 ms test can take seconds). Tests assert results, never times.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
-step() { echo; echo "==== $* ===="; }
+step() { echo; echo "==== $* ==== (at ${SECONDS}s)"; }
 
 step "release build"
 BUILD_DIR=build scripts/build.sh
@@ -49,4 +49,4 @@ if [ -x scripts/ci_fuzz.sh ]; then
   scripts/ci_fuzz.sh "${FUZZ_SECONDS:-60}"
 fi
 echo
-echo "all test stages passed"
+echo "all test stages passed in ${SECONDS}s"
