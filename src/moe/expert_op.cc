@@ -1,0 +1,225 @@
+#include "moe/expert_op.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "kernels/dispatch.h"
+
+namespace estream::moe {
+namespace {
+
+bool IsFloat(QuantType t) { return t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16; }
+
+// tile[i * ld_tile + j - n_begin] for rows [0, m) and columns [n_begin, n_end) of x W^T, from
+// Q8A rows (quantised W) or float rows (float W): the dispatch table's single-threaded GEMM
+// entries, which address y by absolute column, hence the shifted base.
+void GemmColumns(const kernels::KernelTable& kt, const kernels::WeightView& w, const BlockQ8A* xq, const float* x,
+                 int64_t ldx, int64_t m, int64_t n_begin, int64_t n_end, float* tile, int64_t ld_tile) {
+  float* y = tile - n_begin;
+  const bool packed = w.layout == kernels::WeightLayout::kPacked;
+  kernels::KernelTable::GemmFn fn = nullptr;
+  switch (w.type) {
+    case QuantType::kQ4_0: fn = packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0; break;
+    case QuantType::kQ8_0: fn = packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0; break;
+    case QuantType::kQ4_K: fn = packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k; break;
+    case QuantType::kQ6_K: fn = packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k; break;
+    case QuantType::kF32: kt.gemm_f32(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    case QuantType::kF16: kt.gemm_f16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    case QuantType::kBF16: kt.gemm_bf16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    default: break;
+  }
+  ESTREAM_CHECK(fn != nullptr, "moe::GemmColumns: weight type without a GEMM (ExpertPlan::Create checks it)");
+  fn(w, xq, m, n_begin, n_end, y, ld_tile);
+}
+
+bool Matches(const kernels::WeightView& w, QuantType t, kernels::WeightLayout layout, int64_t n, int64_t k) {
+  return w.type == t && w.n == n && w.k == k && w.data != nullptr &&
+         (IsFloat(t) || w.layout == layout);
+}
+
+}  // namespace
+
+ExpertShape ExpertShape::Of(const kernels::WeightView& gate, const kernels::WeightView& up,
+                            const kernels::WeightView& down) {
+  return ExpertShape{.n_embd = gate.k,
+                     .n_ff = gate.n,
+                     .gate_type = gate.type,
+                     .up_type = up.type,
+                     .down_type = down.type,
+                     .layout = IsFloat(gate.type) ? (IsFloat(up.type) ? down.layout : up.layout) : gate.layout};
+}
+
+Result<ExpertPlan> ExpertPlan::Create(const ExpertShape& shape, int64_t capacity_routes, int64_t max_tokens,
+                                      int n_threads) {
+  if (shape.n_embd <= 0 || shape.n_ff <= 0 || shape.n_embd % kQK8A != 0 || shape.n_ff % kQK8A != 0)
+    return Status::InvalidArgument(fmt::format(
+        "ExpertPlan: n_embd = {} and n_ff = {} must be positive multiples of {}", shape.n_embd, shape.n_ff, kQK8A));
+  for (QuantType t : {shape.gate_type, shape.up_type, shape.down_type})
+    if (!kernels::GemmSupports(t))
+      return Status::InvalidArgument(
+          fmt::format("ExpertPlan: expert weight type {} has no GEMM kernel", TypeName(t)));
+  if (max_tokens <= 0 || n_threads <= 0)
+    return Status::InvalidArgument(
+        fmt::format("ExpertPlan: max_tokens = {} and n_threads = {} must be positive", max_tokens, n_threads));
+  ExpertPlan p;
+  p.shape_ = shape;
+  p.max_tokens_ = max_tokens;
+  p.n_threads_ = n_threads;
+  p.capacity_ = capacity_routes > 0 ? capacity_routes : std::min(kDefaultCapacity, max_tokens * 64);
+  p.float_in_ = IsFloat(shape.gate_type) || IsFloat(shape.up_type);
+  p.quant_in_ = !IsFloat(shape.gate_type) || !IsFloat(shape.up_type);
+  p.float_hidden_ = IsFloat(shape.down_type);
+  p.quant_hidden_ = !p.float_hidden_;
+  // Row tile: the routes of one gate/up or down item. Its tiles (gate, up: row tile x kFfTile;
+  // down: row tile x kEmbdTile, fp32) stay in L2 beside the weight columns of the item; 128 rows
+  // also matches the GEMM's own pass for k = 2048 (kernels: RowsPerPass).
+  p.row_tile_ = std::min<int64_t>(128, p.capacity_);
+  p.tile_elems_ = p.row_tile_ * std::max(kFfTile, kEmbdTile);
+  const int64_t C = p.capacity_, d = shape.n_embd, ff = shape.n_ff;
+  // A pass's units: at most one partial unit per slot plus the full ones.
+  p.max_units_ = C + C / p.row_tile_ + 2;
+
+  bool ok = true;
+  auto alloc = [&](auto& ptr, int64_t n) {
+    using T = std::remove_reference_t<decltype(ptr[0])>;
+    ptr = AllocAligned<T>(static_cast<size_t>(n));
+    ok = ok && ptr != nullptr;
+    ++p.allocations_;
+  };
+  if (p.quant_in_) alloc(p.gxq_, C * (d / kQK8A));
+  if (p.float_in_) alloc(p.gx_, C * d);
+  if (p.quant_hidden_) alloc(p.hq_, C * (ff / kQK8A));
+  if (p.float_hidden_) alloc(p.hf_, C * ff);
+  alloc(p.tiles_, int64_t{3} * n_threads * p.tile_elems_);
+  alloc(p.units_, p.max_units_);
+  if (!ok)
+    return Status::ResourceExhausted(fmt::format(
+        "ExpertPlan: cannot allocate the buffers for {} routes of n_embd = {}, n_ff = {} on {} threads", C, d, ff,
+        n_threads));
+  return p;
+}
+
+Status ExpertPlan::Invoke(const ExpertInvocation& inv) {
+  if (inv.n_slots < 0 || (inv.n_slots > 0 && (inv.slot_begin == nullptr || inv.bindings == nullptr)))
+    return Status::InvalidArgument("ExpertPlan::Invoke: slot_begin and bindings are required for n_slots > 0");
+  if (inv.n_tokens > max_tokens_)
+    return Status::InvalidArgument(fmt::format("ExpertPlan::Invoke: n_tokens = {} exceeds the plan's max_tokens = {}",
+                                               inv.n_tokens, max_tokens_));
+  if (inv.n_slots == 0 || inv.slot_begin[inv.n_slots] == inv.slot_begin[0]) return Status::Ok();
+  if (inv.route_token == nullptr || inv.route_weight == nullptr || inv.y == nullptr ||
+      (quant_in_ && inv.xq == nullptr) || (float_in_ && inv.xn == nullptr))
+    return Status::InvalidArgument(
+        "ExpertPlan::Invoke: route_token, route_weight, y and the activations the weight types need are required");
+  const ExpertShape& s = shape_;
+  for (int i = 0; i < inv.n_slots; ++i) {
+    if (inv.slot_begin[i + 1] < inv.slot_begin[i])
+      return Status::InvalidArgument(fmt::format("ExpertPlan::Invoke: slot_begin is not ascending at slot {}", i));
+    if (inv.slot_begin[i + 1] == inv.slot_begin[i]) continue;
+    const SlotBinding& b = inv.bindings[i];
+    if (!Matches(b.gate, s.gate_type, s.layout, s.n_ff, s.n_embd) ||
+        !Matches(b.up, s.up_type, s.layout, s.n_ff, s.n_embd) ||
+        !Matches(b.down, s.down_type, s.layout, s.n_embd, s.n_ff))
+      return Status::InvalidArgument(fmt::format(
+          "ExpertPlan::Invoke: the binding of slot {} is not of the plan's shape class (n_embd {}, n_ff {}, types {}/{}/{})",
+          i, s.n_embd, s.n_ff, TypeName(s.gate_type), TypeName(s.up_type), TypeName(s.down_type)));
+  }
+  InvokeUnchecked(inv);
+  return Status::Ok();
+}
+
+void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
+  last_passes_ = 0;
+  if (inv.n_slots <= 0) return;
+  const int64_t d = shape_.n_embd, ff = shape_.n_ff;
+  const int64_t d_blocks = d / kQK8A, ff_blocks = ff / kQK8A;
+  const int64_t C = capacity_, rt = row_tile_, tile_elems = tile_elems_;
+  const int64_t r_begin = inv.slot_begin[0], r_end = inv.slot_begin[inv.n_slots];
+  const kernels::KernelTable& kt = kernels::Kernels();
+  const int nth = std::min(omp_get_max_threads(), n_threads_);
+  const int64_t n_ff_items = (ff + kFfTile - 1) / kFfTile;
+  const int64_t n_d_items = (d + kEmbdTile - 1) / kEmbdTile;
+  Unit* units = units_.get();
+  BlockQ8A* gxq = gxq_.get();
+  float* gx = gx_.get();
+  BlockQ8A* hq = hq_.get();
+  float* hf = hf_.get();
+  const bool quant_in = quant_in_, float_in = float_in_, quant_hidden = quant_hidden_;
+
+  int slot = 0;  // cursor: the slot holding route r0 (advances across passes: O(P + R) in all)
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += C) {
+    const int64_t r1 = std::min(r_end, r0 + C);
+    ++last_passes_;
+    // Units of this pass: (slot, up to rt routes), in route order; empty slots skipped.
+    int64_t n_units = 0;
+    while (inv.slot_begin[slot + 1] <= r0) ++slot;
+    for (int s = slot; s < inv.n_slots && inv.slot_begin[s] < r1; ++s) {
+      const int64_t a = std::max(r0, inv.slot_begin[s]), b = std::min(r1, inv.slot_begin[s + 1]);
+      for (int64_t u = a; u < b; u += rt) units[n_units++] = {s, u, std::min(rt, b - u), u - r0};
+    }
+    ESTREAM_DCHECK(n_units <= max_units_, "ExpertPlan: unit list overflow");
+
+#pragma omp parallel num_threads(nth)
+    {
+      float* my_tiles = tiles_.get() + omp_get_thread_num() * 3 * tile_elems;
+      float* tg = my_tiles;
+      float* tu = my_tiles + tile_elems;
+      float* td = my_tiles + 2 * tile_elems;
+
+      // 1. Gather the routed rows of the pass.
+#pragma omp for schedule(static)
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = inv.route_token[r];
+        ESTREAM_DCHECK(t >= 0 && t < inv.n_tokens, "ExpertPlan: route token out of range");
+        if (quant_in) std::memcpy(gxq + (r - r0) * d_blocks, inv.xq + t * d_blocks, d_blocks * sizeof(BlockQ8A));
+        if (float_in) std::memcpy(gx + (r - r0) * d, inv.xn + t * d, d * sizeof(float));
+      }
+      // (implicit barrier)
+
+      // 2. (unit, n_ff column tile): gate and up as a pair, SwiGLU, H.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < n_units * n_ff_items; ++item) {
+        const Unit& u = units[item / n_ff_items];
+        const SlotBinding& bind = inv.bindings[u.slot];
+        const int64_t n0 = (item % n_ff_items) * kFfTile, n1 = std::min(ff, n0 + kFfTile), nb = n1 - n0;
+        const BlockQ8A* xq = gxq + u.prow * d_blocks;
+        const float* x = gx + u.prow * d;
+        GemmColumns(kt, bind.gate, xq, x, d, u.rows, n0, n1, tg, nb);
+        GemmColumns(kt, bind.up, xq, x, d, u.rows, n0, n1, tu, nb);
+        for (int64_t r = 0; r < u.rows; ++r) {
+          float* h = tg + r * nb;
+          kt.swiglu(h, tu + r * nb, h, nb);
+          if (quant_hidden) {
+            kt.quantize_q8a(h, hq + (u.prow + r) * ff_blocks + n0 / kQK8A, nb);
+          } else {
+            std::memcpy(hf + (u.prow + r) * ff + n0, h, nb * sizeof(float));
+          }
+        }
+      }
+      // (implicit barrier)
+
+      // 3. (n_embd column tile): every unit in route order: down, a_i, scatter-add.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < n_d_items; ++item) {
+        const int64_t c0 = item * kEmbdTile, c1 = std::min(d, c0 + kEmbdTile), nb = c1 - c0;
+        for (int64_t i = 0; i < n_units; ++i) {
+          const Unit& u = units[i];
+          GemmColumns(kt, inv.bindings[u.slot].down, hq + u.prow * ff_blocks, hf + u.prow * ff, ff, u.rows, c0, c1,
+                      td, nb);
+          for (int64_t r = 0; r < u.rows; ++r) {
+            float* dst = inv.y + static_cast<int64_t>(inv.route_token[u.route0 + r]) * d + c0;
+            const float* src = td + r * nb;
+            const float a = inv.route_weight[u.route0 + r];
+            for (int64_t j = 0; j < nb; ++j) dst[j] += a * src[j];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace estream::moe

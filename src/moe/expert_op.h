@@ -1,0 +1,153 @@
+// The expert plan and the fused expert operator (DESIGN.md sections 1-3, issue 6).
+//
+// What it computes. For every slot s with routes i in [slot_begin[s], slot_begin[s + 1]):
+//     y[t_i] += a_i * Wd_s^T ( silu(Wg_s^T x_i) * (Wu_s^T x_i) ),   x_i = xn[t_i]
+// where t_i = route_token[i], a_i = route_weight[i] and (Wg_s, Wu_s, Wd_s) the slot's bindings.
+// A "slot" is whatever the caller groups routes by: an expert id (resident engine), or an arena
+// slot holding one expert of the group being run (virtualised engine, src/vmem). Routes of one
+// slot name distinct tokens (an expert is picked at most once per token).
+//
+// How. An ExpertPlan is built once per expert shape class (n_embd, n_ff, weight types, layout)
+// and reused by every expert of every MoE layer of that class. Create() chooses the tiles for
+// the L2 budget and allocates every buffer the operator needs for a capacity of C routes per
+// pass: the gathered Q8A activation rows, per-thread gate/up tile pairs, the SwiGLU output of
+// the pass (Q8A, C x n_ff / 32 blocks: a few hundred KiB, cache resident), per-thread down
+// accumulator tiles, and the work-item list. Invoke() allocates nothing and never rebuilds.
+// One Invoke with R routes runs ceil(R / C) passes of at most C routes each (a slot may straddle
+// two passes); each pass is one OpenMP parallel region:
+//   1. gather: the routed Q8A rows of xq (quantised once per layer by the caller) into the pass
+//      buffer, slot after slot;
+//   2. items (slot, row tile, n_ff column tile), dynamically scheduled: gate and up of the tile
+//      as a pair into per-thread tiles, SwiGLU, Q8A of the result into the pass's H buffer;
+//   3. items (n_embd column tile), dynamically scheduled: for every slot in CSR order, the down
+//      projection of that slot's H rows for the columns of the tile into a per-thread tile, then
+//      y[t_i][cols] += a_i * tile[i][cols]. An item owns its columns of y, and adds the slots into
+//      each element in CSR (slot) order, passes in route order, so:
+// Determinism: the same inputs give a bit-identical y for any thread count and any run (every
+// output element is one fixed sequence of float operations; no atomics, no reduction races).
+// With slots = expert ids in ascending order this is also bit-identical to
+// model::ExpertsGrouped / ExpertsBatched (same GEMM per element, same SwiGLU, same Q8A blocks,
+// same order of the scatter-adds).
+//
+// Weight types: any kernels::GemmSupports type, packed or GGUF layout. Float gate/up (F32, F16,
+// BF16) read the float rows xn; a float down reads the float SwiGLU output; the plan allocates
+// those float buffers only if its shape class has such matrices.
+//
+// Threading: Invoke is called from outside any parallel region and uses
+// min(omp_get_max_threads(), n_threads given to Create) threads. A plan is not re-entrant: one
+// Invoke at a time per plan (it owns its buffers). Distinct plans may run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/memory.h"
+#include "base/status.h"
+#include "kernels/kernels.h"
+#include "quant/types.h"
+
+namespace estream::moe {
+
+// The shape class of an expert: every expert the plan runs must match it exactly.
+struct ExpertShape {
+  int64_t n_embd = 0;  // d: k of gate/up, n of down; a multiple of 32
+  int64_t n_ff = 0;    // k of down, n of gate/up; a multiple of 32
+  QuantType gate_type = QuantType::kQ4_0;
+  QuantType up_type = QuantType::kQ4_0;
+  QuantType down_type = QuantType::kQ4_0;
+  kernels::WeightLayout layout = kernels::WeightLayout::kPacked;  // of all three matrices
+
+  // The shape class of a (gate, up, down) triple of views (layout taken from gate).
+  static ExpertShape Of(const kernels::WeightView& gate, const kernels::WeightView& up,
+                        const kernels::WeightView& down);
+  friend bool operator==(const ExpertShape&, const ExpertShape&) = default;
+};
+
+// The parameters of one slot: views of the expert's matrices (in the arena, or in the mapped /
+// resident model). Not owned; valid for the duration of the Invoke.
+struct SlotBinding {
+  kernels::WeightView gate;  // n_ff x n_embd
+  kernels::WeightView up;    // n_ff x n_embd
+  kernels::WeightView down;  // n_embd x n_ff
+};
+
+// One call of the operator. Nothing is owned; all pointers must stay valid during Invoke.
+struct ExpertInvocation {
+  const int64_t* slot_begin = nullptr;   // [n_slots + 1] CSR offsets into route_token/route_weight
+  int n_slots = 0;                       // P
+  const int32_t* route_token = nullptr;  // [slot_begin[n_slots]] token row of each route, < n_tokens
+  const float* route_weight = nullptr;   // [slot_begin[n_slots]] a_i
+  const SlotBinding* bindings = nullptr; // [n_slots]; entries of empty slots are not read
+  const float* xn = nullptr;     // [n_tokens x n_embd] normed input (read only for float gate/up)
+  const BlockQ8A* xq = nullptr;  // [n_tokens x n_embd/32] its Q8A form (read for quantised gate/up)
+  float* y = nullptr;            // [n_tokens x n_embd] accumulator (the residual stream), += only
+  int64_t n_tokens = 0;
+};
+
+class ExpertPlan {
+ public:
+  // Builds the plan for `shape`, with buffers for passes of up to `capacity_routes` routes,
+  // prompts of up to `max_tokens` tokens and up to `n_threads` threads. capacity_routes <= 0
+  // picks the default (kDefaultCapacity, clamped to max_tokens x 64). Errors: InvalidArgument
+  // (shape not a multiple of 32, type without a GEMM, non-positive sizes), ResourceExhausted.
+  [[nodiscard]] static Result<ExpertPlan> Create(const ExpertShape& shape, int64_t capacity_routes,
+                                                 int64_t max_tokens, int n_threads);
+
+  // Runs the operator (see the file comment). Errors (InvalidArgument, y untouched): a binding
+  // of a non-empty slot not of the plan's shape class, n_tokens > max_tokens, a null pointer
+  // that is needed. Route tokens are DCHECKed in range.
+  [[nodiscard]] Status Invoke(const ExpertInvocation& inv);
+
+  // As Invoke but without any validation (the engine's hot path; REQUIRES what Invoke checks).
+  void InvokeUnchecked(const ExpertInvocation& inv);
+
+  const ExpertShape& shape() const { return shape_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t max_tokens() const { return max_tokens_; }
+  int n_threads() const { return n_threads_; }
+  // Buffer allocations made by this plan since Create (constant after Create: tests check it).
+  int64_t allocations() const { return allocations_; }
+  // Passes run by the last Invoke (ceil(R / capacity)); for tests of the R > C split.
+  int64_t last_passes() const { return last_passes_; }
+
+  static constexpr int64_t kDefaultCapacity = 1024;
+  // Column tiles of the work items (multiples of 32 and of the kernels' 16-row panels).
+  static constexpr int64_t kFfTile = 256;
+  static constexpr int64_t kEmbdTile = 128;
+
+  ExpertPlan(ExpertPlan&&) noexcept = default;
+  ExpertPlan& operator=(ExpertPlan&&) noexcept = default;
+
+ private:
+  ExpertPlan() = default;
+
+  struct Unit {
+    int32_t slot;
+    int64_t route0;  // first route of the unit (index into route_token / route_weight)
+    int64_t rows;    // routes in the unit (<= row tile)
+    int64_t prow;    // first row of the unit in the pass buffers
+  };
+
+  ExpertShape shape_;
+  int64_t capacity_ = 0;
+  int64_t max_tokens_ = 0;
+  int n_threads_ = 0;
+  int64_t row_tile_ = 0;     // routes per unit (gate/up items)
+  int64_t tile_elems_ = 0;   // floats of one per-thread tile
+  bool float_in_ = false;    // some gate/up is a float type
+  bool float_hidden_ = false;// down is a float type
+  bool quant_in_ = false;    // some gate/up is quantised
+  bool quant_hidden_ = false;// down is quantised
+
+  AlignedPtr<BlockQ8A> gxq_;   // [C x d/32] gathered Q8A rows of the pass
+  AlignedPtr<float> gx_;       // [C x d] gathered float rows (float gate/up only)
+  AlignedPtr<BlockQ8A> hq_;    // [C x ff/32] SwiGLU output of the pass, Q8A (quantised down)
+  AlignedPtr<float> hf_;       // [C x ff] SwiGLU output, float (float down only)
+  AlignedPtr<float> tiles_;    // per thread: gate, up, down tiles of tile_elems_ each
+  AlignedPtr<Unit> units_;     // [max units of a pass]
+  int64_t max_units_ = 0;
+  int64_t allocations_ = 0;
+  int64_t last_passes_ = 0;
+};
+
+}  // namespace estream::moe
