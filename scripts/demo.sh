@@ -13,7 +13,7 @@ mkdir -p "$(dirname "$MODEL")"
 if [ ! -f "$MODEL" ]; then
   "$BUILD_DIR"/tools/estream/estream synth --preset olmoe-1b-7b --layers 4 --type q4_0 --seed 1 -o "$MODEL"
 fi
-"$BUILD_DIR"/tools/estream/estream inspect "$MODEL" | head -n 20
+"$BUILD_DIR"/tools/estream/estream inspect "$MODEL" | sed -n "1,20p"
 if "$BUILD_DIR"/tools/estream/estream prefill --help >/dev/null 2>&1; then
   "$BUILD_DIR"/tools/estream/estream prefill -m "$MODEL" \
     -p "The quick brown fox jumps over the lazy dog. Mixture-of-experts models route each token to a few experts, so" \

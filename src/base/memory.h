@@ -27,7 +27,7 @@ using AlignedPtr = std::unique_ptr<T[], AlignedDeleter>;
 // Allocates n elements of T (uninitialised) at 64-byte alignment; nullptr on failure.
 template <typename T>
 AlignedPtr<T> AllocAligned(size_t n, size_t alignment = 64) {
-  return AlignedPtr<T>(static_cast<T*>(AlignedAlloc(alignment, n * sizeof(T) ? n * sizeof(T) : alignment)));
+  return AlignedPtr<T>(static_cast<T*>(AlignedAlloc(alignment, n != 0 ? n * sizeof(T) : alignment)));
 }
 
 }  // namespace estream
