@@ -21,7 +21,11 @@
 
 #include <cstdint>
 
+#include <vector>
+
+#include "base/status.h"
 #include "model/blocks.h"
+#include "moe/expert_op.h"
 
 namespace estream::model {
 
@@ -44,5 +48,27 @@ namespace estream::model {
 // Adds every expert's weighted output into ws->x.
 void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t n_tokens, Workspace* ws);
 void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t n_tokens, Workspace* ws);
+
+// What the engine runs: the fused expert operator of src/moe (moe::ExpertPlan), one plan per
+// shape class of the model's MoE layers (n_embd, n_ff, weight types, layout: usually one, two
+// for files that keep some ffn_down in another type), slot = expert id, the routes of the
+// Workspace's CSR by expert. Bit-identical to ExpertsGrouped / ExpertsBatched (expert_op.h).
+// Ownership: owns its plans; borrows the Model and Workspace per call. One call at a time.
+class FusedExperts {
+ public:
+  // Builds (or keeps) the plans for prompts of up to n_tokens with up to n_threads threads.
+  // No allocation when the current plans already cover (n_tokens, n_threads) and every layer's
+  // shape class. Layers without expert views (a streamed packed model) are skipped.
+  [[nodiscard]] Status Reserve(const Model& model, int64_t n_tokens, int n_threads);
+  // x += the experts of layer il (REQUIRES: Reserve covered n_tokens; RouteBlock ran).
+  [[nodiscard]] Status Run(const Model& model, int il, int64_t n_tokens, Workspace* ws);
+
+ private:
+  moe::ExpertPlan* PlanFor(const moe::ExpertShape& s);
+  std::vector<moe::ExpertPlan> plans_;
+  std::vector<moe::SlotBinding> bindings_;  // [n_expert], refilled per layer (no allocation)
+  int64_t max_tokens_ = 0;
+  int n_threads_ = 0;
+};
 
 }  // namespace estream::model
