@@ -46,6 +46,27 @@ struct EngineOptions {
   // Touch every weight page at load (all resident before the first request) instead of letting
   // the first request fault them in. Makes the first request's time representative.
   bool prefault = true;
+
+  // ---- packed models (`estream pack`): expert virtualization (DESIGN.md sections 4-6) ----
+  // With budget_bytes == 0 and no group_size/banks, the experts are read once into memory (the
+  // resident baseline). Otherwise they are streamed from the file into a bounded arena of
+  // banks x group_size expert slots, and the process's peak RSS stays within budget_bytes (dense
+  // weights, arena, activations of prompts up to budget_tokens, scratch). Ignored for GGUF files.
+  uint64_t budget_bytes = 0;  // 0: no budget
+  int group_size = 0;         // G; 0: solved from the budget (8 without one)
+  int banks = 0;              // B; 0: solved from the budget (2 without one)
+  int queue_depth = 0;        // Q reads in flight; 0: 8
+  enum class Schedule { kOnDemand, kAfterRouting, kEarly } schedule = Schedule::kEarly;
+  enum class Io { kAuto, kIoUring, kPread } io = Io::kAuto;  // kAuto: io_uring, else pread
+  int64_t budget_tokens = 0;  // longest prompt the budget plans for; 0: min(context, 4096)
+  bool verify_checksums = true;  // check every record's XXH3 before it becomes visible
+  // Chrome/Perfetto trace (JSON) of the last request's reads and compute steps; empty: none.
+  std::string trace_path;
+  // Tests: read the expert records through this file instead of opening the model again
+  // (not owned; must outlive the Engine). An estream::io::File (src/io/file.h).
+  void* expert_file_for_testing = nullptr;
+  double max_feeder_delay_s_for_testing = 0;
+  double max_executor_delay_s_for_testing = 0;
 };
 
 // What a Run computes. Every output is opt-in except `top` (k = top_k, may be 0).
@@ -114,6 +135,23 @@ struct Response {
     double experts = 0;    // expert GEMMs, SwiGLU, scatter-add
     double head = 0;       // final norm, LM head, log-softmax, top-k, pooling
   } timing;
+  // Where the time went from the expert streaming point of view (seconds = total): expert time
+  // is the expert part including waits for expert data (bubble); non-expert is the rest.
+  double expert_seconds = 0;
+  double nonexpert_seconds = 0;
+  double bubble_seconds = 0;   // compute threads waiting for expert data (streamed runs)
+  double bubble_rate = 0;      // bubble_seconds / seconds
+  uint64_t bytes_read = 0;     // expert bytes read from the file during the request
+  double read_gbps = 0;        // bytes_read / loader busy time, GB/s (1e9)
+  uint64_t peak_rss_bytes = 0; // the process's peak RSS (VmHWM) at the end of the request
+  struct StreamConfig {
+    bool streamed = false;     // experts streamed through the arena
+    int group_size = 0, banks = 0, queue_depth = 0;
+    std::string schedule;      // "on-demand", "after-routing", "early"
+    std::string io_backend;    // "io_uring", "pread"
+    uint64_t arena_bytes = 0, expert_bytes = 0, budget_bytes = 0;
+    int64_t groups_read = 0, groups_skipped = 0, groups_cancelled = 0;
+  } config;
 };
 
 // Read-only facts about the loaded model.

@@ -18,6 +18,8 @@
 #include "model/blocks.h"
 #include "model/experts.h"
 #include "model/model.h"
+#include "model/virtual_experts.h"
+#include "pipeline/trace.h"
 
 namespace estream {
 namespace {
@@ -53,12 +55,20 @@ struct Engine::Impl {
   std::mutex mutex;  // serialises Run: guards ws and logits
   model::Workspace ws;
   model::FusedExperts experts;  // the fused expert operator's plans (src/moe)
+  // Packed models: the experts (resident, or streamed within a memory budget), and the trace.
+  std::unique_ptr<model::VirtualExperts> vexp;
+  std::unique_ptr<pipeline::TraceRecorder> trace;
+  std::string trace_path;
   AlignedPtr<float> hidden;  // [T x n_embd] final-normed rows (grown as needed)
   int64_t hidden_rows = 0;
   AlignedPtr<float> logits;  // [chunk x n_vocab]
   int64_t logits_rows = 0;
 
   Status Validate(const Request& req) const;
+  // Response::expert_seconds ... config (streamed or not); writes the trace when asked for.
+  void FillStreamStats(Response* resp);
+  // The experts of a packed model (virtual_experts.h): resident, or streamed within the budget.
+  Status OpenPackedExperts(const EngineOptions& o);
   Result<Response> Run(const Request& req);
 };
 
@@ -73,7 +83,8 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
   // for why experts are (or are not) repacked by default.
   mo.repack_experts = options.repack != EngineOptions::Repack::kNever;
   mo.repack_dense = options.repack != EngineOptions::Repack::kNever;
-  mo.prefault = options.prefault;
+  // A budget is checked against the measured RSS after load: every dense page must be in it.
+  mo.prefault = options.prefault || options.budget_bytes > 0;
   std::unique_ptr<Engine> engine(new Engine());
   Impl& im = *engine->impl_;
   {
@@ -81,6 +92,9 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
     ESTREAM_ASSIGN_OR_RETURN(im.model, model::Model::Load(path, mo));
   }
   im.n_threads = options.n_threads > 0 ? options.n_threads : omp_get_num_procs();
+  if (im.model->experts_packed()) {
+    ESTREAM_RETURN_IF_ERROR(im.OpenPackedExperts(options));
+  }
   const model::ModelConfig& c = im.model->config();
   im.info = ModelInfo{.path = path,
                       .architecture = c.arch->gguf_name,
@@ -166,14 +180,27 @@ Result<Response> Engine::Impl::Run(const Request& req) {
   Response::Timing& tm = resp.timing;
   double t0 = NowSeconds(), t1;
   auto lap = [&](double* acc) { t1 = NowSeconds(); *acc += t1 - t0; t0 = t1; };
+  model::VirtualExperts* const stream = vexp && vexp->streamed() ? vexp.get() : nullptr;
+  if (trace) trace->Clear();
+  if (stream) stream->BeginRequest();
+  // Ends the request's streaming on every path out of Run (cancels reads, frees banks).
+  struct StreamEnd {
+    model::VirtualExperts* v;
+    ~StreamEnd() { if (v) (void)v->EndRequest(); }
+  } stream_end{stream};
   model::EmbedTokens(*model, req.tokens.data(), T, ws.x.get());
   lap(&tm.embed);
   for (int il = 0; il < c.n_layer; ++il) {
+    if (stream) stream->LayerStart(il);
     model::AttentionBlock(*model, il, T, &ws);
     lap(&tm.attention);
     model::RouteBlock(*model, il, T, &ws);
     lap(&tm.router);
-    ESTREAM_RETURN_IF_ERROR(experts.Run(*model, il, T, &ws));
+    if (stream) {
+      ESTREAM_RETURN_IF_ERROR(stream->RunExperts(il, T, &ws));
+    } else {
+      ESTREAM_RETURN_IF_ERROR(experts.Run(*model, il, T, &ws));
+    }
     lap(&tm.experts);
     if (req.return_routing) {
       std::copy(ws.route_expert.get(), ws.route_expert.get() + T * K, resp.routing.begin() + il * T * K);
@@ -235,7 +262,74 @@ Result<Response> Engine::Impl::Run(const Request& req) {
   }
   lap(&tm.head);
   resp.seconds = timer.Seconds();
+  FillStreamStats(&resp);
   return resp;
+}
+
+}  // namespace estream
+
+namespace estream {
+
+Status Engine::Impl::OpenPackedExperts(const EngineOptions& o) {
+  Engine::Impl* im = this;
+  model::VirtualExpertsOptions vo;
+  vo.budget_bytes = o.budget_bytes;
+  vo.group_size = o.group_size;
+  vo.banks = o.banks;
+  vo.queue_depth = o.queue_depth;
+  vo.schedule = o.schedule == EngineOptions::Schedule::kOnDemand       ? pipeline::Schedule::kOnDemand
+                : o.schedule == EngineOptions::Schedule::kAfterRouting ? pipeline::Schedule::kAfterRouting
+                                                                       : pipeline::Schedule::kEarly;
+  vo.backend = o.io == EngineOptions::Io::kIoUring ? io::IoBackend::kIoUring
+               : o.io == EngineOptions::Io::kPread ? io::IoBackend::kPread
+                                                   : io::IoBackend::kAuto;
+  vo.verify_checksums = o.verify_checksums;
+  vo.budget_tokens = o.budget_tokens;
+  vo.n_threads = im->n_threads;
+  vo.file_for_testing = static_cast<io::File*>(o.expert_file_for_testing);
+  vo.max_feeder_delay_s_for_testing = o.max_feeder_delay_s_for_testing;
+  vo.max_executor_delay_s_for_testing = o.max_executor_delay_s_for_testing;
+  if (!o.trace_path.empty()) {
+    im->trace = std::make_unique<pipeline::TraceRecorder>();
+    im->trace_path = o.trace_path;
+    vo.trace = im->trace.get();
+  }
+  ESTREAM_ASSIGN_OR_RETURN(im->vexp, model::VirtualExperts::Open(im->model.get(), vo));
+  im->info.weight_bytes = im->model->weight_bytes();
+  return Status::Ok();
+}
+
+void Engine::Impl::FillStreamStats(Response* resp) {
+  resp->expert_seconds = resp->timing.experts;
+  resp->nonexpert_seconds = resp->seconds - resp->expert_seconds;
+  if (vexp) {
+    const model::VirtualExpertsConfig& k = vexp->config();
+    Response::StreamConfig& rc = resp->config;
+    rc.streamed = k.streamed;
+    rc.expert_bytes = k.expert_bytes;
+    if (k.streamed) {
+      rc.group_size = k.group_size;
+      rc.banks = k.banks;
+      rc.queue_depth = k.queue_depth;
+      rc.schedule = pipeline::ScheduleName(k.schedule);
+      rc.io_backend = k.io_backend;
+      rc.arena_bytes = k.arena_bytes;
+      rc.budget_bytes = k.budget_bytes;
+      const pipeline::StreamStats st = vexp->stream_stats();
+      resp->bubble_seconds = st.bubble_s;
+      resp->bubble_rate = resp->seconds > 0 ? st.bubble_s / resp->seconds : 0;
+      resp->bytes_read = st.bytes_read;
+      resp->read_gbps = st.read_busy_s > 0 ? static_cast<double>(st.bytes_read) / st.read_busy_s / 1e9 : 0;
+      rc.groups_read = st.groups_read;
+      rc.groups_skipped = st.groups_skipped;
+      rc.groups_cancelled = st.groups_cancelled;
+    }
+  }
+  resp->peak_rss_bytes = PeakRssBytes();
+  if (trace && !trace_path.empty()) {
+    Status s = trace->WriteJson(trace_path);
+    (void)s;  // a trace that cannot be written does not fail the request
+  }
 }
 
 }  // namespace estream

@@ -261,6 +261,7 @@ class ModelLoader {
     m_->weight_bytes_ += emb->n_bytes;
     used_ranges_.push_back({m_->token_embd_, emb->n_bytes});
 
+    m_->experts_packed_ = f_.Find("estream.layout_version") != nullptr;
     m_->layers_.resize(c.n_layer);
     for (int il = 0; il < c.n_layer; ++il) {
       LayerWeights& L = m_->layers_[il];
@@ -285,7 +286,8 @@ class ModelLoader {
       }
       ESTREAM_ASSIGN_OR_RETURN(L.ffn_norm, Norm(p + "ffn_norm.weight", d));
       ESTREAM_RETURN_IF_ERROR(Matrix(p + "ffn_gate_inp.weight", d, c.n_expert, false, &L.router));
-      ESTREAM_RETURN_IF_ERROR(Experts(il, &L.experts));
+      // Packed model: the experts are records in per-layer regions (virtual_experts.h).
+      if (!m_->experts_packed_) ESTREAM_RETURN_IF_ERROR(Experts(il, &L.experts));
     }
     ESTREAM_ASSIGN_OR_RETURN(m_->output_norm_, Norm("output_norm.weight", d));
     if (f_.FindTensor("output.weight")) {

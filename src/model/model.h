@@ -99,9 +99,14 @@ class Model {
   bool output_tied() const { return output_tied_; }
   // Bytes of all weights as held (mapped or repacked).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // A packed model (`estream pack`; io/packed_layout.h): Load leaves every layer's `experts`
+  // empty; VirtualExperts (virtual_experts.h) fills them (resident) or binds them per group.
+  bool experts_packed() const { return experts_packed_; }
 
  private:
   friend class ModelLoader;
+  friend class VirtualExperts;  // fills the expert views of a packed model
+  bool experts_packed_ = false;
   Model() = default;
 
   std::unique_ptr<GgufFile> file_;

@@ -100,6 +100,24 @@ class PrefillCommand : public Command {
                     "benchmark: run the first N tokens of the prompt for each N of this list (e.g. 128,512,1024,2048), "
                     "--repeat times each, and report median times and the implied share of the int8 peak")
         ->delimiter(',');
+    sub->add_option("--budget", budget_,
+                    "packed models: run within this memory budget (bytes, or with a K/M/G suffix: 4G); experts are "
+                    "streamed through a bounded arena and peak RSS stays under it");
+    sub->add_option("--group-size", group_size_, "packed models: experts per group/bank (G; default: from --budget)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--banks", banks_, "packed models: banks of the arena (B; default: from --budget)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--queue-depth", queue_depth_, "packed models: reads in flight (Q; default 8)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--schedule", schedule_, "packed models: when expert groups are read: on-demand, after-routing, "
+                    "early (default)")->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
+    sub->add_option("--io", io_, "packed models: read backend: uring (default; pread when unavailable), pread")
+        ->check(CLI::IsMember({"uring", "pread"}));
+    sub->add_option("--budget-tokens", budget_tokens_,
+                    "packed models: longest prompt the budget plans activations for (default: the prompt's length)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--trace", trace_, "packed models: write a Chrome/Perfetto trace (JSON) of the reads and compute "
+                    "steps of the (last) request to FILE");
     sub->add_option("--repeat", repeat_, "run the prompt N times (model loaded once) and report the median time")
         ->check(CLI::PositiveNumber);
   }
@@ -144,9 +162,24 @@ class PrefillCommand : public Command {
       }
     }
     ESTREAM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptTokens());
-    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(
-        model_, {.n_threads = threads_,
-                 .repack = repack_ == "never" ? EngineOptions::Repack::kNever : EngineOptions::Repack::kAuto}));
+    EngineOptions eo{.n_threads = threads_,
+                     .repack = repack_ == "never" ? EngineOptions::Repack::kNever : EngineOptions::Repack::kAuto};
+    if (!budget_.empty()) {
+      ESTREAM_ASSIGN_OR_RETURN(eo.budget_bytes, ParseSize(budget_));
+      if (eo.budget_bytes == 0) return Status::InvalidArgument("--budget must be positive");
+    }
+    eo.group_size = group_size_;
+    eo.banks = banks_;
+    eo.queue_depth = queue_depth_;
+    eo.schedule = schedule_ == "on-demand"       ? EngineOptions::Schedule::kOnDemand
+                  : schedule_ == "after-routing" ? EngineOptions::Schedule::kAfterRouting
+                                                 : EngineOptions::Schedule::kEarly;
+    eo.io = io_ == "pread" ? EngineOptions::Io::kPread : EngineOptions::Io::kAuto;
+    int64_t longest = static_cast<int64_t>(ids.size());
+    for (int n : sweep_) longest = std::max<int64_t>(longest, n);
+    eo.budget_tokens = budget_tokens_ > 0 ? budget_tokens_ : longest;
+    eo.trace_path = trace_;
+    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
 
     if (!sweep_.empty()) return Sweep(*engine, ids);
 
@@ -197,6 +230,20 @@ class PrefillCommand : public Command {
       j["timing"] = {{"embed", resp.timing.embed}, {"attention", resp.timing.attention}, {"router", resp.timing.router},
                      {"experts", resp.timing.experts}, {"head", resp.timing.head}};
       j["peak_rss_bytes"] = peak;
+      j["expert_seconds"] = resp.expert_seconds;
+      j["nonexpert_seconds"] = resp.nonexpert_seconds;
+      j["bubble_seconds"] = resp.bubble_seconds;
+      j["bubble_rate"] = resp.bubble_rate;
+      j["bytes_read"] = resp.bytes_read;
+      j["read_gbps"] = resp.read_gbps;
+      j["streamed"] = resp.config.streamed;
+      if (resp.config.streamed)
+        j["config"] = {{"group_size", resp.config.group_size}, {"banks", resp.config.banks},
+                       {"queue_depth", resp.config.queue_depth}, {"schedule", resp.config.schedule},
+                       {"io", resp.config.io_backend}, {"arena_bytes", resp.config.arena_bytes},
+                       {"expert_bytes", resp.config.expert_bytes}, {"budget_bytes", resp.config.budget_bytes},
+                       {"groups_read", resp.config.groups_read}, {"groups_skipped", resp.config.groups_skipped},
+                       {"groups_cancelled", resp.config.groups_cancelled}};
       j["top"] = nlohmann::json::array();
       for (const TokenLogprob& t : resp.top) {
         nlohmann::json e{{"token", t.token}, {"logprob", t.logprob}};
@@ -225,6 +272,18 @@ class PrefillCommand : public Command {
     std::printf("  attention %.3f s, router %.3f s, experts %.3f s, embeddings + head %.3f s (last run)\n",
                 resp.timing.attention, resp.timing.router, resp.timing.experts, resp.timing.embed + resp.timing.head);
     std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
+    if (resp.config.streamed) {
+      const Response::StreamConfig& k = resp.config;
+      std::printf("streamed experts: G=%d B=%d Q=%d schedule %s (%s), arena %s of %s expert bytes (%.1f%%), budget %s\n",
+                  k.group_size, k.banks, k.queue_depth, k.schedule.c_str(), k.io_backend.c_str(),
+                  FormatBytes(k.arena_bytes).c_str(), FormatBytes(k.expert_bytes).c_str(),
+                  100.0 * k.arena_bytes / std::max<uint64_t>(k.expert_bytes, 1), FormatBytes(k.budget_bytes).c_str());
+      std::printf("  expert %.3f s (bubble %.3f s, %.1f%% of the request), non-expert %.3f s; read %s at %.2f GB/s "
+                  "(%lld groups read, %lld skipped, %lld cancelled)\n",
+                  resp.expert_seconds, resp.bubble_seconds, 100 * resp.bubble_rate, resp.nonexpert_seconds,
+                  FormatBytes(resp.bytes_read).c_str(), resp.read_gbps, static_cast<long long>(k.groups_read),
+                  static_cast<long long>(k.groups_skipped), static_cast<long long>(k.groups_cancelled));
+    }
     if (!resp.top.empty()) {
       std::printf("top %zu next tokens:\n", resp.top.size());
       for (const TokenLogprob& t : resp.top) {
@@ -330,6 +389,14 @@ class PrefillCommand : public Command {
   int repeat_ = 1;
   std::vector<int> sweep_;
   std::string repack_ = "auto";
+  std::string budget_;
+  int group_size_ = 0;
+  int banks_ = 0;
+  int queue_depth_ = 0;
+  std::string schedule_ = "early";
+  std::string io_ = "uring";
+  int64_t budget_tokens_ = 0;
+  std::string trace_;
   std::unique_ptr<Tokenizer> tokenizer_;
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
 };

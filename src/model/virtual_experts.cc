@@ -1,0 +1,285 @@
+#include "model/virtual_experts.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "base/timer.h"
+#include "model/experts.h"
+
+namespace estream::model {
+namespace {
+
+std::string Mib(uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); }
+
+}  // namespace
+
+uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, bool float_experts) {
+  const uint64_t T = static_cast<uint64_t>(n_tokens), d = c.n_embd, ff = c.n_ff_expert, k = c.n_expert_used;
+  const uint64_t C = std::min<uint64_t>(kExpertChunkRows, T);
+  const uint64_t W = std::min<uint64_t>(kRouteWindow, T * k);
+  const uint64_t q8 = sizeof(BlockQ8A);
+  // Workspace::Reserve (blocks.cc), every buffer:
+  uint64_t b = T * d * 4 * 2 + T * (d / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
+               T * c.n_expert * 4 + T * k * 4 * 4 + C * d * 4 * 2 + C * (d / 32) * q8 + C * ff * 4 * 2 +
+               C * (ff / 32) * q8 + W * (d / 32) * q8 + W * (ff / 32) * q8 +
+               static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4;
+  if (float_experts) b += W * d * 4 + W * ff * 4;
+  // Engine: final hidden states, one logits chunk (at most 8 MiB of floats, or one row), the
+  // prompt's log-probabilities and the LM head's double scratch.
+  const uint64_t V = c.n_vocab;
+  b += T * d * 4 + std::max<uint64_t>(uint64_t{8} << 20, V * 4) + T * 4 + 64 * 8;
+  // Attention scratch inside the kernels (per thread, a row of T scores per head at most).
+  b += static_cast<uint64_t>(n_threads) * T * 4 * 4;
+  // The group route CSR of this file.
+  b += T * k * 8 + (c.n_expert + 1) * 8;
+  return b;
+}
+
+VirtualExperts::~VirtualExperts() = default;
+
+Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const VirtualExpertsOptions& options) {
+  ESTREAM_CHECK(model->experts_packed(), "VirtualExperts::Open: not a packed model");
+  std::unique_ptr<VirtualExperts> v(new VirtualExperts());
+  v->model_ = model;
+  v->options_ = options;
+  ESTREAM_ASSIGN_OR_RETURN(v->layout_, io::ReadPackedLayout(model->file()));
+  const ModelConfig& c = model->config();
+  if (v->layout_.n_embd != c.n_embd || v->layout_.n_ff != c.n_ff_expert || v->layout_.n_expert != c.n_expert)
+    return Status::Corruption(fmt::format("{}: estream.n_embd/n_ff/n_expert = {}/{}/{} disagree with the model's "
+                                          "{}/{}/{}; re-pack the model", model->path(), v->layout_.n_embd,
+                                          v->layout_.n_ff, v->layout_.n_expert, c.n_embd, c.n_ff_expert, c.n_expert));
+  v->ordinal_of_block_.assign(c.n_layer, -1);
+  for (size_t i = 0; i < v->layout_.layers.size(); ++i) {
+    const int blk = v->layout_.layers[i].layer;
+    if (blk < 0 || blk >= c.n_layer)
+      return Status::Corruption(fmt::format("{}: estream.layers names block {} of a {}-layer model", model->path(), blk,
+                                            c.n_layer));
+    v->ordinal_of_block_[blk] = static_cast<int>(i);
+  }
+  for (int il = 0; il < c.n_layer; ++il)
+    if (v->ordinal_of_block_[il] < 0)
+      return Status::Corruption(fmt::format("{}: block {} has no packed expert region ({}); re-pack the model",
+                                            model->path(), il, io::packed_keys::RegionTensor(il)));
+  // Every layer gets views of the right types and shapes; data is bound later (or now, resident).
+  for (int il = 0; il < c.n_layer; ++il) {
+    const io::PackedLayerInfo& li = v->layout_.layers[v->ordinal_of_block_[il]];
+    ExpertWeights& ex = model->layers_[il].experts;
+    for (auto [part, vec] : {std::pair{io::ExpertPart::kGate, &ex.gate}, std::pair{io::ExpertPart::kUp, &ex.up},
+                             std::pair{io::ExpertPart::kDown, &ex.down}}) {
+      const io::PackedPart& pp = li.part(part);
+      vec->assign(c.n_expert, kernels::WeightView{.type = pp.type, .layout = pp.layout, .n = pp.n, .k = pp.k,
+                                                  .data = nullptr});
+    }
+  }
+  for (const io::PackedLayerInfo& li : v->layout_.layers) v->config_.expert_bytes += li.record_bytes * li.n_expert;
+  const bool budgeted = options.budget_bytes > 0 || options.group_size > 0 || options.banks > 0;
+  if (!budgeted) {
+    ESTREAM_RETURN_IF_ERROR(v->LoadResident());
+    return v;
+  }
+  ESTREAM_RETURN_IF_ERROR(v->Solve());
+  const int64_t cap = v->config_.budget_tokens * c.n_expert_used;
+  v->group_begin_.assign(c.n_expert + 1, 0);
+  v->group_token_ = AllocAligned<int32_t>(cap);
+  v->group_w_ = AllocAligned<float>(cap);
+  if (!v->group_token_ || !v->group_w_) return Status::ResourceExhausted("cannot allocate the group route buffers");
+  v->group_capacity_ = cap;
+  pipeline::StreamParams sp;
+  sp.layout = &v->layout_;
+  sp.file = options.file_for_testing;
+  sp.group_size = v->config_.group_size;
+  sp.n_banks = v->config_.banks;
+  sp.queue_depth = v->config_.queue_depth;
+  sp.schedule = options.schedule;
+  sp.backend = options.backend;
+  sp.verify_checksums = options.verify_checksums;
+  sp.trace = options.trace;
+  sp.max_feeder_delay_s_for_testing = options.max_feeder_delay_s_for_testing;
+  ESTREAM_ASSIGN_OR_RETURN(v->streamer_, pipeline::ExpertStreamer::Create(sp));
+  v->config_.streamed = true;
+  v->config_.schedule = options.schedule;
+  v->config_.io_backend = io::IoBackendName(v->streamer_->loader().backend());
+  v->config_.arena_bytes = v->streamer_->arena().total_bytes();
+  return v;
+}
+
+Status VirtualExperts::LoadResident() {
+  std::unique_ptr<io::PosixFile> owned;
+  io::File* file = options_.file_for_testing;
+  if (!file) {
+    ESTREAM_ASSIGN_OR_RETURN(owned, io::PosixFile::Open(layout_.file, {.direct = true}));
+    file = owned.get();
+  }
+  const ModelConfig& c = model_->config();
+  for (int il = 0; il < c.n_layer; ++il) {
+    const io::PackedLayerInfo& li = layout_.layers[ordinal_of_block_[il]];
+    const uint64_t bytes = li.record_bytes * li.n_expert;
+    AlignedPtr<uint8_t> buf = AllocAligned<uint8_t>(bytes, 4096);
+    if (!buf)
+      return Status::ResourceExhausted(fmt::format("{}: cannot allocate {} for the experts of layer {} (run with a "
+                                                   "memory budget to stream them instead)", li.file, Mib(bytes), il));
+    constexpr uint64_t kChunk = uint64_t{64} << 20;  // a multiple of 4096 (O_DIRECT)
+    for (uint64_t off = 0; off < bytes; off += kChunk)
+      ESTREAM_RETURN_IF_ERROR(file->ReadAt(li.file_offset + off, std::min(kChunk, bytes - off), buf.get() + off));
+    ExpertWeights& ex = model_->layers_[il].experts;
+    for (int p = 0; p < li.n_expert; ++p) {
+      const uint8_t* rec = buf.get() + p * li.record_bytes;
+      if (options_.verify_checksums) ESTREAM_RETURN_IF_ERROR(io::VerifyRecord(li, p, rec));
+      const int e = li.permutation[p];
+      ex.gate[e] = li.PartView(io::ExpertPart::kGate, rec);
+      ex.up[e] = li.PartView(io::ExpertPart::kUp, rec);
+      ex.down[e] = li.PartView(io::ExpertPart::kDown, rec);
+    }
+    model_->weight_bytes_ += bytes;
+    model_->packed_.push_back(std::move(buf));
+  }
+  return Status::Ok();
+}
+
+Status VirtualExperts::Solve() {
+  const ModelConfig& c = model_->config();
+  VirtualExpertsConfig& k = config_;
+  k.budget_bytes = options_.budget_bytes;
+  k.budget_tokens = options_.budget_tokens > 0 ? options_.budget_tokens : std::min<int64_t>(c.n_ctx, 4096);
+  k.queue_depth = options_.queue_depth > 0 ? options_.queue_depth : 8;
+  bool float_experts = false;
+  for (const io::PackedLayerInfo& li : layout_.layers)
+    for (const io::PackedPart& p : li.parts) float_experts = float_experts || !IsQuantized(p.type);
+  const uint64_t rss = CurrentRssBytes();
+  k.other_bytes = rss + ActivationBytes(c, k.budget_tokens, options_.n_threads, float_experts) + kBudgetMargin;
+  uint64_t stride = 0;
+  for (const io::PackedLayerInfo& li : layout_.layers) stride = std::max(stride, li.record_bytes);
+  const auto groups = [&](int g) { return (c.n_expert + g - 1) / g; };
+  if (k.budget_bytes == 0) {  // explicit sizes only
+    k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);
+    k.banks = options_.banks > 0 ? options_.banks : 2;
+    return Status::Ok();
+  }
+  const uint64_t peak = PeakRssBytes();
+  const uint64_t minimum = k.other_bytes + stride;
+  if (peak > k.budget_bytes || minimum > k.budget_bytes)
+    return Status::ResourceExhausted(fmt::format(
+        "memory budget {} is too small for {}: loading its dense part peaked at {}, and the dense part plus the "
+        "activations of a {}-token prompt ({}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); "
+        "raise --budget, or lower the planned prompt length", Mib(k.budget_bytes), model_->path(), Mib(peak),
+        k.budget_tokens, Mib(k.other_bytes), Mib(stride), Mib(std::max(minimum, peak)),
+        std::ceil(static_cast<double>(std::max(minimum, peak)) / (1 << 20))));
+  const uint64_t avail = k.budget_bytes - k.other_bytes;
+  if (options_.group_size > 0 || options_.banks > 0) {
+    k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);
+    const uint64_t fit = avail / (k.group_size * stride);
+    k.banks = options_.banks > 0 ? options_.banks : static_cast<int>(std::min<uint64_t>(fit, 2 * groups(k.group_size)));
+    if (static_cast<uint64_t>(k.banks) * k.group_size * stride > avail || k.banks < 1)
+      return Status::ResourceExhausted(fmt::format(
+          "memory budget {}: {} banks of {} experts need {} but only {} is left after the dense part and the "
+          "activations ({}); the minimum budget for this configuration is {}", Mib(k.budget_bytes),
+          std::max(k.banks, 1), k.group_size, Mib(std::max(k.banks, 1) * k.group_size * stride), Mib(avail),
+          Mib(k.other_bytes), Mib(k.other_bytes + std::max(k.banks, 1) * k.group_size * stride)));
+    return Status::Ok();
+  }
+  for (int g = std::min(8, c.n_expert); g >= 1; --g) {
+    const uint64_t fit = avail / (g * stride);
+    if (fit >= 2 || (g == 1 && fit >= 1)) {
+      k.group_size = g;
+      k.banks = static_cast<int>(std::min<uint64_t>(fit, 2 * groups(g)));
+      return Status::Ok();
+    }
+  }
+  return Status::Internal("VirtualExperts::Solve: no configuration although one bank of one expert fits");
+}
+
+void VirtualExperts::BeginRequest() {
+  expert_s_ = 0;
+  streamer_->BeginRequest();
+}
+
+void VirtualExperts::LayerStart(int il) {
+  layer_start_s_ = NowSeconds();
+  streamer_->LayerStart(ordinal_of_block_[il]);
+}
+
+Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
+  const double t_enter = NowSeconds();
+  const ModelConfig& c = model_->config();
+  const int ord = ordinal_of_block_[il];
+  const vmem::ResidencyTable& table = streamer_->table();
+  pipeline::TraceRecorder* trace = options_.trace;
+  if (trace)
+    trace->Add({.name = fmt::format("attention+router L{}", il), .category = "compute",
+                .tid = pipeline::kComputeTid, .start_s = layer_start_s_, .dur_s = t_enter - layer_start_s_,
+                .args = {{"layer", il}}});
+  const std::vector<int64_t>& begin = ws->expert_begin;
+  std::vector<uint8_t> active(table.n_groups(), 0);
+  for (int e = 0; e < c.n_expert; ++e)
+    if (begin[e + 1] > begin[e]) active[table.GroupOf(ord, e).group] = 1;
+  streamer_->RoutingKnown(ord, active);
+  if (n_tokens * c.n_expert_used > group_capacity_)
+    return Status::ResourceExhausted(fmt::format("prompt of {} tokens is longer than the {} tokens the memory budget "
+                                                 "was planned for", n_tokens, config_.budget_tokens));
+  ExpertWeights& ex = model_->layers_[il].experts;
+  const io::PackedLayerInfo& li = layout_.layers[ord];
+  std::vector<int32_t> experts;
+  Status status;
+  for (int q = 0; q < table.n_groups() && status.ok(); ++q) {
+    if (!active[q]) continue;
+    Result<pipeline::GroupLease> lease = streamer_->AcquireGroup(ord, q);
+    if (!lease.ok()) {
+      status = lease.status();
+      break;
+    }
+    const double t0 = NowSeconds();
+    // The group's experts in ascending logical order, their routes as a CSR of their own.
+    experts.clear();
+    for (int r = 0; r < table.ExpertsInGroup(q); ++r) experts.push_back(table.ExpertAt(ord, q, r));
+    std::sort(experts.begin(), experts.end());
+    std::fill(group_begin_.begin(), group_begin_.end(), 0);
+    int64_t n = 0;
+    size_t next = 0;
+    for (int e = 0; e < c.n_expert; ++e) {
+      group_begin_[e] = n;
+      if (next < experts.size() && experts[next] == e) {
+        ++next;
+        const int64_t r0 = begin[e], r1 = begin[e + 1];
+        std::copy(ws->route_token.get() + r0, ws->route_token.get() + r1, group_token_.get() + n);
+        std::copy(ws->route_w.get() + r0, ws->route_w.get() + r1, group_w_.get() + n);
+        n += r1 - r0;
+        const uint8_t* rec = streamer_->RecordAddress(*lease, e);
+        ex.gate[e] = li.PartView(io::ExpertPart::kGate, rec);
+        ex.up[e] = li.PartView(io::ExpertPart::kUp, rec);
+        ex.down[e] = li.PartView(io::ExpertPart::kDown, rec);
+      }
+    }
+    group_begin_[c.n_expert] = n;
+    std::swap(ws->expert_begin, group_begin_);
+    std::swap(ws->route_token, group_token_);
+    std::swap(ws->route_w, group_w_);
+    ExpertsBatched(ex, c, n_tokens, ws);
+    std::swap(ws->expert_begin, group_begin_);
+    std::swap(ws->route_token, group_token_);
+    std::swap(ws->route_w, group_w_);
+    for (int e : experts) ex.gate[e].data = ex.up[e].data = ex.down[e].data = nullptr;
+    if (options_.max_executor_delay_s_for_testing > 0) {
+      rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
+      const double u = static_cast<double>(rng_state_ >> 11) / static_cast<double>(uint64_t{1} << 53);
+      std::this_thread::sleep_for(std::chrono::duration<double>(u * options_.max_executor_delay_s_for_testing));
+    }
+    const double t1 = NowSeconds();
+    if (trace)
+      trace->Add({.name = fmt::format("experts L{} g{}", il, q), .category = "compute", .tid = pipeline::kComputeTid,
+                  .start_s = t0, .dur_s = t1 - t0,
+                  .args = {{"layer", il}, {"group", q}, {"bank", lease->bank}, {"routes", n}}});
+    streamer_->ReleaseGroup(*lease);
+  }
+  expert_s_ += NowSeconds() - t_enter;
+  return status;
+}
+
+Status VirtualExperts::EndRequest() { return streamer_->EndRequest(); }
+
+pipeline::StreamStats VirtualExperts::stream_stats() const { return streamer_->stats(); }
+
+}  // namespace estream::model

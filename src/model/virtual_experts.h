@@ -1,0 +1,126 @@
+// VirtualExperts: the experts of a packed model (`estream pack`, io/packed_layout.h), either
+// all resident (read once from the records into memory) or streamed through a bounded arena
+// within a memory budget (DESIGN.md sections 4-6; pipeline/expert_stream.h does the I/O side).
+//
+// Resident (budget_bytes == 0 and no explicit group size / banks): Open reads every record with
+// O_DIRECT (no page cache), checks its checksum, and points the model's expert views at it; the
+// engine then runs exactly as on a GGUF model. streamed() is false.
+//
+// Streamed: Open sizes the arena (see Solve below), creates the ExpertStreamer and leaves the
+// model's expert views without data; per request the engine calls BeginRequest, then per layer
+// LayerStart(il) before the attention and RunExperts(il) after the router, and EndRequest at
+// the end (also after an error). RunExperts runs the layer's active groups in ascending group
+// order, each from its bank, with the batched expert path restricted to the group's experts
+// (model/experts.h): with the identity permutation the experts are added into every row in
+// expert order exactly as in the resident run, so the outputs are bit-identical to it.
+//
+// Budget (Solve): the memory of everything but the arena is measured, not guessed: the RSS after
+// the model's dense part is loaded (weights, metadata, tokenizer, code), plus the activations of
+// a prompt of `budget_tokens` tokens (ActivationBytes, an upper bound), plus a margin
+// (kBudgetMargin). The arena gets the rest: Q = 8 and the largest G <= 8 for which B >= 2 banks
+// fit (B capped at two layers' worth of groups); explicit group_size / banks / queue_depth
+// override. A budget below the load's own peak or below other + one bank of one expert is
+// refused with ResourceExhausted giving the minimum.
+//
+// Ownership: VirtualExperts borrows the Model (it must outlive it) and writes its expert views.
+// Thread safety: one request at a time (the engine's mutex); called outside OpenMP regions.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/memory.h"
+#include "base/status.h"
+#include "io/file.h"
+#include "io/loader.h"
+#include "io/packed_layout.h"
+#include "model/blocks.h"
+#include "model/model.h"
+#include "pipeline/expert_stream.h"
+#include "pipeline/trace.h"
+
+namespace estream::model {
+
+// Margin on top of the measured and estimated memory: allocator slack, thread stacks touched,
+// the response's vectors.
+constexpr uint64_t kBudgetMargin = uint64_t{24} << 20;
+
+struct VirtualExpertsOptions {
+  uint64_t budget_bytes = 0;  // 0: no budget
+  int group_size = 0;         // 0: solved from the budget (8 without one)
+  int banks = 0;              // 0: solved from the budget (2 without one)
+  int queue_depth = 0;        // 0: 8
+  pipeline::Schedule schedule = pipeline::Schedule::kEarly;
+  io::IoBackend backend = io::IoBackend::kAuto;
+  bool verify_checksums = true;
+  int64_t budget_tokens = 0;  // activations planned for prompts up to this length; 0: min(n_ctx, 4096)
+  int n_threads = 1;
+  pipeline::TraceRecorder* trace = nullptr;  // not owned
+  // Tests: read the records through this file (not owned) instead of opening the model path.
+  io::File* file_for_testing = nullptr;
+  double max_feeder_delay_s_for_testing = 0;
+  double max_executor_delay_s_for_testing = 0;
+};
+
+// Upper bound of the activation memory of one request of n_tokens tokens with n_threads threads
+// (the Workspace, the engine's final hidden states and logits chunk, the group route buffers).
+uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, bool float_experts);
+
+struct VirtualExpertsConfig {
+  bool streamed = false;
+  int group_size = 0, banks = 0, queue_depth = 0;
+  pipeline::Schedule schedule = pipeline::Schedule::kEarly;
+  std::string io_backend;      // "io_uring" / "pread" (streamed only)
+  uint64_t arena_bytes = 0;
+  uint64_t expert_bytes = 0;   // all records of all layers
+  uint64_t budget_bytes = 0;
+  uint64_t other_bytes = 0;    // measured RSS after load + activations + margin
+  int64_t budget_tokens = 0;
+};
+
+class VirtualExperts {
+ public:
+  // REQUIRES: model->experts_packed(). Errors: those of ReadPackedLayout (unknown layout
+  // version: NotSupported), IOError/Corruption reading records (resident), ResourceExhausted
+  // (budget too small, with the minimum), InvalidArgument (bad explicit sizes).
+  static Result<std::unique_ptr<VirtualExperts>> Open(Model* model, const VirtualExpertsOptions& options);
+  ~VirtualExperts();
+
+  bool streamed() const { return config_.streamed; }
+  const VirtualExpertsConfig& config() const { return config_; }
+
+  // ---- streamed only ----
+  void BeginRequest();
+  void LayerStart(int il);
+  // ws holds layer il's routes (RouteBlock). Adds the experts' outputs into ws->x. On error the
+  // request must end (EndRequest); ws->x is then partial.
+  Status RunExperts(int il, int64_t n_tokens, Workspace* ws);
+  Status EndRequest();
+  pipeline::StreamStats stream_stats() const;
+  double expert_seconds() const { return expert_s_; }
+  const pipeline::ExpertStreamer* streamer() const { return streamer_.get(); }
+
+ private:
+  VirtualExperts() = default;
+  Status LoadResident();
+  Status Solve();
+
+  Model* model_ = nullptr;
+  VirtualExpertsOptions options_;
+  VirtualExpertsConfig config_;
+  io::PackedModelInfo layout_;
+  std::vector<int> ordinal_of_block_;  // block index -> MoE layer ordinal of the layout
+  std::unique_ptr<pipeline::ExpertStreamer> streamer_;
+  // Group route CSR (restricted to one group's experts), swapped into the Workspace per group.
+  std::vector<int64_t> group_begin_;  // [n_expert + 1]
+  AlignedPtr<int32_t> group_token_;   // [capacity]
+  AlignedPtr<float> group_w_;         // [capacity]
+  int64_t group_capacity_ = 0;
+  double expert_s_ = 0;
+  double layer_start_s_ = 0;
+  uint64_t rng_state_ = 1;
+};
+
+}  // namespace estream::model
