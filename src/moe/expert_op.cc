@@ -37,6 +37,12 @@ void GemmColumns(const kernels::KernelTable& kt, const kernels::WeightView& w, c
   fn(w, xq, m, n_begin, n_end, y, ld_tile);
 }
 
+// dst[j] += a * src[j]: a multiply then an add per element (two roundings, as the previous
+// path computes it: no FMA contraction in this baseline-ISA translation unit), vectorised.
+inline void ScaledAdd(float* __restrict dst, const float* __restrict src, float a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] += a * src[j];
+}
+
 bool Matches(const kernels::WeightView& w, QuantType t, kernels::WeightLayout layout, int64_t n, int64_t k) {
   return w.type == t && w.n == n && w.k == k && w.data != nullptr &&
          (IsFloat(t) || w.layout == layout);
@@ -149,6 +155,9 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
   BlockQ8A* hq = hq_.get();
   float* hf = hf_.get();
   const bool quant_in = quant_in_, float_in = float_in_, quant_hidden = quant_hidden_;
+  const int32_t* route_token = inv.route_token;
+  const float* route_weight = inv.route_weight;
+  float* y = inv.y;
 
   int slot = 0;  // cursor: the slot holding route r0 (advances across passes: O(P + R) in all)
   for (int64_t r0 = r_begin; r0 < r_end; r0 += C) {
@@ -210,12 +219,9 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
           const Unit& u = units[i];
           GemmColumns(kt, inv.bindings[u.slot].down, hq + u.prow * ff_blocks, hf + u.prow * ff, ff, u.rows, c0, c1,
                       td, nb);
-          for (int64_t r = 0; r < u.rows; ++r) {
-            float* dst = inv.y + static_cast<int64_t>(inv.route_token[u.route0 + r]) * d + c0;
-            const float* src = td + r * nb;
-            const float a = inv.route_weight[u.route0 + r];
-            for (int64_t j = 0; j < nb; ++j) dst[j] += a * src[j];
-          }
+          const int32_t* tok = route_token + u.route0;
+          const float* aw = route_weight + u.route0;
+          for (int64_t r = 0; r < u.rows; ++r) ScaledAdd(y + static_cast<int64_t>(tok[r]) * d + c0, td + r * nb, aw[r], nb);
         }
       }
     }

@@ -1,0 +1,4 @@
+# The fused expert operator (owner: moe): per-expert throughput vs routes, MoE-layer time against
+# the previous path (docs/PERFORMANCE.md, "Fused expert operator").
+add_executable(moe_bench ${CMAKE_SOURCE_DIR}/bench/moe_bench.cc)
+target_link_libraries(moe_bench PRIVATE estream_model estream_moe estream_kernels estream_quant estream_base OpenMP::OpenMP_CXX)
