@@ -1,0 +1,152 @@
+// estream bench: latency / memory of prefill over prompt lengths x schedules x memory budgets
+// (and the all-resident run) on one (packed) model. Every configuration runs in a fresh child
+// process (this binary re-executed as `estream prefill --json`), so each peak RSS is that run's.
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "gguf/gguf.h"
+#include "tools/estream/command.h"
+
+namespace estream::cli {
+namespace {
+
+class BenchCommand : public Command {
+ public:
+  const char* name() const override { return "bench"; }
+  const char* help() const override {
+    return "Prefill latency, tokens/s, peak RSS, bubble rate and read bandwidth over prompt lengths x schedules x "
+           "memory budgets (each run in a fresh process)";
+  }
+  void Setup(CLI::App* sub) override {
+    sub->add_option("-m,--model", model_, "packed model (estream pack) or GGUF")->required();
+    sub->add_option("--prompt-lengths", lengths_, "prompt lengths (default 128,256,512,1024,2048,4096)")
+        ->delimiter(',');
+    sub->add_option("--schedules", schedules_, "schedules (default early)")->delimiter(',')
+        ->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
+    sub->add_option("--budgets", budgets_, "memory budgets, e.g. 1G,2G (K/M/G suffixes)")->delimiter(',');
+    sub->add_flag("--resident", resident_, "also run with all experts resident (no budget)");
+    sub->add_option("--repeat", repeat_, "runs per configuration (median reported)")->check(CLI::PositiveNumber);
+    sub->add_option("-t,--threads", threads_, "compute threads (default: one per CPU)");
+    sub->add_option("--json", json_, "write all results as JSON to FILE");
+    sub->add_option("--csv", csv_, "write all results as CSV to FILE");
+  }
+  int Run() override {
+    Result<int> r = RunImpl();
+    if (!r.ok()) return ReportError(name(), r.status());
+    return *r;
+  }
+
+ private:
+  Result<int> RunImpl() {
+    if (lengths_.empty()) lengths_ = {128, 256, 512, 1024, 2048, 4096};
+    if (schedules_.empty()) schedules_ = {"early"};
+    if (budgets_.empty() && !resident_) resident_ = true;
+    for (const std::string& b : budgets_) ESTREAM_RETURN_IF_ERROR(ParseSize(b).status());
+    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(model_, {.mmap = false}));
+    const GgufTensorInfo* emb = f->FindTensor("token_embd.weight");
+    if (!emb) return Status::Corruption(model_ + ": tensor 'token_embd.weight' is missing");
+    const int64_t n_vocab = emb->ne(1);
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) return Status::Internal("cannot find this executable (/proc/self/exe)");
+    exe[n] = 0;
+    struct Cfg { std::string schedule, budget; };
+    std::vector<Cfg> cfgs;
+    if (resident_) cfgs.push_back({"", ""});
+    for (const std::string& b : budgets_)
+      for (const std::string& s : schedules_) cfgs.push_back({s, b});
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("%-10s %-14s %6s %10s %9s %10s %8s %9s %6s\n", "budget", "schedule", "T", "latency_s", "tok/s",
+                "peak_rss", "bubble", "read_GB/s", "G/B/Q");
+    for (int T : lengths_) {
+      const std::string tokens = "/tmp/estream_bench_tokens_" + std::to_string(getpid()) + ".txt";
+      {
+        std::ofstream out(tokens);
+        for (int i = 0; i < T; ++i) out << (i ? "," : "") << (static_cast<int64_t>(i) * 7919 + 13) % n_vocab;
+      }
+      for (const Cfg& c : cfgs) {
+        std::string cmd = std::string("'") + exe + "' prefill -m '" + model_ + "' --tokens @" + tokens +
+                          " --json --top-k 1 --repeat " + std::to_string(repeat_);
+        if (threads_ > 0) cmd += " -t " + std::to_string(threads_);
+        if (!c.budget.empty()) cmd += " --budget " + c.budget + " --schedule " + c.schedule;
+        cmd += " 2>&1";
+        std::string out;
+        if (std::FILE* p = popen(cmd.c_str(), "r")) {
+          char buf[4096];
+          size_t k;
+          while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
+          pclose(p);
+        }
+        nlohmann::json row{{"n_tokens", T}, {"budget", c.budget.empty() ? "resident" : c.budget},
+                           {"schedule", c.budget.empty() ? "resident" : c.schedule}};
+        const size_t brace = out.find('{');
+        nlohmann::json j = brace == std::string::npos ? nlohmann::json() : nlohmann::json::parse(out.substr(brace), nullptr, false);
+        if (j.is_discarded() || !j.is_object() || !j.contains("seconds")) {
+          row["error"] = out.substr(0, out.find('\n'));
+          std::printf("%-10s %-14s %6d  error: %s\n", row["budget"].get<std::string>().c_str(),
+                      row["schedule"].get<std::string>().c_str(), T, row["error"].get<std::string>().c_str());
+        } else {
+          for (const char* k : {"seconds", "tokens_per_second", "peak_rss_bytes", "bubble_rate", "bubble_seconds",
+                                "read_gbps", "bytes_read", "expert_seconds", "nonexpert_seconds", "seconds_all"})
+            if (j.contains(k)) row[k] = j[k];
+          if (j.contains("config")) row["config"] = j["config"];
+          std::string gbq = "-";
+          if (j.contains("config"))
+            gbq = std::to_string(j["config"]["group_size"].get<int>()) + "/" + std::to_string(j["config"]["banks"].get<int>()) +
+                  "/" + std::to_string(j["config"]["queue_depth"].get<int>());
+          std::printf("%-10s %-14s %6d %10.3f %9.1f %8.0fMi %7.1f%% %9.2f %6s\n", row["budget"].get<std::string>().c_str(),
+                      row["schedule"].get<std::string>().c_str(), T, j["seconds"].get<double>(),
+                      j["tokens_per_second"].get<double>(), j["peak_rss_bytes"].get<double>() / (1 << 20),
+                      100 * j.value("bubble_rate", 0.0), j.value("read_gbps", 0.0), gbq.c_str());
+        }
+        std::fflush(stdout);
+        rows.push_back(row);
+      }
+      std::remove(tokens.c_str());
+    }
+    nlohmann::json doc{{"model", model_}, {"runs", rows}};
+    if (!json_.empty()) {
+      std::ofstream o(json_);
+      o << doc.dump(2) << "\n";
+      if (!o) return Status::IOError(json_ + ": cannot write");
+    }
+    if (!csv_.empty()) {
+      std::ofstream o(csv_);
+      o << "n_tokens,budget,schedule,seconds,tokens_per_second,peak_rss_bytes,bubble_rate,read_gbps,bytes_read,"
+           "group_size,banks,queue_depth,error\n";
+      for (const auto& r : rows) {
+        const bool c = r.contains("config");
+        o << r["n_tokens"] << "," << r["budget"].get<std::string>() << "," << r["schedule"].get<std::string>() << ","
+          << r.value("seconds", 0.0) << "," << r.value("tokens_per_second", 0.0) << ","
+          << r.value("peak_rss_bytes", uint64_t{0}) << "," << r.value("bubble_rate", 0.0) << ","
+          << r.value("read_gbps", 0.0) << "," << r.value("bytes_read", uint64_t{0}) << ","
+          << (c ? r["config"]["group_size"].get<int>() : 0) << "," << (c ? r["config"]["banks"].get<int>() : 0) << ","
+          << (c ? r["config"]["queue_depth"].get<int>() : 0) << ","
+          << (r.contains("error") ? nlohmann::json(r["error"]).dump() : "") << "\n";
+      }
+      if (!o) return Status::IOError(csv_ + ": cannot write");
+    }
+    return 0;
+  }
+
+  std::string model_;
+  std::vector<int> lengths_;
+  std::vector<std::string> schedules_;
+  std::vector<std::string> budgets_;
+  bool resident_ = false;
+  int repeat_ = 1;
+  int threads_ = 0;
+  std::string json_, csv_;
+};
+
+ESTREAM_REGISTER_COMMAND(BenchCommand);
+
+}  // namespace
+}  // namespace estream::cli
