@@ -38,8 +38,10 @@ void GemmColumns(const kernels::KernelTable& kt, const kernels::WeightView& w, c
 }
 
 // dst[j] += a * src[j]: a multiply then an add per element (two roundings, as the previous
-// path computes it: no FMA contraction in this baseline-ISA translation unit), vectorised.
+// path computes it: no FMA contraction in this baseline-ISA translation unit), vectorised
+// (omp simd: the library builds with -O2, which leaves this loop scalar otherwise).
 inline void ScaledAdd(float* __restrict dst, const float* __restrict src, float a, int64_t n) {
+#pragma omp simd
   for (int64_t j = 0; j < n; ++j) dst[j] += a * src[j];
 }
 
