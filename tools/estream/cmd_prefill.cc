@@ -116,6 +116,7 @@ class PrefillCommand : public Command {
     sub->add_option("--budget-tokens", budget_tokens_,
                     "packed models: longest prompt the budget plans activations for (default: the prompt's length)")
         ->check(CLI::PositiveNumber);
+    sub->add_flag("--no-verify", no_verify_, "packed models: skip the per-record checksum check of streamed reads");
     sub->add_option("--trace", trace_, "packed models: write a Chrome/Perfetto trace (JSON) of the reads and compute "
                     "steps of the (last) request to FILE");
     sub->add_option("--repeat", repeat_, "run the prompt N times (model loaded once) and report the median time")
@@ -179,6 +180,7 @@ class PrefillCommand : public Command {
     for (int n : sweep_) longest = std::max<int64_t>(longest, n);
     eo.budget_tokens = budget_tokens_ > 0 ? budget_tokens_ : longest;
     eo.trace_path = trace_;
+    eo.verify_checksums = !no_verify_;
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
 
     if (!sweep_.empty()) return Sweep(*engine, ids);
@@ -397,6 +399,7 @@ class PrefillCommand : public Command {
   std::string io_ = "uring";
   int64_t budget_tokens_ = 0;
   std::string trace_;
+  bool no_verify_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
 };
