@@ -1,5 +1,10 @@
-# Expert virtualization end to end (owner: vmem2): schedules x configurations vs the resident
-# run, error paths, budget, stress with random delays (label tsan: scripts/test.sh also runs it
-# under ThreadSanitizer).
+# Expert virtualization (owner: vmem2).
+# pipeline_engine_test: every schedule x configuration vs the resident run, error paths, budget,
+#   engine-level stress with random delays (uses OpenMP, so not under TSan: libgomp is not
+#   instrumented).
+# pipeline_stream_test: the streamer alone under random delays, no OpenMP: label tsan
+#   (scripts/test.sh also builds and runs it under ThreadSanitizer) and sanitize (ASan+UBSan).
 estream_add_test(pipeline_engine_test SOURCES ${CMAKE_SOURCE_DIR}/tests/pipeline_engine_test.cc
-  LIBS estream_model estream_pack LABELS pipeline tsan)
+  LIBS estream_model estream_pack LABELS pipeline)
+estream_add_test(pipeline_stream_test SOURCES ${CMAKE_SOURCE_DIR}/tests/pipeline_stream_test.cc
+  LIBS estream_pipeline estream_model estream_pack LABELS pipeline tsan sanitize)
