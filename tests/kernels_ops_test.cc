@@ -60,6 +60,29 @@ class Rng {
   std::mt19937 gen_;
 };
 
+// The fp32 attention of each ISA (the AVX-512 table may carry the AMX-BF16 attention instead,
+// tested separately with its own tolerance below).
+const KernelTable& Fp32Table(Isa isa) {
+  if (isa != Isa::kAvx512) return KernelsFor(isa);
+  static const KernelTable t = [] {
+    KernelTable k = KernelsFor(Isa::kAvx512);
+    FillAvx512OpsWith(&k, /*use_amx=*/false);
+    return k;
+  }();
+  return t;
+}
+
+// The AVX-512 table with the AMX-BF16 attention, or null where the host cannot run it.
+const KernelTable* AmxTable() {
+  if (HostIsa() != Isa::kAvx512 || !AttentionAmxUsable()) return nullptr;
+  static const KernelTable t = [] {
+    KernelTable k = KernelsFor(Isa::kAvx512);
+    FillAvx512OpsWith(&k, /*use_amx=*/true);
+    return k;
+  }();
+  return &t;
+}
+
 #define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))
 
 // ---- attention ------------------------------------------------------------------------------
@@ -244,7 +267,7 @@ TEST(Attention, EveryIsaMatchesReference) {
     const std::vector<float> ref = ReferenceAttention(p, 0, s.n_tokens);
     for (Isa isa : IsasToTest()) {
       SCOPED_TRACE(IsaName(isa));
-      const KernelTable& kt = KernelsFor(isa);
+      const KernelTable& kt = Fp32Table(isa);
       // Through the public work split on 2 threads.
       std::vector<float> out = p.PoisonedOut();
       omp_set_num_threads(2);
@@ -290,7 +313,7 @@ TEST(Attention, LongPrompts) {
       SCOPED_TRACE(IsaName(isa));
       std::vector<float> out = p.PoisonedOut();
       omp_set_num_threads(2);
-      AttentionPrefillWith(KernelsFor(isa), p.Args(out.data()));
+      AttentionPrefillWith(Fp32Table(isa), p.Args(out.data()));
       auto tol = [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; };
       CheckAttentionRows(
           p, out, tail, s.n_tokens, [&](int h, int t) { return RowOf(p, ref_tail, h, t); }, tol, IsaName(isa));
@@ -298,6 +321,196 @@ TEST(Attention, LongPrompts) {
           p, out, 100, 140, [&](int h, int t) { return RowOf(p, ref_head, h, t); }, tol, IsaName(isa));
     }
   }
+}
+
+// ---- AMX-BF16 attention ----------------------------------------------------------------------
+//
+// The AMX kernel (x86_avx512/attention_amx.h) rounds q * scale * log2(e) (an fp32 product), k and
+// v to bf16 (round to nearest even, unit roundoff u_b = 2^-8), multiplies on the tile unit with
+// exact products and fp32 accumulation, and rounds P = 2^(s - m) to bf16 for the PV product
+// (its fp32 value goes into the denominator l). Two checks per output row, both against fp64:
+//
+// (1) vs fp64 attention on the same bf16-rounded inputs (scores in log2 units s~_j = q^ . k^_j,
+//     o~ = sum_j w~_j v^_j): what is left is the kernel's own arithmetic:
+//     - each score accumulates d exact products in fp32: |ds_j| <= gamma(d) sum_i |q^_i k^_ji|;
+//       weights then move by factors within 2^(+-2 ds) (numerator and max both shift);
+//     - exp2: degree-5 polynomial (< 2^-17 relative) plus the rounding of s - m: e_exp = 2^-16;
+//     - P rounded to bf16 in the numerator only: |sum_j w_j eps_j v_j| <= u_b max|v^|;
+//     - fp32 sums over t + 1 keys and at most one rescale per block of 64 keys: gamma(2 (t + 1))
+//       each for numerator and denominator; the final division and store 2u.
+//     tol1 = max|v^| (2 (2 ln2 ds + e_exp) + u_b + 2 gamma(2 t + 2) + 2u).
+//     This is the check that catches a wrong key, mask or rescale: tol1 is ~4e-3 max|v|.
+// (2) vs fp64 attention on the exact inputs: add the effect of rounding the inputs. Each product
+//     q^_i k^_i = c q_i k_i (1 + d1)(1 + d2)(1 + d3) with |d1| <= u (the fp32 scaling),
+//     |d2|, |d3| <= u_b, so |ds_j| <= D = (2 u_b + u_b^2 + 2u) max_j c sum_i |q_i k_ji| (log2
+//     units). Weights w~_j = w_j 2^(D_j) / sum_k w_k 2^(D_k) satisfy |w~_j - w_j| <= w_j (2^(2D) - 1),
+//     and since sum_j (w~_j - w_j) = 0, |sum_j (w~_j - w_j) v_j| <= (2^(2D) - 1) sum_j w_j |v_j - o|;
+//     rounding v adds u_b max|v|. tol2 = tol1 + (2^(2D) - 1) max_i sum_j w_j |v_ji - o_i| + u_b max|v|.
+//     This worst case is loose (it assumes every rounding of a dot product goes the same way; the
+//     observed errors are ~20x smaller, printed by the test), but it is a bound.
+constexpr double kUb = 0x1p-8;  // bf16 unit roundoff
+constexpr double kExpErr = 0x1p-16;
+constexpr float kLog2eF = 1.44269504088896340736f;
+
+float RoundBf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  b += 0x7FFFu + ((b >> 16) & 1u);
+  b &= 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &b, 4);
+  return y;
+}
+
+struct AmxRowRef {
+  std::vector<double> exact, rounded;
+  double tol_rounded = 0, tol_exact = 0;
+};
+
+AmxRowRef AmxReferenceRow(const AttnProblem& p, int h, int t) {
+  const int d = p.s.head_dim;
+  const int kvh = p.KvHead(h);
+  const float c_f = p.scale * kLog2eF;  // as the kernel forms it
+  const double c = c_f;
+  std::vector<double> qh(d);
+  for (int i = 0; i < d; ++i) qh[i] = RoundBf16(p.Q(t, h)[i] * c_f);
+  std::vector<double> s(t + 1), sr(t + 1);
+  double m = -INFINITY, mr = -INFINITY, ds32 = 0, a_max = 0, v_max = 0;
+  for (int j = 0; j <= t; ++j) {
+    double dot = 0, dotr = 0, abs_r = 0, abs_e = 0;
+    for (int i = 0; i < d; ++i) {
+      const double kji = p.K(j, kvh)[i];
+      const double kr = RoundBf16(p.K(j, kvh)[i]);
+      dot += static_cast<double>(p.Q(t, h)[i]) * kji;
+      dotr += qh[i] * kr;
+      abs_r += std::fabs(qh[i] * kr);
+      abs_e += std::fabs(static_cast<double>(p.Q(t, h)[i]) * kji);
+      v_max = std::max(v_max, std::fabs(static_cast<double>(p.V(j, kvh)[i])));
+    }
+    s[j] = dot * c;  // log2 units
+    sr[j] = dotr;
+    m = std::max(m, s[j]);
+    mr = std::max(mr, sr[j]);
+    ds32 = std::max(ds32, Gamma(d) * abs_r);
+    a_max = std::max(a_max, c * abs_e);
+  }
+  AmxRowRef r;
+  r.exact.assign(d, 0.0);
+  r.rounded.assign(d, 0.0);
+  std::vector<double> w(t + 1);
+  double l = 0, lr = 0;
+  for (int j = 0; j <= t; ++j) {
+    w[j] = std::exp2(s[j] - m);
+    l += w[j];
+    const double wr = std::exp2(sr[j] - mr);
+    lr += wr;
+    for (int i = 0; i < d; ++i) {
+      r.exact[i] += w[j] * p.V(j, kvh)[i];
+      r.rounded[i] += wr * RoundBf16(p.V(j, kvh)[i]);
+    }
+  }
+  for (int i = 0; i < d; ++i) {
+    r.exact[i] /= l;
+    r.rounded[i] /= lr;
+  }
+  double spread = 0;  // max_i sum_j w_j |v_ji - o_i|
+  for (int i = 0; i < d; ++i) {
+    double acc = 0;
+    for (int j = 0; j <= t; ++j) acc += w[j] / l * std::fabs(p.V(j, kvh)[i] - r.exact[i]);
+    spread = std::max(spread, acc);
+  }
+  const double vr_max = v_max * (1 + kUb);
+  r.tol_rounded = vr_max * (2 * (2 * std::log(2.0) * ds32 + kExpErr) + kUb + 2 * Gamma(2.0 * t + 2) + 2 * kU);
+  const double big_d = (2 * kUb + kUb * kUb + 2 * kU) * a_max;
+  r.tol_exact = r.tol_rounded + (std::exp2(2 * big_d) - 1) * spread + kUb * v_max;
+  return r;
+}
+
+// Checks rows [t_begin, t_end) of `out` against both fp64 references; records the largest error
+// against the exact result relative to max|v| (printed by the caller).
+void CheckAmxRows(const AttnProblem& p, const std::vector<float>& out, int t_begin, int t_end, const std::string& what,
+                  double* worst_exact, double* worst_ratio) {
+  int errors = 0;
+  for (int t = t_begin; t < t_end && errors < 5; ++t) {
+    for (int h = 0; h < p.s.n_head && errors < 5; ++h) {
+      const AmxRowRef ref = AmxReferenceRow(p, h, t);
+      const float* o = out.data() + t * p.ldo + h * p.s.head_dim;
+      for (int i = 0; i < p.s.head_dim; ++i) {
+        const double e1 = std::fabs(o[i] - ref.rounded[i]), e2 = std::fabs(o[i] - ref.exact[i]);
+        *worst_exact = std::max(*worst_exact, e2);
+        *worst_ratio = std::max(*worst_ratio, e2 / ref.tol_exact);
+        if (!(e1 <= ref.tol_rounded) || !(e2 <= ref.tol_exact)) {
+          ADD_FAILURE() << what << " " << Name(p.s) << ": t=" << t << " head=" << h << " i=" << i << " got " << o[i]
+                        << " want " << ref.rounded[i] << " (bf16 inputs, tol " << ref.tol_rounded << "), "
+                        << ref.exact[i] << " (exact, tol " << ref.tol_exact << ")";
+          if (++errors >= 5) break;
+        }
+      }
+    }
+    for (int64_t i = static_cast<int64_t>(p.s.n_head) * p.s.head_dim; i < p.ldo; ++i)
+      if (!std::isnan(out[t * p.ldo + i])) {
+        ADD_FAILURE() << what << " " << Name(p.s) << ": wrote row padding at t=" << t;
+        ++errors;
+        break;
+      }
+  }
+}
+
+TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
+  const KernelTable* kt = AmxTable();
+  if (kt == nullptr) GTEST_SKIP() << "no AMX-BF16 here (or ESTREAM_AMX=0)";
+  SEED_TRACE();
+  std::vector<AttnShape> shapes;
+  for (int t : {1, 2, 3, 7, 31, 64, 65, 127, 513}) {
+    if (t <= 127) shapes.push_back({t, 32, 4, 128});
+    shapes.push_back({t, 16, 16, 64});
+    shapes.push_back({t, 8, 2, 128});
+  }
+  for (int d : {32, 40, 80, 96}) shapes.push_back({67, 4, 2, d});
+  uint32_t salt = 700;
+  double worst_exact = 0, worst_ratio = 0;
+  for (const AttnShape& s : shapes) {
+    const AttnProblem p(s, salt++);
+    std::vector<float> out = p.PoisonedOut();
+    omp_set_num_threads(2);
+    AttentionPrefillWith(*kt, p.Args(out.data()));
+    CheckAmxRows(p, out, 0, s.n_tokens, "amx", &worst_exact, &worst_ratio);
+    // Uneven calls: one head over 29 rows; whole GQA groups over 150 rows.
+    for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{s.n_head / s.n_head_kv, 150}}) {
+      if (s.n_tokens > 127 && heads == 1) continue;  // keep the test fast
+      out = p.PoisonedOut();
+      const AttentionArgs a = p.Args(out.data());
+      for (int h = 0; h < s.n_head; h += heads)
+        for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
+          kt->attention_block(a, h, h + heads, t0, std::min(s.n_tokens, t0 + rows));
+      CheckAmxRows(p, out, 0, s.n_tokens,
+                   "amx calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows",
+                   &worst_exact, &worst_ratio);
+    }
+  }
+  // Keys growing along the prompt (k_j scaled by 1 + j / 16): block maxima keep rising by more
+  // than the lazy-rescaling threshold, so the rescale of O and l runs many times.
+  for (const AttnShape& s : {AttnShape{300, 4, 2, 64}, AttnShape{200, 8, 2, 128}}) {
+    AttnProblem p(s, salt++);
+    for (int t = 0; t < s.n_tokens; ++t)
+      for (int64_t i = 0; i < p.ldk; ++i) p.k[t * p.ldk + i] *= 1.0f + static_cast<float>(t) / 16;
+    std::vector<float> out = p.PoisonedOut();
+    omp_set_num_threads(2);
+    AttentionPrefillWith(*kt, p.Args(out.data()));
+    double ignored_exact = 0, ignored_ratio = 0;  // scores of hundreds: not the typical error
+    CheckAmxRows(p, out, 0, s.n_tokens, "amx rising keys", &ignored_exact, &ignored_ratio);
+  }
+  // Long prompt on few heads: the last rows (most keys) and one early block.
+  {
+    const AttnProblem p({4096, 2, 1, 128}, salt++);
+    std::vector<float> out = p.PoisonedOut();
+    omp_set_num_threads(2);
+    AttentionPrefillWith(*kt, p.Args(out.data()));
+    CheckAmxRows(p, out, 4096 - 40, 4096, "amx long", &worst_exact, &worst_ratio);
+    CheckAmxRows(p, out, 100, 140, "amx long", &worst_exact, &worst_ratio);
+  }
+  std::printf("AMX attention: largest |error| vs exact fp64 %.3g (max|v| = 1), %.3f of the derived bound\n",
+              worst_exact, worst_ratio);
 }
 
 // ---- RMSNorm --------------------------------------------------------------------------------

@@ -19,4 +19,11 @@ struct KernelTable;
 // ISA's kernel through the same multithreaded work split. [parallel]
 void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a);
 
+// The AVX-512 ops entries, with the AMX-BF16 attention (x86_avx512/attention_amx.h) or the fp32
+// AVX-512 attention; FillAvx512Ops passes AttentionAmxUsable(). Tests fill both.
+// REQUIRES: HostIsa() == kAvx512; use_amx only where AttentionAmxUsable().
+void FillAvx512OpsWith(KernelTable* t, bool use_amx);
+// True if the AMX-BF16 attention can run here (CPU, OS permission, ESTREAM_AMX != "0").
+bool AttentionAmxUsable();
+
 }  // namespace estream::kernels

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention_x86_impl.h"
+#include "kernels/x86_avx512/attention_amx.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops_internal.h"
 
@@ -273,9 +274,16 @@ void AddAvx512(float* y, const float* x, int64_t n) {
 
 }  // namespace
 
-void FillAvx512Ops(KernelTable* t) {
-  t->attention_block = AttentionBlockAvx512;
-  t->attention_rows = Avx512Traits::kLanes * Avx512Traits::kVecs;
+void FillAvx512Ops(KernelTable* t) { FillAvx512OpsWith(t, AttentionAmxUsable()); }
+
+void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
+  if (use_amx) {
+    t->attention_block = AttentionBlockAmx;
+    t->attention_rows = kAmxAttnRows;
+  } else {
+    t->attention_block = AttentionBlockAvx512;
+    t->attention_rows = Avx512Traits::kLanes * Avx512Traits::kVecs;
+  }
   t->rms_norm_row = RmsNormRowAvx512;
   t->rope_row = RopeRowAvx512;
   t->swiglu = SwiGluAvx512;
