@@ -74,23 +74,22 @@ void Unpack(const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t 
 // sums f, kept in registers. Per block and row: f = fma(float(I), d_w * d_x, f) (+ Q4_K:
 // fma(mneg, d_x * sum, f)), the operations of the vpdpbusd kernel in the same order.
 template <QuantType kT>
-void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
-           int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+void Tiles(const int8_t* bt, const uint8_t* w, const int8_t* xq, const float* dxa, const float* dxsa, int64_t kb,
+           int64_t b0, int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
   alignas(64) int32_t c[2][16 * 16];
   __m512 f[16];
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) f[r] = _mm512_setzero_ps();
   const int64_t nb = b1 - b0;
-  const int64_t xstride = kb * static_cast<int64_t>(sizeof(BlockQ8A));
   auto issue = [&](int64_t t) {
     if ((t & 1) == 0) {
       _tile_zero(0);
-      _tile_loadd(4, x[b0 + t].qs, xstride);
+      _tile_loadd(4, xq + (b0 + t) * 512, 32);
       _tile_loadd(6, bt + t * 512, 64);
       _tile_dpbssd(0, 4, 6);
     } else {
       _tile_zero(1);
-      _tile_loadd(4, x[b0 + t].qs, xstride);
+      _tile_loadd(4, xq + (b0 + t) * 512, 32);
       _tile_loadd(6, bt + t * 512, 64);
       _tile_dpbssd(1, 4, 6);
     }
@@ -102,15 +101,15 @@ void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* au
   auto scale = [&](int64_t t) {
     const int64_t b = b0 + t;
     const int32_t* ct = c[t & 1];
+    const float* dx = dxa + b * 16;
     const __m512 vdw = PanelScale<kT>(w, kb, b, 0);
     __m512 mneg;
     if constexpr (kT == QuantType::kQ4_K) mneg = PanelMinNegQ4K(w, kb, b);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
-      const XAux& a = aux[r * kb + b];
       const __m512 ti = _mm512_cvtepi32_ps(_mm512_load_si512(ct + 16 * r));
-      f[r] = _mm512_fmadd_ps(ti, _mm512_mul_ps(vdw, _mm512_set1_ps(a.dx)), f[r]);
-      if constexpr (kT == QuantType::kQ4_K) f[r] = _mm512_fmadd_ps(mneg, _mm512_set1_ps(a.dxs), f[r]);
+      f[r] = _mm512_fmadd_ps(ti, _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r])), f[r]);
+      if constexpr (kT == QuantType::kQ4_K) f[r] = _mm512_fmadd_ps(mneg, _mm512_set1_ps(dxsa[b * 16 + r]), f[r]);
     }
   };
   for (int64_t t = 0; t < nb; ++t) {
@@ -131,14 +130,13 @@ void Tiles(const int8_t* bt, const uint8_t* w, const BlockQ8A* x, const XAux* au
 }
 
 template <QuantType kT>
-void TilesAny(int x_tiles, int nv, const int8_t* bt, const uint8_t* w, int64_t ps, const BlockQ8A* x,
-              const XAux* aux, int64_t kb, int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask,
-              bool acc) {
+void TilesAny(int x_tiles, int nv, const int8_t* bt, const uint8_t* w, int64_t ps, const AmxX& xa, int64_t kb,
+              int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
   const int64_t nb = b1 - b0;
   for (int j = 0; j < nv; ++j)
     for (int xt = 0; xt < x_tiles; ++xt) {
-      const int64_t r0 = 16 * xt;
-      Tiles<kT>(bt + j * nb * 512, w + j * ps, x + r0 * kb, aux + r0 * kb, kb, b0, b1, y + r0 * ldy + 16 * j, ldy,
+      Tiles<kT>(bt + j * nb * 512, w + j * ps, xa.q + xt * kb * 512, xa.dx + xt * kb * 16,
+                xa.dxs == nullptr ? nullptr : xa.dxs + xt * kb * 16, kb, b0, b1, y + 16 * xt * ldy + 16 * j, ldy,
                 mask[j], acc);
     }
 }
@@ -183,16 +181,31 @@ void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int64_t kb, 
   }
 }
 
-void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const BlockQ8A* x,
-              const XAux* aux, int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy,
-              const __mmask16* mask, bool accumulate) {
+void AmxPackX(const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs) {
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t b = 0; b < kb; ++b) {
+      int8_t* qo = q + (t * kb + b) * 512;
+      float* dxo = dx + (t * kb + b) * 16;
+      for (int r = 0; r < 16; ++r) {
+        const int64_t i = (16 * t + r) * kb + b;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(qo + 32 * r),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+        dxo[r] = aux[i].dx;
+        if (dxs != nullptr) dxs[(t * kb + b) * 16 + r] = aux[i].dxs;
+      }
+    }
+}
+
+void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const AmxX& xa,
+              int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask,
+              bool accumulate) {
   switch (t) {
     case QuantType::kQ4_0:
-      return TilesAny<QuantType::kQ4_0>(x_tiles, nv, bt, w, panel_stride, x, aux, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ4_0>(x_tiles, nv, bt, w, panel_stride, xa, kb, b0, b1, y, ldy, mask, accumulate);
     case QuantType::kQ8_0:
-      return TilesAny<QuantType::kQ8_0>(x_tiles, nv, bt, w, panel_stride, x, aux, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ8_0>(x_tiles, nv, bt, w, panel_stride, xa, kb, b0, b1, y, ldy, mask, accumulate);
     default:
-      return TilesAny<QuantType::kQ4_K>(x_tiles, nv, bt, w, panel_stride, x, aux, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ4_K>(x_tiles, nv, bt, w, panel_stride, xa, kb, b0, b1, y, ldy, mask, accumulate);
   }
 }
 

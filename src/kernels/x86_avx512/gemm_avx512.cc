@@ -265,7 +265,7 @@ class NextChunkPrefetch {
 // tiles of 32 (then 16) rows go to the AMX path, the remaining rows to vpdpbusd.
 template <QuantType kT, bool kAmx>
 void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, const BlockQ8A* xq, const XAux* aux,
-           int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
+           const AmxX& xa, int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
   constexpr int64_t kc = KcBlocks<kT>();
   constexpr int kMr = Tile<kT>::kMr;
   constexpr int kGroup = kAmx ? 2 : Tile<kT>::kNv;
@@ -305,8 +305,9 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
         for (; m - i >= 16; i += 32) {
           const int xt = m - i >= 32 ? 2 : 1;
           pf.Step(lines_per_tile * 4 * xt);
-          AmxTiles(kT, bt, wg, panel_stride, nv, xq + i * kb, aux + i * kb, kb, c0, c1, xt, yg + i * ldy, ldy, mask,
-                   c0 > 0);
+          const AmxX xi{xa.q + i / 16 * kb * 512, xa.dx + i / 16 * kb * 16,
+                        xa.dxs == nullptr ? nullptr : xa.dxs + i / 16 * kb * 16};
+          AmxTiles(kT, bt, wg, panel_stride, nv, xi, kb, c0, c1, xt, yg + i * ldy, ldy, mask, c0 > 0);
           if (xt == 1) {
             i += 16;
             break;
@@ -347,9 +348,25 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
   const int64_t panel_stride = PackedPanelBytes(kT, w.k);
   const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
   // Rows [i0, i0 + rows) against `count` panels at wp (the first is panel p).
+  // AMX: the pass's full row tiles in the A-tile layout (AmxX), per thread, grown once.
+  thread_local AlignedPtr<int8_t> amx_q;
+  thread_local AlignedPtr<float> amx_d;
+  thread_local int64_t amx_blocks = 0;
+  if (kAmx && mc >= 16 && amx_blocks < mc / 16 * kb) {
+    amx_blocks = mc / 16 * kb;
+    amx_q.reset(static_cast<int8_t*>(AlignedAlloc(64, static_cast<size_t>(amx_blocks) * 512)));
+    amx_d.reset(static_cast<float*>(AlignedAlloc(64, static_cast<size_t>(amx_blocks) * 2 * 16 * sizeof(float))));
+    ESTREAM_CHECK(amx_q != nullptr && amx_d != nullptr, "GEMM: out of memory for the AMX activation tiles");
+  }
   auto rows_pass = [&](const uint8_t* wp, int64_t p, int64_t count, int64_t i0, int64_t rows) {
     BuildAux<kT>(xq + i0 * kb, rows * kb, aux.data());
-    Drive<kT, kAmx>(wp, p, count, panel_stride, xq + i0 * kb, aux.data(), rows, kb, y + i0 * ldy, ldy, n_begin,
+    AmxX xa;
+    if (kAmx && rows >= 16) {
+      xa = AmxX{amx_q.get(), amx_d.get(), kT == QuantType::kQ4_K ? amx_d.get() + amx_blocks * 16 : nullptr};
+      AmxPackX(xq + i0 * kb, aux.data(), kb, rows / 16, amx_q.get(), amx_d.get(),
+               const_cast<float*>(xa.dxs));
+    }
+    Drive<kT, kAmx>(wp, p, count, panel_stride, xq + i0 * kb, aux.data(), xa, rows, kb, y + i0 * ldy, ldy, n_begin,
                     n_end);
   };
   if (kPacked) {

@@ -51,11 +51,24 @@ void AmxEnd();
 // kb: blocks per panel row (the scale section's size depends on it).
 void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t b0, int64_t b1,
                int8_t* dst);
-// 16 * x_tiles rows of x (row i at x + i * kb) x nv panels, blocks [b0, b1) of the unpacked
-// tiles `bt` (scales read from the packed panels at w). Writes or, with accumulate, adds to
-// y[i * ldy + 16 * j + r] for the lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
-void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const BlockQ8A* x,
-              const XAux* aux, int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy,
-              const __mmask16* mask, bool accumulate);
+// The X rows of a pass in the A-tile layout of the AMX path, built once per pass and read by every
+// panel group: row tile t (rows 16t..16t+15) and block b hold 16 rows x 32 int8 at
+// q + (t * kb + b) * 512 (contiguous, 64-byte aligned when q is: an A tile load touches 8 cache
+// lines instead of 16 strided, partly split ones), the 16 rows' d_x at dx + (t * kb + b) * 16 and
+// (Q4_K) their d_x * sum at dxs likewise (one cache line per block instead of 16).
+struct AmxX {
+  const int8_t* q = nullptr;
+  const float* dx = nullptr;
+  const float* dxs = nullptr;
+};
+// Writes `tiles` row tiles (16 * tiles rows of x, row i at x + i * kb; aux likewise) in the AmxX
+// layout at q, dx, dxs (dxs may be null when the type has no min term).
+void AmxPackX(const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs);
+// x_tiles row tiles of xa (starting at its row tile 0) x nv panels, blocks [b0, b1) of the
+// unpacked tiles `bt` (scales read from the packed panels at w). Writes or, with accumulate, adds
+// to y[i * ldy + 16 * j + r] for the lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
+void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const AmxX& xa,
+              int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask,
+              bool accumulate);
 
 }  // namespace estream::kernels
