@@ -12,8 +12,12 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -25,6 +29,8 @@
 
 namespace estream::kernels {
 namespace {
+
+constexpr double kAmxPeakPerCoreDefault = 3330;  // BM_AmxBf16Peak, 1 thread, per CPU-second (PERFORMANCE.md)
 
 double PeakPerCoreGflops() {
   if (const char* s = std::getenv("ESTREAM_FP32_PEAK_PER_CORE")) return std::atof(s);
@@ -39,15 +45,99 @@ std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
   return v;
 }
 
-// Args: T, n_head, n_head_kv, head_dim, threads, isa (0 scalar, 1 avx2, 2 avx512).
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// ---- AMX-BF16 tile peak ---------------------------------------------------------------------
+// tdpbf16ps tmm, 16 x 16 fp32 += 16 x 32 bf16 . 32 x 16 bf16: 16 * 16 * 32 multiply-adds = 16384
+// flops per instruction. Six independent accumulators (tmm0..5) with A = tmm6, B = tmm7 held in
+// registers, so neither latency nor loads bound the loop. Counter: GFLOPs per thread (wall).
+struct alignas(64) BenchTileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+__attribute__((target("amx-tile,amx-bf16"))) void AmxBf16Loop(int64_t iters) {
+  BenchTileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+  alignas(64) static const uint16_t ones[16 * 32] = {};  // bf16 zeros: no denormal assists
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_dpbf16ps(3, 6, 7);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_dpbf16ps(5, 6, 7);
+  }
+  alignas(64) float sink[256];
+  _tile_stored(0, sink, 64);
+  benchmark::DoNotOptimize(sink);
+  _tile_release();
+}
+
+void BM_AmxBf16Peak(benchmark::State& state) {
+  if (HostIsa() != Isa::kAvx512 || !AttentionAmxUsable()) {
+    state.SkipWithError("no AMX-BF16 (or ESTREAM_AMX=0)");
+    return;
+  }
+  const int threads = static_cast<int>(state.range(0));
+  constexpr int64_t kIters = 1 << 16;
+  double seconds = 0;
+  const double cpu0 = ProcessCpuSeconds();
+  for (auto _ : state) {
+    const Timer timer;
+#pragma omp parallel num_threads(threads)
+    AmxBf16Loop(kIters);
+    seconds += timer.Seconds();
+  }
+  const double cpu = ProcessCpuSeconds() - cpu0;
+  const double flops = 6.0 * kIters * 16384 * threads * state.iterations();
+  state.counters["GFLOPs"] = flops / seconds / 1e9;
+  // Per core by CPU time: what a core delivers while it runs (time slices lost to other
+  // processes on this shared machine do not count).
+  state.counters["GFLOPs_per_core_cpu"] = flops / cpu / 1e9;
+}
+BENCHMARK(BM_AmxBf16Peak)->ArgNames({"thr"})->Arg(1)->Arg(2)->UseRealTime()->MeasureProcessCPUTime();
+
+// AMX-BF16 tile peak per core in GFLOP/s used for the AMX rows' pct_peak (measured by
+// BM_AmxBf16Peak on the machine of record; ESTREAM_AMX_PEAK_PER_CORE overrides).
+double AmxPeakPerCoreGflops() {
+  if (const char* s = std::getenv("ESTREAM_AMX_PEAK_PER_CORE")) return std::atof(s);
+  return kAmxPeakPerCoreDefault;
+}
+
+// Args: T, n_head, n_head_kv, head_dim, threads, isa (0 scalar, 1 avx2, 2 avx512 fp32, 3 avx512
+// with the AMX-BF16 attention).
 void BM_Attention(benchmark::State& state) {
   const int t = static_cast<int>(state.range(0));
   const int n_head = static_cast<int>(state.range(1));
   const int n_head_kv = static_cast<int>(state.range(2));
   const int d = static_cast<int>(state.range(3));
   const int threads = static_cast<int>(state.range(4));
-  const Isa isa = static_cast<Isa>(state.range(5));
-  if (static_cast<int>(isa) > static_cast<int>(HostIsa())) {
+  const bool amx = state.range(5) == 3;
+  const Isa isa = amx ? Isa::kAvx512 : static_cast<Isa>(state.range(5));
+  if (static_cast<int>(isa) > static_cast<int>(HostIsa()) || (amx && !AttentionAmxUsable())) {
     state.SkipWithError("ISA not available on this host");
     return;
   }
@@ -59,25 +149,35 @@ void BM_Attention(benchmark::State& state) {
                         .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.data(), .ldq = n_head * d,
                         .k = k.data(), .ldk = n_head_kv * d, .v = v.data(), .ldv = n_head_kv * d,
                         .out = out.data(), .ldo = n_head * d};
-  const KernelTable& kt = KernelsFor(isa);
+  KernelTable kt = KernelsFor(isa);
+  if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);
   omp_set_num_threads(threads);
   double seconds = 0;
+  const double cpu0 = ProcessCpuSeconds();
   for (auto _ : state) {
     const Timer timer;
     AttentionPrefillWith(kt, a);
     benchmark::ClobberMemory();
     seconds += timer.Seconds();
   }
+  const double cpu = ProcessCpuSeconds() - cpu0;
   // Plain numbers (no rate flags) so that the table prints them without a "/s" suffix.
   const double flops = 4.0 * (static_cast<double>(t) * t / 2) * d * n_head * state.iterations();
   state.counters["GFLOPs"] = flops / seconds / 1e9;
-  state.counters["pct_fp32_peak"] = 100.0 * flops / seconds / (PeakPerCoreGflops() * 1e9 * threads);
+  // % of the peak of the unit used: the fp32 FMA units, or the AMX tile unit (bf16).
+  state.counters["pct_peak"] =
+      100.0 * flops / seconds / ((amx ? AmxPeakPerCoreGflops() : PeakPerCoreGflops()) * 1e9 * threads);
+  // The same by process CPU time (all threads): the rate while the threads run, which a loaded
+  // machine does not dilute (spinning OpenMP waits count as CPU time, so it is not inflated).
+  state.counters["pct_peak_cpu"] =
+      100.0 * flops / cpu / ((amx ? AmxPeakPerCoreGflops() : PeakPerCoreGflops()) * 1e9);
+  state.counters["GFLOPs_cpu"] = flops / cpu / 1e9 * threads;
   state.counters["threads"] = threads;
 }
 
 void AttentionShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"T", "heads", "kv", "d", "thr", "isa"});
-  for (int isa : {2, 1})
+  for (int isa : {3, 2, 1})
     for (int threads : {1, 2})
       for (int t : {512, 1024, 4096}) {
         b->Args({t, 32, 4, 128, threads, isa});  // Qwen3-30B-A3B
