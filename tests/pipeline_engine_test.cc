@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -218,6 +220,41 @@ TEST(PipelineEngine, TruncatedWhileInUseFailsWithoutCrash) {
   auto r = RunOnce(**e);
   EXPECT_FALSE(r.ok());
   if (!r.ok()) EXPECT_NE(r.status().message().find("layer 2"), std::string::npos) << r.status().message();
+}
+
+// The CLI in a fresh process (so VmHWM is this run's): the minimum budget is named, and a run at
+// just above it stays under it for every schedule.
+std::string RunCli(const std::string& args) {
+  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>&1";
+  std::string out;
+  if (std::FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t k;
+    while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
+    pclose(p);
+  }
+  return out;
+}
+
+TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
+  const std::string base = "prefill -m " + TestModels().packed + " --tokens 1,2,3,4,5,6,7,8,9,10,11,12 -t 2 --top-k 1";
+  const std::string err = RunCli(base + " --budget 1M");
+  const size_t at = err.find("need at least");
+  ASSERT_NE(at, std::string::npos) << err;
+  const size_t open = err.find('(', at);  // "need at least X MiB (N MiB)"
+  ASSERT_NE(open, std::string::npos) << err;
+  const long min_mib = std::strtol(err.c_str() + open + 1, nullptr, 10);
+  ASSERT_GT(min_mib, 0) << err;
+  for (const char* sched : {"on-demand", "after-routing", "early"}) {
+    const uint64_t budget = static_cast<uint64_t>(min_mib + 1) << 20;
+    const std::string out = RunCli(base + " --json --schedule " + sched + " --budget " + std::to_string(budget));
+    const size_t pk = out.find("\"peak_rss_bytes\":");
+    ASSERT_NE(pk, std::string::npos) << out;
+    const uint64_t peak = std::strtoull(out.c_str() + pk + 17, nullptr, 10);
+    EXPECT_GT(peak, 0u);
+    EXPECT_LE(peak, budget) << sched << ": " << out;
+    EXPECT_NE(out.find("\"streamed\":true"), std::string::npos) << out;
+  }
 }
 
 // Random delays everywhere, many requests; outputs and residency invariants checked each time.

@@ -55,10 +55,11 @@ struct Engine::Impl {
   std::mutex mutex;  // serialises Run: guards ws and logits
   model::Workspace ws;
   model::FusedExperts experts;  // the fused expert operator's plans (src/moe)
-  // Packed models: the experts (resident, or streamed within a memory budget), and the trace.
-  std::unique_ptr<model::VirtualExperts> vexp;
+  // Packed models: the trace (declared first: the streamer adds to it until it is destroyed)
+  // and the experts (resident, or streamed within a memory budget).
   std::unique_ptr<pipeline::TraceRecorder> trace;
   std::string trace_path;
+  std::unique_ptr<model::VirtualExperts> vexp;
   AlignedPtr<float> hidden;  // [T x n_embd] final-normed rows (grown as needed)
   int64_t hidden_rows = 0;
   AlignedPtr<float> logits;  // [chunk x n_vocab]

@@ -14,6 +14,10 @@
 // (model/experts.h): with the identity permutation the experts are added into every row in
 // expert order exactly as in the resident run, so the outputs are bit-identical to it.
 //
+// Checksums: with verify_checksums, every record of a group is checked (XXH3, in parallel over
+// the group's records on the compute threads) before its experts run; a mismatch fails the
+// request with VerifyRecord's error (file, block, expert, record, file offset).
+//
 // Budget (Solve): the memory of everything but the arena is measured, not guessed: the RSS after
 // the model's dense part is loaded (weights, metadata, tokenizer, code), plus the activations of
 // a prompt of `budget_tokens` tokens (ActivationBytes, an upper bound), plus a margin

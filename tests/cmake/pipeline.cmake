@@ -8,3 +8,6 @@ estream_add_test(pipeline_engine_test SOURCES ${CMAKE_SOURCE_DIR}/tests/pipeline
   LIBS estream_model estream_pack LABELS pipeline)
 estream_add_test(pipeline_stream_test SOURCES ${CMAKE_SOURCE_DIR}/tests/pipeline_stream_test.cc
   LIBS estream_pipeline estream_model estream_pack LABELS pipeline tsan sanitize)
+if(TARGET pipeline_engine_test)
+  add_dependencies(pipeline_engine_test estream)  # PeakRssStaysUnderTheBudget runs the CLI
+endif()
