@@ -9,9 +9,16 @@
 
 #include "base/timer.h"
 #include "model/experts.h"
+#include "moe/expert_op.h"
 
 namespace estream::model {
 namespace {
+
+// The view of one part of a layer's records without data (type, layout and shape only).
+kernels::WeightView ShapeView(const io::PackedLayerInfo& li, io::ExpertPart part) {
+  const io::PackedPart& p = li.part(part);
+  return {.type = p.type, .layout = p.layout, .n = p.n, .k = p.k, .data = nullptr};
+}
 
 std::string Mib(uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); }
 
@@ -34,6 +41,10 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   b += T * d * 4 + std::max<uint64_t>(uint64_t{8} << 20, V * 4) + T * 4 + 64 * 8;
   // Attention scratch inside the kernels (per thread, a row of T scores per head at most).
   b += static_cast<uint64_t>(n_threads) * T * 4 * 4;
+  // The fused operator's plan (expert_op.h): gathered Q8A rows and SwiGLU output of a pass of
+  // up to W routes (floats too for float experts), per-thread tiles.
+  b += W * (d / 32) * q8 + W * (ff / 32) * q8 + static_cast<uint64_t>(n_threads) * 3 * 512 * 256 * 4;
+  if (float_experts) b += W * d * 4 + W * ff * 4;
   // The group route CSR of this file.
   b += T * k * 8 + (c.n_expert + 1) * 8;
   return b;
@@ -70,9 +81,7 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
     ExpertWeights& ex = model->layers_[il].experts;
     for (auto [part, vec] : {std::pair{io::ExpertPart::kGate, &ex.gate}, std::pair{io::ExpertPart::kUp, &ex.up},
                              std::pair{io::ExpertPart::kDown, &ex.down}}) {
-      const io::PackedPart& pp = li.part(part);
-      vec->assign(c.n_expert, kernels::WeightView{.type = pp.type, .layout = pp.layout, .n = pp.n, .k = pp.k,
-                                                  .data = nullptr});
+      vec->assign(c.n_expert, ShapeView(li, part));
     }
   }
   for (const io::PackedLayerInfo& li : v->layout_.layers) v->config_.expert_bytes += li.record_bytes * li.n_expert;
@@ -83,11 +92,24 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
   }
   ESTREAM_RETURN_IF_ERROR(v->Solve());
   const int64_t cap = v->config_.budget_tokens * c.n_expert_used;
-  v->group_begin_.assign(c.n_expert + 1, 0);
   v->group_token_ = AllocAligned<int32_t>(cap);
   v->group_w_ = AllocAligned<float>(cap);
   if (!v->group_token_ || !v->group_w_) return Status::ResourceExhausted("cannot allocate the group route buffers");
   v->group_capacity_ = cap;
+  // One fused-operator plan per expert shape class (all layers share one in these models).
+  v->slot_begin_.assign(c.n_expert + 1, 0);
+  v->bindings_.resize(c.n_expert);
+  for (const io::PackedLayerInfo& li : v->layout_.layers) {
+    const moe::ExpertShape shape = moe::ExpertShape::Of(ShapeView(li, io::ExpertPart::kGate),
+                                                        ShapeView(li, io::ExpertPart::kUp),
+                                                        ShapeView(li, io::ExpertPart::kDown));
+    bool have = false;
+    for (const moe::ExpertPlan& p : v->plans_) have = have || p.shape() == shape;
+    if (have) continue;
+    ESTREAM_ASSIGN_OR_RETURN(moe::ExpertPlan plan, moe::ExpertPlan::Create(shape, std::min<int64_t>(kRouteWindow, cap),
+                                                                           v->config_.budget_tokens, options.n_threads));
+    v->plans_.push_back(std::move(plan));
+  }
   pipeline::StreamParams sp;
   sp.layout = &v->layout_;
   sp.file = options.file_for_testing;
@@ -223,9 +245,7 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
   if (n_tokens * c.n_expert_used > group_capacity_)
     return Status::ResourceExhausted(fmt::format("prompt of {} tokens is longer than the {} tokens the memory budget "
                                                  "was planned for", n_tokens, config_.budget_tokens));
-  ExpertWeights& ex = model_->layers_[il].experts;
   const io::PackedLayerInfo& li = layout_.layers[ord];
-  std::vector<int32_t> experts;
   Status status;
   for (int q = 0; q < table.n_groups() && status.ok(); ++q) {
     if (!active[q]) continue;
@@ -254,36 +274,32 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
         break;
       }
     }
-    // The group's experts in ascending logical order, their routes as a CSR of their own.
-    experts.clear();
-    for (int r = 0; r < table.ExpertsInGroup(q); ++r) experts.push_back(table.ExpertAt(ord, q, r));
-    std::sort(experts.begin(), experts.end());
-    std::fill(group_begin_.begin(), group_begin_.end(), 0);
+    // The group's routes as a CSR by slot (slot r = position r of the group, holding physical
+    // record q*G + r), and the slots' bindings into the bank. With the identity permutation the
+    // slots are in expert order, so every row receives its experts in the same order as in the
+    // resident run (bit-identical results, expert_op.h).
+    const int n_rec = table.ExpertsInGroup(q);
     int64_t n = 0;
-    size_t next = 0;
-    for (int e = 0; e < c.n_expert; ++e) {
-      group_begin_[e] = n;
-      if (next < experts.size() && experts[next] == e) {
-        ++next;
-        const int64_t r0 = begin[e], r1 = begin[e + 1];
-        std::copy(ws->route_token.get() + r0, ws->route_token.get() + r1, group_token_.get() + n);
-        std::copy(ws->route_w.get() + r0, ws->route_w.get() + r1, group_w_.get() + n);
-        n += r1 - r0;
-        const uint8_t* rec = streamer_->RecordAddress(*lease, e);
-        ex.gate[e] = li.PartView(io::ExpertPart::kGate, rec);
-        ex.up[e] = li.PartView(io::ExpertPart::kUp, rec);
-        ex.down[e] = li.PartView(io::ExpertPart::kDown, rec);
-      }
+    for (int r = 0; r < n_rec; ++r) {
+      const int e = li.permutation[q * config_.group_size + r];
+      slot_begin_[r] = n;
+      const int64_t r0 = begin[e], r1 = begin[e + 1];
+      std::copy(ws->route_token.get() + r0, ws->route_token.get() + r1, group_token_.get() + n);
+      std::copy(ws->route_w.get() + r0, ws->route_w.get() + r1, group_w_.get() + n);
+      n += r1 - r0;
+      const uint8_t* rec = streamer_->RecordAddress(*lease, e);
+      bindings_[r] = {li.PartView(io::ExpertPart::kGate, rec), li.PartView(io::ExpertPart::kUp, rec),
+                      li.PartView(io::ExpertPart::kDown, rec)};
     }
-    group_begin_[c.n_expert] = n;
-    std::swap(ws->expert_begin, group_begin_);
-    std::swap(ws->route_token, group_token_);
-    std::swap(ws->route_w, group_w_);
-    ExpertsBatched(ex, c, n_tokens, ws);
-    std::swap(ws->expert_begin, group_begin_);
-    std::swap(ws->route_token, group_token_);
-    std::swap(ws->route_w, group_w_);
-    for (int e : experts) ex.gate[e].data = ex.up[e].data = ex.down[e].data = nullptr;
+    slot_begin_[n_rec] = n;
+    moe::ExpertPlan* plan = nullptr;
+    const moe::ExpertShape shape = moe::ExpertShape::Of(bindings_[0].gate, bindings_[0].up, bindings_[0].down);
+    for (moe::ExpertPlan& p : plans_)
+      if (p.shape() == shape) plan = &p;
+    ESTREAM_CHECK(plan != nullptr, "VirtualExperts: no plan for a layer's shape class");
+    status = plan->Invoke({.slot_begin = slot_begin_.data(), .n_slots = n_rec, .route_token = group_token_.get(),
+                           .route_weight = group_w_.get(), .bindings = bindings_.data(), .xn = ws->xn.get(),
+                           .xq = ws->xq.get(), .y = ws->x.get(), .n_tokens = n_tokens});
     if (options_.max_executor_delay_s_for_testing > 0) {
       rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
       const double u = static_cast<double>(rng_state_ >> 11) / static_cast<double>(uint64_t{1} << 53);

@@ -10,9 +10,10 @@
 // model's expert views without data; per request the engine calls BeginRequest, then per layer
 // LayerStart(il) before the attention and RunExperts(il) after the router, and EndRequest at
 // the end (also after an error). RunExperts runs the layer's active groups in ascending group
-// order, each from its bank, with the batched expert path restricted to the group's experts
-// (model/experts.h): with the identity permutation the experts are added into every row in
-// expert order exactly as in the resident run, so the outputs are bit-identical to it.
+// order, each from its bank, with one invocation of the fused expert operator (moe/expert_op.h)
+// whose slots are the group's arena slots: with the identity permutation the experts are added
+// into every row in expert order exactly as in the resident run, so the outputs are
+// bit-identical to it.
 //
 // Checksums: with verify_checksums, every record of a group is checked (XXH3, in parallel over
 // the group's records on the compute threads) before its experts run; a mismatch fails the
@@ -42,6 +43,7 @@
 #include "io/packed_layout.h"
 #include "model/blocks.h"
 #include "model/model.h"
+#include "moe/expert_op.h"
 #include "pipeline/expert_stream.h"
 #include "pipeline/trace.h"
 
@@ -118,10 +120,12 @@ class VirtualExperts {
   std::vector<int> ordinal_of_block_;  // block index -> MoE layer ordinal of the layout
   std::unique_ptr<pipeline::ExpertStreamer> streamer_;
   // Group route CSR (restricted to one group's experts), swapped into the Workspace per group.
-  std::vector<int64_t> group_begin_;  // [n_expert + 1]
   AlignedPtr<int32_t> group_token_;   // [capacity]
   AlignedPtr<float> group_w_;         // [capacity]
   int64_t group_capacity_ = 0;
+  std::vector<int64_t> slot_begin_;          // [n_expert + 1] CSR by slot of one group
+  std::vector<moe::SlotBinding> bindings_;   // [n_expert] slot -> views into the bank
+  std::vector<moe::ExpertPlan> plans_;       // one per expert shape class
   double expert_s_ = 0;
   double layer_start_s_ = 0;
   uint64_t rng_state_ = 1;
