@@ -33,7 +33,8 @@ void ParallelSplit(int64_t m, int64_t n, Fn&& fn) {
   const bool by_cols = panels >= 2 * nth || m < 8 * nth;
   const int64_t units = by_cols ? panels : m;
   const int64_t align = by_cols ? 6 : 32;
-  int64_t piece = std::max<int64_t>(1, units / (4 * static_cast<int64_t>(nth)));
+  // One thread: one piece (each piece re-prepares its rows of X for the kernel).
+  int64_t piece = nth == 1 ? units : std::max<int64_t>(1, units / (4 * static_cast<int64_t>(nth)));
   piece = std::max(align, (piece + align - 1) / align * align);
   const int64_t pieces = (units + piece - 1) / piece;
   nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, pieces)));

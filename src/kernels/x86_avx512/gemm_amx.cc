@@ -73,6 +73,31 @@ void Unpack(const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t 
 // (stored one step earlier, so its loads never wait for the tile store) into the 16 fp32 row
 // sums f, kept in registers. Per block and row: f = fma(float(I), d_w * d_x, f) (+ Q4_K:
 // fma(mneg, d_x * sum, f)), the operations of the vpdpbusd kernel in the same order.
+// The fp32 scaling of one stored C tile (block b) into the 16 row sums f (see Tiles). Force-inlined
+// into a loop whose f is a local array it fully unrolls, so that f stays in 16 zmm registers
+// (captured by a lambda, GCC kept f on the stack: a load and a store per row and block, which made
+// the store port, not the vector units, the bound).
+template <QuantType kT>
+__attribute__((always_inline)) inline void ScaleTile(const int32_t* ct, const uint8_t* w, const float* dxa,
+                                                     const float* dxsa, int64_t kb, int64_t b, __m512* f) {
+  const float* dx = dxa + b * 16;
+  const __m512 vdw = PanelScale<kT>(w, kb, b, 0);
+  __m512 mneg;
+  if constexpr (kT == QuantType::kQ4_K) mneg = PanelMinNegQ4K(w, kb, b);
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) {
+    const __m512 ti = _mm512_cvtepi32_ps(_mm512_load_si512(ct + 16 * r));
+    f[r] = _mm512_fmadd_ps(ti, _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r])), f[r]);
+    if constexpr (kT == QuantType::kQ4_K) f[r] = _mm512_fmadd_ps(mneg, _mm512_set1_ps(dxsa[b * 16 + r]), f[r]);
+  }
+}
+
+// One X tile (16 rows) x one panel over blocks [b0, b1), software-pipelined in three stages:
+// in step t the tile unit multiplies block t (into C tile tmm(t % 2)), the tile of block t - 1
+// is stored to the L1 buffer c[(t - 1) % 2], and the vector units scale the tile of block t - 2
+// (stored one step earlier, so its loads never wait for the tile store) into the 16 fp32 row
+// sums f, kept in registers. Per block and row: f = fma(float(I), d_w * d_x, f) (+ Q4_K:
+// fma(mneg, d_x * sum, f)), the operations of the vpdpbusd kernel in the same order.
 template <QuantType kT>
 void Tiles(const int8_t* bt, const uint8_t* w, const int8_t* xq, const float* dxa, const float* dxsa, int64_t kb,
            int64_t b0, int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
@@ -81,45 +106,39 @@ void Tiles(const int8_t* bt, const uint8_t* w, const int8_t* xq, const float* dx
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) f[r] = _mm512_setzero_ps();
   const int64_t nb = b1 - b0;
-  auto issue = [&](int64_t t) {
-    if ((t & 1) == 0) {
-      _tile_zero(0);
-      _tile_loadd(4, xq + (b0 + t) * 512, 32);
-      _tile_loadd(6, bt + t * 512, 64);
-      _tile_dpbssd(0, 4, 6);
-    } else {
-      _tile_zero(1);
-      _tile_loadd(4, xq + (b0 + t) * 512, 32);
-      _tile_loadd(6, bt + t * 512, 64);
-      _tile_dpbssd(1, 4, 6);
-    }
-  };
-  auto store = [&](int64_t t) {
-    if ((t & 1) == 0) _tile_stored(0, c[0], 64);
-    else _tile_stored(1, c[1], 64);
-  };
-  auto scale = [&](int64_t t) {
-    const int64_t b = b0 + t;
-    const int32_t* ct = c[t & 1];
-    const float* dx = dxa + b * 16;
-    const __m512 vdw = PanelScale<kT>(w, kb, b, 0);
-    __m512 mneg;
-    if constexpr (kT == QuantType::kQ4_K) mneg = PanelMinNegQ4K(w, kb, b);
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) {
-      const __m512 ti = _mm512_cvtepi32_ps(_mm512_load_si512(ct + 16 * r));
-      f[r] = _mm512_fmadd_ps(ti, _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r])), f[r]);
-      if constexpr (kT == QuantType::kQ4_K) f[r] = _mm512_fmadd_ps(mneg, _mm512_set1_ps(dxsa[b * 16 + r]), f[r]);
-    }
-  };
-  for (int64_t t = 0; t < nb; ++t) {
-    issue(t);
-    if (t >= 1) store(t - 1);
-    if (t >= 2) scale(t - 2);
+  const int8_t* xb = xq + b0 * 512;
+  // Steps in pairs so that the tile register numbers are constants: step t uses C tile t % 2.
+  int64_t t = 0;
+  for (; t + 1 < nb; t += 2) {
+    _tile_zero(0);
+    _tile_loadd(4, xb + t * 512, 32);
+    _tile_loadd(6, bt + t * 512, 64);
+    _tile_dpbssd(0, 4, 6);
+    if (t >= 1) _tile_stored(1, c[1], 64);
+    if (t >= 2) ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + t - 2, f);
+    _tile_zero(1);
+    _tile_loadd(5, xb + (t + 1) * 512, 32);
+    _tile_loadd(7, bt + (t + 1) * 512, 64);
+    _tile_dpbssd(1, 5, 7);
+    _tile_stored(0, c[0], 64);
+    if (t >= 1) ScaleTile<kT>(c[1], w, dxa, dxsa, kb, b0 + t - 1, f);
   }
-  store(nb - 1);
-  if (nb >= 2) scale(nb - 2);
-  scale(nb - 1);
+  // Drain: t == nb (even nb) or t == nb - 1 (odd nb: one more block into C tile 0).
+  if (t < nb) {
+    _tile_zero(0);
+    _tile_loadd(4, xb + t * 512, 32);
+    _tile_loadd(6, bt + t * 512, 64);
+    _tile_dpbssd(0, 4, 6);
+    if (t >= 1) _tile_stored(1, c[1], 64);
+    if (t >= 2) ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + t - 2, f);
+    _tile_stored(0, c[0], 64);
+    if (t >= 1) ScaleTile<kT>(c[1], w, dxa, dxsa, kb, b0 + t - 1, f);
+    ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + t, f);
+  } else {
+    _tile_stored(1, c[1], 64);
+    if (nb >= 2) ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + nb - 2, f);
+    ScaleTile<kT>(c[1], w, dxa, dxsa, kb, b0 + nb - 1, f);
+  }
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) {
     float* out = y + r * ldy;
@@ -181,17 +200,21 @@ void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int64_t kb, 
   }
 }
 
-void AmxPackX(const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs) {
+void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs) {
+  // Row by row (sequential reads of x); the writes of one row tile (kb * 576 bytes) stay in L1.
   for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t b = 0; b < kb; ++b) {
-      int8_t* qo = q + (t * kb + b) * 512;
-      float* dxo = dx + (t * kb + b) * 16;
-      for (int r = 0; r < 16; ++r) {
-        const int64_t i = (16 * t + r) * kb + b;
-        _mm256_store_si256(reinterpret_cast<__m256i*>(qo + 32 * r),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
-        dxo[r] = aux[i].dx;
-        if (dxs != nullptr) dxs[(t * kb + b) * 16 + r] = aux[i].dxs;
+    for (int r = 0; r < 16; ++r) {
+      const BlockQ8A* xr = x + (16 * t + r) * kb;
+      int8_t* qo = q + t * kb * 512 + 32 * r;
+      float* dxo = dx + t * kb * 16 + r;
+      for (int64_t b = 0; b < kb; ++b) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(qo + b * 512),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[b].qs)));
+        dxo[b * 16] = xr[b].d;
+      }
+      if (dxs != nullptr) {
+        float* dso = dxs + t * kb * 16 + r;
+        for (int64_t b = 0; b < kb; ++b) dso[b * 16] = xr[b].d * static_cast<float>(xr[b].sum[0] + xr[b].sum[1]);
       }
     }
 }

@@ -358,14 +358,16 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
     amx_d.reset(static_cast<float*>(AlignedAlloc(64, static_cast<size_t>(amx_blocks) * 2 * 16 * sizeof(float))));
     ESTREAM_CHECK(amx_q != nullptr && amx_d != nullptr, "GEMM: out of memory for the AMX activation tiles");
   }
+  // Rows the AMX path takes (full row tiles) get the AmxX layout, the others XAux (Drive indexes
+  // aux by the row within the pass).
   auto rows_pass = [&](const uint8_t* wp, int64_t p, int64_t count, int64_t i0, int64_t rows) {
-    BuildAux<kT>(xq + i0 * kb, rows * kb, aux.data());
+    const int64_t amx_rows = kAmx && rows >= 16 ? rows / 16 * 16 : 0;
     AmxX xa;
-    if (kAmx && rows >= 16) {
+    if (amx_rows > 0) {
       xa = AmxX{amx_q.get(), amx_d.get(), kT == QuantType::kQ4_K ? amx_d.get() + amx_blocks * 16 : nullptr};
-      AmxPackX(xq + i0 * kb, aux.data(), kb, rows / 16, amx_q.get(), amx_d.get(),
-               const_cast<float*>(xa.dxs));
+      AmxPackX(xq + i0 * kb, kb, amx_rows / 16, amx_q.get(), amx_d.get(), const_cast<float*>(xa.dxs));
     }
+    BuildAux<kT>(xq + (i0 + amx_rows) * kb, (rows - amx_rows) * kb, aux.data() + amx_rows * kb);
     Drive<kT, kAmx>(wp, p, count, panel_stride, xq + i0 * kb, aux.data(), xa, rows, kb, y + i0 * ldy, ldy, n_begin,
                     n_end);
   };

@@ -61,9 +61,10 @@ struct AmxX {
   const float* dx = nullptr;
   const float* dxs = nullptr;
 };
-// Writes `tiles` row tiles (16 * tiles rows of x, row i at x + i * kb; aux likewise) in the AmxX
-// layout at q, dx, dxs (dxs may be null when the type has no min term).
-void AmxPackX(const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs);
+// Writes `tiles` row tiles (16 * tiles rows of x, row i at x + i * kb) in the AmxX layout at q,
+// dx, dxs (dxs may be null when the type has no min term; else d_x * (sum[0] + sum[1]) in fp32,
+// as XAux::dxs).
+void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs);
 // x_tiles row tiles of xa (starting at its row tile 0) x nv panels, blocks [b0, b1) of the
 // unpacked tiles `bt` (scales read from the packed panels at w). Writes or, with accumulate, adds
 // to y[i * ldy + 16 * j + r] for the lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
