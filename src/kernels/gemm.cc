@@ -21,8 +21,8 @@ namespace {
 
 // Calls fn(m_begin, m_end, n_begin, n_end) over rectangles covering the m x n output, in parallel.
 // The output is cut by columns (in multiples of 6 packed panels of 16 weight rows, which the
-// kernels' panel groups of 2 and 3 divide) or, when there are too few panels, by rows of X (in
-// multiples of 32, the AMX row tile pair). There are about 4 pieces per thread, taken
+// kernels' panel groups of 2 and 3 divide; at least 12) or, when there are too few panels, by
+// rows of X (in multiples of 32, the AMX row tile pair). There are up to 4 pieces per thread, taken
 // dynamically: a thread that the OS deschedules (the machine may be shared) leaves its pieces to
 // the others instead of stalling the whole multiply.
 template <typename Fn>
@@ -35,7 +35,10 @@ void ParallelSplit(int64_t m, int64_t n, Fn&& fn) {
   const int64_t align = by_cols ? 6 : 32;
   // One thread: one piece (each piece re-prepares its rows of X for the kernel).
   int64_t piece = nth == 1 ? units : std::max<int64_t>(1, units / (4 * static_cast<int64_t>(nth)));
-  piece = std::max(align, (piece + align - 1) / align * align);
+  // By columns, at least 12 panels (192 columns) per piece: every piece prepares its rows of X
+  // for the kernel (AMX tile layout, activation sums) again, which costs as much as multiplying
+  // them by ~2 panels.
+  piece = std::max(by_cols ? 2 * align : align, (piece + align - 1) / align * align);
   const int64_t pieces = (units + piece - 1) / piece;
   nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, pieces)));
   auto run = [&](int64_t p) {
