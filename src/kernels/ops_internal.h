@@ -20,7 +20,8 @@ struct KernelTable;
 void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a);
 
 // The AVX-512 ops entries, with the AMX-BF16 attention (x86_avx512/attention_amx.h) or the fp32
-// AVX-512 attention; FillAvx512Ops passes AttentionAmxUsable(). Tests fill both.
+// AVX-512 attention; FillAvx512Ops uses the AMX one only
+// where the CPU has it and ESTREAM_ATTN_BF16=1 (x86_avx512/attention_amx.h). Tests fill both.
 // REQUIRES: HostIsa() == kAvx512; use_amx only where AttentionAmxUsable().
 void FillAvx512OpsWith(KernelTable* t, bool use_amx);
 // True if the AMX-BF16 attention can run here (CPU, OS permission, ESTREAM_AMX != "0").

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -201,6 +202,14 @@ void ConvertQt(const float* q, int64_t ldq, int d, int dp, int n_rows, float sca
 bool AttentionAmxUsable() {
   static const bool usable = HostCpuFeatures().amx_bf16 && AmxUsable();
   return usable;
+}
+
+bool AttentionAmxSelected() {
+  static const bool selected = [] {
+    const char* env = std::getenv("ESTREAM_ATTN_BF16");
+    return env != nullptr && std::strcmp(env, "1") == 0 && AttentionAmxUsable();
+  }();
+  return selected;
 }
 
 void AttentionBlockAmx(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) {

@@ -37,6 +37,13 @@ constexpr int kAmxAttnRows = 32;
 // "0" (the same switch as the AMX GEMM). Computed once.
 bool AttentionAmxUsable();
 
+// Whether the AVX-512 table uses this kernel: AttentionAmxUsable() and ESTREAM_ATTN_BF16=1.
+// Opt-in because bf16 operands change the precision class of attention (relative errors ~1e-3
+// instead of ~1e-6): the whole-model tests of f32 models, whose bounds are derived for fp32
+// arithmetic (tests/model_golden_test.cc, model_synth_test.cc *_f32), fail with it; the
+// quantised-model tests pass. Computed once.
+bool AttentionAmxSelected();
+
 // REQUIRES: AttentionAmxUsable().
 void AttentionBlockAmx(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end);
 

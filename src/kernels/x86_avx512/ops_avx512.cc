@@ -274,7 +274,7 @@ void AddAvx512(float* y, const float* x, int64_t n) {
 
 }  // namespace
 
-void FillAvx512Ops(KernelTable* t) { FillAvx512OpsWith(t, AttentionAmxUsable()); }
+void FillAvx512Ops(KernelTable* t) { FillAvx512OpsWith(t, AttentionAmxSelected()); }
 
 void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
   if (use_amx) {
