@@ -246,60 +246,81 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
     return Status::ResourceExhausted(fmt::format("prompt of {} tokens is longer than the {} tokens the memory budget "
                                                  "was planned for", n_tokens, config_.budget_tokens));
   const io::PackedLayerInfo& li = layout_.layers[ord];
+  const int G = config_.group_size;
   Status status;
-  for (int q = 0; q < table.n_groups() && status.ok(); ++q) {
-    if (!active[q]) continue;
-    Result<pipeline::GroupLease> lease = streamer_->AcquireGroup(ord, q);
-    if (!lease.ok()) {
-      status = lease.status();
+  std::vector<pipeline::GroupLease> leases;
+  struct Rec { int lease, r; };
+  std::vector<Rec> recs;
+  int q = 0;
+  while (q < table.n_groups() && status.ok()) {
+    if (!active[q]) {
+      ++q;
+      continue;
+    }
+    // The next active group (waiting for it: bubble), then every following active group that
+    // is already loaded: one operator invocation for all of them (fewer parallel regions).
+    leases.clear();
+    Result<pipeline::GroupLease> first = streamer_->AcquireGroup(ord, q);
+    if (!first.ok()) {
+      status = first.status();
       break;
     }
+    leases.push_back(*first);
+    int next = q + 1;
+    for (; next < table.n_groups(); ++next) {
+      if (!active[next]) continue;
+      std::optional<pipeline::GroupLease> more = streamer_->TryAcquireGroup(ord, next);
+      if (!more) break;
+      leases.push_back(*more);
+    }
     const double t0 = NowSeconds();
+    recs.clear();
+    for (int i = 0; i < static_cast<int>(leases.size()); ++i)
+      for (int r = 0; r < table.ExpertsInGroup(leases[i].group); ++r) recs.push_back({i, r});
+    const int n_rec = static_cast<int>(recs.size());
     if (options_.verify_checksums) {
-      // Every record of the group, in parallel over records (distinct elements of `checks`).
-      const int n_rec = table.ExpertsInGroup(q);
+      // Every record, in parallel over records (distinct elements of `checks`).
       std::vector<Status> checks(n_rec);
 #pragma omp parallel for schedule(dynamic, 1)
-      for (int r = 0; r < n_rec; ++r) {
-        const int p = q * config_.group_size + r;
-        checks[r] = io::VerifyRecord(li, p, streamer_->RecordAddress(*lease, li.permutation[p]));
+      for (int i = 0; i < n_rec; ++i) {
+        const int p = leases[recs[i].lease].group * G + recs[i].r;
+        checks[i] = io::VerifyRecord(li, p, streamer_->RecordAddress(leases[recs[i].lease], li.permutation[p]));
       }
       for (const Status& cs : checks)
         if (!cs.ok() && status.ok()) status = cs;
       if (trace)
-        trace->Add({.name = fmt::format("verify L{} g{}", il, q), .category = "verify", .tid = pipeline::kComputeTid,
-                    .start_s = t0, .dur_s = NowSeconds() - t0, .args = {{"layer", il}, {"group", q}}});
-      if (!status.ok()) {
-        streamer_->ReleaseGroup(*lease);
-        break;
-      }
+        trace->Add({.name = fmt::format("verify L{} g{}-{}", il, q, leases.back().group), .category = "verify",
+                    .tid = pipeline::kComputeTid, .start_s = t0, .dur_s = NowSeconds() - t0,
+                    .args = {{"layer", il}, {"groups", static_cast<int64_t>(leases.size())}}});
     }
-    // The group's routes as a CSR by slot (slot r = position r of the group, holding physical
-    // record q*G + r), and the slots' bindings into the bank. With the identity permutation the
-    // slots are in expert order, so every row receives its experts in the same order as in the
-    // resident run (bit-identical results, expert_op.h).
-    const int n_rec = table.ExpertsInGroup(q);
     int64_t n = 0;
-    for (int r = 0; r < n_rec; ++r) {
-      const int e = li.permutation[q * config_.group_size + r];
-      slot_begin_[r] = n;
-      const int64_t r0 = begin[e], r1 = begin[e + 1];
-      std::copy(ws->route_token.get() + r0, ws->route_token.get() + r1, group_token_.get() + n);
-      std::copy(ws->route_w.get() + r0, ws->route_w.get() + r1, group_w_.get() + n);
-      n += r1 - r0;
-      const uint8_t* rec = streamer_->RecordAddress(*lease, e);
-      bindings_[r] = {li.PartView(io::ExpertPart::kGate, rec), li.PartView(io::ExpertPart::kUp, rec),
-                      li.PartView(io::ExpertPart::kDown, rec)};
+    if (status.ok()) {
+      // The routes as a CSR by slot (slots in group order, then position r in the group: the
+      // physical record order), and the slots' bindings into the banks. With the identity
+      // permutation the slots are in expert order, so every row receives its experts in the
+      // same order as in the resident run (bit-identical results, expert_op.h).
+      for (int i = 0; i < n_rec; ++i) {
+        const pipeline::GroupLease& lease = leases[recs[i].lease];
+        const int e = li.permutation[lease.group * G + recs[i].r];
+        slot_begin_[i] = n;
+        const int64_t r0 = begin[e], r1 = begin[e + 1];
+        std::copy(ws->route_token.get() + r0, ws->route_token.get() + r1, group_token_.get() + n);
+        std::copy(ws->route_w.get() + r0, ws->route_w.get() + r1, group_w_.get() + n);
+        n += r1 - r0;
+        const uint8_t* rec = streamer_->RecordAddress(lease, e);
+        bindings_[i] = {li.PartView(io::ExpertPart::kGate, rec), li.PartView(io::ExpertPart::kUp, rec),
+                        li.PartView(io::ExpertPart::kDown, rec)};
+      }
+      slot_begin_[n_rec] = n;
+      moe::ExpertPlan* plan = nullptr;
+      const moe::ExpertShape shape = moe::ExpertShape::Of(bindings_[0].gate, bindings_[0].up, bindings_[0].down);
+      for (moe::ExpertPlan& p : plans_)
+        if (p.shape() == shape) plan = &p;
+      ESTREAM_CHECK(plan != nullptr, "VirtualExperts: no plan for a layer's shape class");
+      status = plan->Invoke({.slot_begin = slot_begin_.data(), .n_slots = n_rec, .route_token = group_token_.get(),
+                             .route_weight = group_w_.get(), .bindings = bindings_.data(), .xn = ws->xn.get(),
+                             .xq = ws->xq.get(), .y = ws->x.get(), .n_tokens = n_tokens});
     }
-    slot_begin_[n_rec] = n;
-    moe::ExpertPlan* plan = nullptr;
-    const moe::ExpertShape shape = moe::ExpertShape::Of(bindings_[0].gate, bindings_[0].up, bindings_[0].down);
-    for (moe::ExpertPlan& p : plans_)
-      if (p.shape() == shape) plan = &p;
-    ESTREAM_CHECK(plan != nullptr, "VirtualExperts: no plan for a layer's shape class");
-    status = plan->Invoke({.slot_begin = slot_begin_.data(), .n_slots = n_rec, .route_token = group_token_.get(),
-                           .route_weight = group_w_.get(), .bindings = bindings_.data(), .xn = ws->xn.get(),
-                           .xq = ws->xq.get(), .y = ws->x.get(), .n_tokens = n_tokens});
     if (options_.max_executor_delay_s_for_testing > 0) {
       rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
       const double u = static_cast<double>(rng_state_ >> 11) / static_cast<double>(uint64_t{1} << 53);
@@ -307,10 +328,12 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
     }
     const double t1 = NowSeconds();
     if (trace)
-      trace->Add({.name = fmt::format("experts L{} g{}", il, q), .category = "compute", .tid = pipeline::kComputeTid,
-                  .start_s = t0, .dur_s = t1 - t0,
-                  .args = {{"layer", il}, {"group", q}, {"bank", lease->bank}, {"routes", n}}});
-    streamer_->ReleaseGroup(*lease);
+      trace->Add({.name = fmt::format("experts L{} g{}-{}", il, q, leases.back().group), .category = "compute",
+                  .tid = pipeline::kComputeTid, .start_s = t0, .dur_s = t1 - t0,
+                  .args = {{"layer", il}, {"groups", static_cast<int64_t>(leases.size())},
+                           {"first_bank", leases.front().bank}, {"routes", n}}});
+    for (const pipeline::GroupLease& l : leases) streamer_->ReleaseGroup(l);
+    q = next;
   }
   expert_s_ += NowSeconds() - t_enter;
   return status;

@@ -209,6 +209,20 @@ Result<GroupLease> ExpertStreamer::AcquireGroup(int layer, int group) {
   return GroupLease{.ticket = *t, .layer = layer, .group = group, .bank = t->bank};
 }
 
+std::optional<GroupLease> ExpertStreamer::TryAcquireGroup(int layer, int group) {
+  const vmem::GroupId g{layer, group};
+  MutexLock lock(&mutex_);
+  if (failed_.count(Key(g))) return std::nullopt;
+  const std::optional<vmem::BankState> st = table_->StateOf(g);
+  if (!st || (*st != vmem::BankState::kReady && *st != vmem::BankState::kInUse)) return std::nullopt;
+  // Published and not releasable meanwhile (only inactive groups are released): cannot wait.
+  Result<vmem::BankTicket> t = table_->AcquireWhenReady(g, 1, 0);
+  if (!t.ok()) return std::nullopt;
+  pending_.erase(Key(g));
+  ++stats_.groups_used;
+  return GroupLease{.ticket = *t, .layer = layer, .group = group, .bank = t->bank};
+}
+
 void ExpertStreamer::ReleaseGroup(const GroupLease& lease) {
   table_->Complete(lease.ticket);
   MutexLock lock(&mutex_);

@@ -129,6 +129,10 @@ class ExpertStreamer {
   // bubble time. Errors: the fill's failure (IOError/Corruption naming layer, experts and file
   // offset), Internal after wait_timeout_s.
   Result<GroupLease> AcquireGroup(int layer, int group);
+  // Non-blocking: the lease of group q if it is published right now (no wait, no bubble), else
+  // nullopt (also when its fill failed: AcquireGroup then reports the error). The executor uses
+  // it to run several loaded groups in one operator invocation.
+  std::optional<GroupLease> TryAcquireGroup(int layer, int group);
   void ReleaseGroup(const GroupLease& lease);
   // Drops everything still planned, cancels reads in flight, releases loaded banks and waits
   // until the arena is idle. The streamer is then ready for the next request. Internal on a
