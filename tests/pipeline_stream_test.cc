@@ -64,20 +64,39 @@ TEST(PipelineStream, SchedulesUnderRandomDelaysKeepInvariantsAndData) {
             std::vector<uint8_t> active(x.n_groups());
             for (auto& a : active) a = rng() % 4 != 0;  // about a quarter inactive
             x.RoutingKnown(l, active);
-            for (int gq = 0; gq < x.n_groups(); ++gq) {
-              if (!active[gq]) continue;
-              ++active_total;
+            // Like the executor: the next active group (waiting), then sometimes every following
+            // one that is already loaded (TryAcquireGroup), all checked, then all released.
+            const io::PackedLayerInfo& li = layout.info.layers[l];
+            for (int gq = 0; gq < x.n_groups();) {
+              if (!active[gq]) {
+                ++gq;
+                continue;
+              }
+              std::vector<GroupLease> leases;
               auto lease = x.AcquireGroup(l, gq);
               ASSERT_TRUE(lease.ok()) << lease.status().ToString();
-              EXPECT_EQ(x.table().StateOf({l, gq}), vmem::BankState::kInUse);
-              const io::PackedLayerInfo& li = layout.info.layers[l];
-              for (int r = 0; r < li.GroupRecords(gq, g); ++r) {
-                const int p = gq * g + r;
-                EXPECT_TRUE(io::VerifyRecord(li, p, x.RecordAddress(*lease, li.permutation[p])).ok());
+              leases.push_back(*lease);
+              int next = gq + 1;
+              const bool batch = rng() % 2;
+              for (; batch && next < x.n_groups(); ++next) {
+                if (!active[next]) continue;
+                std::optional<GroupLease> more = x.TryAcquireGroup(l, next);
+                if (!more) break;
+                leases.push_back(*more);
+              }
+              if (!batch) next = gq + 1;
+              for (const GroupLease& ls : leases) {
+                ++active_total;
+                EXPECT_EQ(x.table().StateOf({l, ls.group}), vmem::BankState::kInUse);
+                for (int r = 0; r < li.GroupRecords(ls.group, g); ++r) {
+                  const int p = ls.group * g + r;
+                  EXPECT_TRUE(io::VerifyRecord(li, p, x.RecordAddress(ls, li.permutation[p])).ok());
+                }
               }
               ASSERT_TRUE(x.table().CheckInvariants().ok()) << x.table().CheckInvariants().ToString();
               if (rng() % 2) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));  // "experts"
-              x.ReleaseGroup(*lease);
+              for (const GroupLease& ls : leases) x.ReleaseGroup(ls);
+              gq = next;
             }
           }
           ASSERT_TRUE(x.EndRequest().ok());
