@@ -1,5 +1,7 @@
 #include "kernels/dispatch.h"
 
+#include "base/check.h"
+
 namespace estream::kernels {
 namespace {
 
@@ -31,6 +33,25 @@ const KernelTable& KernelsFor(Isa isa) {
     case Isa::kAvx2: return avx2;
     default: return scalar;
   }
+}
+
+void GemmColumns(const KernelTable& kt, const WeightView& w, const BlockQ8A* xq, const float* x, int64_t ldx,
+                 int64_t m, int64_t n_begin, int64_t n_end, float* tile, int64_t ld_tile) {
+  float* y = tile - n_begin;
+  const bool packed = w.layout == WeightLayout::kPacked;
+  KernelTable::GemmFn fn = nullptr;
+  switch (w.type) {
+    case QuantType::kQ4_0: fn = packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0; break;
+    case QuantType::kQ8_0: fn = packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0; break;
+    case QuantType::kQ4_K: fn = packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k; break;
+    case QuantType::kQ6_K: fn = packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k; break;
+    case QuantType::kF32: kt.gemm_f32(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    case QuantType::kF16: kt.gemm_f16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    case QuantType::kBF16: kt.gemm_bf16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
+    default: break;
+  }
+  ESTREAM_CHECK(fn != nullptr, "GemmColumns: weight type without a GEMM (callers check GemmSupports)");
+  fn(w, xq, m, n_begin, n_end, y, ld_tile);
 }
 
 const KernelTable& Kernels() {

@@ -56,6 +56,13 @@ struct KernelTable {
   void (*add)(float* y, const float* x, int64_t n) = nullptr;
 };
 
+// Single-threaded GEMM over columns [n_begin, n_end) of W for rows [0, m), through `kt`:
+// quantised W multiplies the Q8A rows xq, float W the float rows x (ldx). Writes
+// tile[i * ld_tile + (j - n_begin)], i.e. the tile holds only those columns (the table's entries
+// address y by absolute column; this shifts the base). REQUIRES: GemmSupports(w.type).
+void GemmColumns(const KernelTable& kt, const WeightView& w, const BlockQ8A* xq, const float* x, int64_t ldx,
+                 int64_t m, int64_t n_begin, int64_t n_end, float* tile, int64_t ld_tile);
+
 // The table for `isa` (clamped to HostIsa()).
 const KernelTable& KernelsFor(Isa isa);
 // The table for ActiveIsa().

@@ -69,28 +69,6 @@ void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t 
 namespace estream::model {
 namespace {
 
-// y[i * ldy + j - n_begin] for rows [0, m) and columns [n_begin, n_end) of x W^T, from Q8A rows
-// (quantised W) or float rows (float W): the dispatch table's single-threaded GEMM entries, which
-// address y by absolute column, hence the shifted base.
-void GemmColumns(const kernels::KernelTable& kt, const kernels::WeightView& w, const BlockQ8A* xq, const float* x,
-                 int64_t ldx, int64_t m, int64_t n_begin, int64_t n_end, float* tile, int64_t ld_tile) {
-  float* y = tile - n_begin;
-  const bool packed = w.layout == kernels::WeightLayout::kPacked;
-  kernels::KernelTable::GemmFn fn = nullptr;
-  switch (w.type) {
-    case QuantType::kQ4_0: fn = packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0; break;
-    case QuantType::kQ8_0: fn = packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0; break;
-    case QuantType::kQ4_K: fn = packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k; break;
-    case QuantType::kQ6_K: fn = packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k; break;
-    case QuantType::kF32: kt.gemm_f32(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
-    case QuantType::kF16: kt.gemm_f16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
-    case QuantType::kBF16: kt.gemm_bf16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
-    default: break;
-  }
-  ESTREAM_CHECK(fn != nullptr, "GemmColumns: weight type without a GEMM (the loader checks GemmSupports)");
-  fn(w, xq, m, n_begin, n_end, y, ld_tile);
-}
-
 struct Unit {
   int expert;
   int64_t route0;  // first route (index into route_token / route_w)
@@ -159,8 +137,8 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
         const int64_t n0 = (item % n_ff_items) * kFfBlock, n1 = std::min(ff, n0 + kFfBlock), nb = n1 - n0;
         const BlockQ8A* xq = ws->wxq.get() + u.wrow * d_blocks;
         const float* x = ws->wx.get() + u.wrow * d;
-        GemmColumns(kt, experts.gate[u.expert], xq, x, d, u.rows, n0, n1, tg, nb);
-        GemmColumns(kt, experts.up[u.expert], xq, x, d, u.rows, n0, n1, tu, nb);
+        kernels::GemmColumns(kt, experts.gate[u.expert], xq, x, d, u.rows, n0, n1, tg, nb);
+        kernels::GemmColumns(kt, experts.up[u.expert], xq, x, d, u.rows, n0, n1, tu, nb);
         const bool q_down = IsQuantized(experts.down[u.expert].type);
         for (int64_t r = 0; r < u.rows; ++r) {
           float* h = tg + r * nb;
@@ -180,7 +158,7 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
         const int64_t c0 = item * kEmbdBlock, c1 = std::min(d, c0 + kEmbdBlock), nb = c1 - c0;
         for (int64_t i = 0; i < n_units; ++i) {
           const Unit& u = win[i];
-          GemmColumns(kt, experts.down[u.expert], ws->whq.get() + u.wrow * ff_blocks, ws->whf.get() + u.wrow * ff, ff,
+          kernels::GemmColumns(kt, experts.down[u.expert], ws->whq.get() + u.wrow * ff_blocks, ws->whf.get() + u.wrow * ff, ff,
                       u.rows, c0, c1, td, nb);
           for (int64_t r = 0; r < u.rows; ++r) {
             float* dst = ws->x.get() + static_cast<int64_t>(ws->route_token[u.route0 + r]) * d + c0;

@@ -15,27 +15,6 @@ namespace {
 
 bool IsFloat(QuantType t) { return t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16; }
 
-// tile[i * ld_tile + j - n_begin] for rows [0, m) and columns [n_begin, n_end) of x W^T, from
-// Q8A rows (quantised W) or float rows (float W): the dispatch table's single-threaded GEMM
-// entries, which address y by absolute column, hence the shifted base.
-void GemmColumns(const kernels::KernelTable& kt, const kernels::WeightView& w, const BlockQ8A* xq, const float* x,
-                 int64_t ldx, int64_t m, int64_t n_begin, int64_t n_end, float* tile, int64_t ld_tile) {
-  float* y = tile - n_begin;
-  const bool packed = w.layout == kernels::WeightLayout::kPacked;
-  kernels::KernelTable::GemmFn fn = nullptr;
-  switch (w.type) {
-    case QuantType::kQ4_0: fn = packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0; break;
-    case QuantType::kQ8_0: fn = packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0; break;
-    case QuantType::kQ4_K: fn = packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k; break;
-    case QuantType::kQ6_K: fn = packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k; break;
-    case QuantType::kF32: kt.gemm_f32(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
-    case QuantType::kF16: kt.gemm_f16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
-    case QuantType::kBF16: kt.gemm_bf16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
-    default: break;
-  }
-  ESTREAM_CHECK(fn != nullptr, "moe::GemmColumns: weight type without a GEMM (ExpertPlan::Create checks it)");
-  fn(w, xq, m, n_begin, n_end, y, ld_tile);
-}
 
 // dst[j] += a * src[j]: a multiply then an add per element (two roundings, as the previous
 // path computes it: no FMA contraction in this baseline-ISA translation unit), vectorised
@@ -199,8 +178,8 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
         const int64_t n0 = (item % n_ff_items) * kFfTile, n1 = std::min(ff, n0 + kFfTile), nb = n1 - n0;
         const BlockQ8A* xq = gxq + u.prow * d_blocks;
         const float* x = gx + u.prow * d;
-        GemmColumns(kt, bind.gate, xq, x, d, u.rows, n0, n1, tg, nb);
-        GemmColumns(kt, bind.up, xq, x, d, u.rows, n0, n1, tu, nb);
+        kernels::GemmColumns(kt, bind.gate, xq, x, d, u.rows, n0, n1, tg, nb);
+        kernels::GemmColumns(kt, bind.up, xq, x, d, u.rows, n0, n1, tu, nb);
         for (int64_t r = 0; r < u.rows; ++r) {
           float* h = tg + r * nb;
           kt.swiglu(h, tu + r * nb, h, nb);
@@ -219,7 +198,7 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
         const int64_t c0 = item * kEmbdTile, c1 = std::min(d, c0 + kEmbdTile), nb = c1 - c0;
         for (int64_t i = 0; i < n_units; ++i) {
           const Unit& u = units[i];
-          GemmColumns(kt, inv.bindings[u.slot].down, hq + u.prow * ff_blocks, hf + u.prow * ff, ff, u.rows, c0, c1,
+          kernels::GemmColumns(kt, inv.bindings[u.slot].down, hq + u.prow * ff_blocks, hf + u.prow * ff, ff, u.rows, c0, c1,
                       td, nb);
           const int32_t* tok = route_token + u.route0;
           const float* aw = route_weight + u.route0;
