@@ -163,7 +163,8 @@ TEST(PipelineEngine, IoErrorAndChecksumMismatchFailTheRequestOnly) {
                                             }});
   for (auto sched : {EngineOptions::Schedule::kEarly, EngineOptions::Schedule::kOnDemand}) {
     auto e = Engine::Load(TestModels().packed, {.n_threads = 2, .group_size = 4, .banks = 2, .schedule = sched,
-                                                .budget_tokens = 128, .expert_file_for_testing = &file});
+                                                .budget_tokens = 128, .verify_every_read = true,
+                                                .expert_file_for_testing = &file});
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     // An I/O error on every read.
     file.AddRule({.kind = io::FaultRule::Kind::kError, .offset = 0, .length = file.size(), .error = 5});
@@ -189,6 +190,20 @@ TEST(PipelineEngine, IoErrorAndChecksumMismatchFailTheRequestOnly) {
     ASSERT_TRUE(ok.ok()) << ok.status().ToString();
     ExpectSame(ok->logits, true, "after a checksum mismatch");
   }
+}
+
+TEST(PipelineEngine, DefaultVerificationCatchesACorruptRecordOnItsFirstRead) {
+  auto base = io::PosixFile::Open(TestModels().packed, {.direct = true});
+  ASSERT_TRUE(base.ok());
+  io::FaultInjectingFile file(base->get(), {.on_read = [](uint64_t, size_t n, void* dst) {
+                                              if (n > 100) static_cast<uint8_t*>(dst)[77] ^= 0x5a;
+                                            }});
+  auto e = Engine::Load(TestModels().packed, {.n_threads = 2, .group_size = 4, .banks = 2, .budget_tokens = 128,
+                                              .expert_file_for_testing = &file});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto r = RunOnce(**e);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
 }
 
 TEST(PipelineEngine, UnknownLayoutVersionIsRefused) {

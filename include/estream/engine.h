@@ -59,7 +59,12 @@ struct EngineOptions {
   enum class Schedule { kOnDemand, kAfterRouting, kEarly } schedule = Schedule::kEarly;
   enum class Io { kAuto, kIoUring, kPread } io = Io::kAuto;  // kAuto: io_uring, else pread
   int64_t budget_tokens = 0;  // longest prompt the budget plans for; 0: min(context, 4096)
-  bool verify_checksums = true;  // check every record's XXH3 before it becomes visible
+  // Check each expert record's XXH3 before its experts run: the first time this engine reads the
+  // record (default), or on every read (verify_every_read), or never. A record on disk that is
+  // corrupt fails the request that first reads it; re-checking every read costs one extra pass
+  // over the streamed bytes (docs/PERFORMANCE.md, Expert virtualization).
+  bool verify_checksums = true;
+  bool verify_every_read = false;
   // Chrome/Perfetto trace (JSON) of the last request's reads and compute steps; empty: none.
   std::string trace_path;
   // Tests: read the expert records through this file instead of opening the model again

@@ -285,6 +285,7 @@ Status Engine::Impl::OpenPackedExperts(const EngineOptions& o) {
                : o.io == EngineOptions::Io::kPread ? io::IoBackend::kPread
                                                    : io::IoBackend::kAuto;
   vo.verify_checksums = o.verify_checksums;
+  vo.verify_every_read = o.verify_every_read;
   vo.budget_tokens = o.budget_tokens;
   vo.n_threads = im->n_threads;
   vo.file_for_testing = static_cast<io::File*>(o.expert_file_for_testing);

@@ -98,6 +98,7 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
   v->group_capacity_ = cap;
   // One fused-operator plan per expert shape class (all layers share one in these models).
   v->slot_begin_.assign(c.n_expert + 1, 0);
+  v->verified_.assign(v->layout_.layers.size() * c.n_expert, 0);
   v->bindings_.resize(c.n_expert);
   for (const io::PackedLayerInfo& li : v->layout_.layers) {
     const moe::ExpertShape shape = moe::ExpertShape::Of(ShapeView(li, io::ExpertPart::kGate),
@@ -284,7 +285,10 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
 #pragma omp parallel for schedule(dynamic, 1)
       for (int i = 0; i < n_rec; ++i) {
         const int p = leases[recs[i].lease].group * G + recs[i].r;
+        uint8_t& done = verified_[static_cast<size_t>(ord) * c.n_expert + p];  // distinct per i
+        if (done && !options_.verify_every_read) continue;
         checks[i] = io::VerifyRecord(li, p, streamer_->RecordAddress(leases[recs[i].lease], li.permutation[p]));
+        done = checks[i].ok();
       }
       for (const Status& cs : checks)
         if (!cs.ok() && status.ok()) status = cs;

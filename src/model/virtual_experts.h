@@ -15,7 +15,8 @@
 // into every row in expert order exactly as in the resident run, so the outputs are
 // bit-identical to it.
 //
-// Checksums: with verify_checksums, every record of a group is checked (XXH3, in parallel over
+// Checksums: with verify_checksums, every record of a group (each only the first time it is read,
+// unless verify_every_read) is checked (XXH3, in parallel over
 // the group's records on the compute threads) before its experts run; a mismatch fails the
 // request with VerifyRecord's error (file, block, expert, record, file offset).
 //
@@ -61,6 +62,7 @@ struct VirtualExpertsOptions {
   pipeline::Schedule schedule = pipeline::Schedule::kEarly;
   io::IoBackend backend = io::IoBackend::kAuto;
   bool verify_checksums = true;
+  bool verify_every_read = false;  // else each record is checked the first time it is read
   int64_t budget_tokens = 0;  // activations planned for prompts up to this length; 0: min(n_ctx, 4096)
   int n_threads = 1;
   pipeline::TraceRecorder* trace = nullptr;  // not owned
@@ -126,6 +128,7 @@ class VirtualExperts {
   std::vector<int64_t> slot_begin_;          // [n_expert + 1] CSR by slot of one group
   std::vector<moe::SlotBinding> bindings_;   // [n_expert] slot -> views into the bank
   std::vector<moe::ExpertPlan> plans_;       // one per expert shape class
+  std::vector<uint8_t> verified_;            // [ordinal * n_expert + physical record]: checksum ok once
   double expert_s_ = 0;
   double layer_start_s_ = 0;
   uint64_t rng_state_ = 1;

@@ -117,6 +117,8 @@ class PrefillCommand : public Command {
                     "packed models: longest prompt the budget plans activations for (default: the prompt's length)")
         ->check(CLI::PositiveNumber);
     sub->add_flag("--no-verify", no_verify_, "packed models: skip the per-record checksum check of streamed reads");
+    sub->add_flag("--verify-every-read", verify_every_read_,
+                  "packed models: check a record's checksum on every read (default: the first read of each record)");
     sub->add_option("--trace", trace_, "packed models: write a Chrome/Perfetto trace (JSON) of the reads and compute "
                     "steps of the (last) request to FILE");
     sub->add_option("--repeat", repeat_, "run the prompt N times (model loaded once) and report the median time")
@@ -181,6 +183,7 @@ class PrefillCommand : public Command {
     eo.budget_tokens = budget_tokens_ > 0 ? budget_tokens_ : longest;
     eo.trace_path = trace_;
     eo.verify_checksums = !no_verify_;
+    eo.verify_every_read = verify_every_read_;
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
 
     if (!sweep_.empty()) return Sweep(*engine, ids);
@@ -400,6 +403,7 @@ class PrefillCommand : public Command {
   int64_t budget_tokens_ = 0;
   std::string trace_;
   bool no_verify_ = false;
+  bool verify_every_read_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
 };
