@@ -76,7 +76,7 @@ class PrefillCommand : public Command {
  public:
   const char* name() const override { return "prefill"; }
   const char* help() const override {
-    return "Run one prompt through the model (all weights resident) and print the next-token distribution";
+    return "Run one prompt through the model and print the next-token distribution (all weights resident, or a packed model inside --budget with experts streamed from disk)";
   }
 
   void Setup(CLI::App* sub) override {
