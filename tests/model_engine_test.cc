@@ -84,6 +84,15 @@ TEST(ModelLoad, MissingFile) {
   EXPECT_EQ(e.status().code(), StatusCode::kIOError);
 }
 
+TEST(ModelLoad, BudgetNeedsPackedModel) {
+  for (EngineOptions o : {EngineOptions{.budget_bytes = 1ull << 30}, EngineOptions{.group_size = 2},
+                          EngineOptions{.banks = 2}}) {
+    auto e = Engine::Load(kOlmoe, o);
+    ASSERT_FALSE(e.ok());
+    ExpectError(e.status(), StatusCode::kInvalidArgument, {"olmoe-tiny-f32.gguf", "packed", "estream pack"});
+  }
+}
+
 TEST(ModelLoad, MissingTensor) {
   ExpectError(LoadEdited(kOlmoe, [](GgufContents* c) { c->EraseTensor("blk.1.attn_k.weight"); }),
               StatusCode::kCorruption, {"blk.1.attn_k.weight", "missing", "[256, 256]"});

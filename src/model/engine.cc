@@ -14,6 +14,8 @@
 
 #include "base/memory.h"
 #include "base/timer.h"
+#include "gguf/gguf.h"
+#include "io/packed_layout.h"
 #include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/experts.h"
@@ -79,6 +81,16 @@ Engine::~Engine() = default;
 Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOptions options) {
   if (options.n_threads < 0)
     return Status::InvalidArgument(fmt::format("n_threads = {} must be >= 0 (0 = one per CPU)", options.n_threads));
+  if (options.budget_bytes > 0 || options.group_size > 0 || options.banks > 0) {
+    // Streaming needs the packed layout; refuse before loading (a resident load of a big plain
+    // GGUF would itself exceed the budget the user asked for).
+    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> header, GgufFile::Open(path));
+    if (!io::IsPackedModel(*header))
+      return Status::InvalidArgument(fmt::format(
+          "{}: a memory budget (or group size / banks) needs a packed model: run 'estream pack {} -o "
+          "MODEL.packed.gguf' and use that file",
+          path, path));
+  }
   model::ModelLoadOptions mo;
   // Repacking is chosen per type inside the loader (kernels::CanRepack); see docs/PERFORMANCE.md
   // for why experts are (or are not) repacked by default.
