@@ -37,9 +37,8 @@ std::optional<int64_t> SignedOf(const GgufValue& v) {
   }
 }
 
-// Reads an integer array key of exactly `count` elements (count < 0: any count). Unsigned
-// reading rejects negative values.
-Result<std::vector<uint64_t>> GetU64Array(const GgufFile& f, const std::string& key, int64_t count) {
+// The array value of `key`, checked to hold exactly `count` elements (count < 0: any count).
+Result<const GgufValue*> GetArray(const GgufFile& f, const std::string& key, int64_t count) {
   const GgufValue* v = f.Find(key);
   if (v == nullptr)
     return Status::Corruption(fmt::format("{}: packed model lacks key {}; re-run estream pack", f.path(), key));
@@ -49,6 +48,13 @@ Result<std::vector<uint64_t>> GetU64Array(const GgufFile& f, const std::string& 
   if (count >= 0 && v->array.size() != static_cast<size_t>(count))
     return Status::Corruption(fmt::format("{}: key {} has {} elements, expected {}", f.path(), key,
                                           v->array.size(), count));
+  return v;
+}
+
+// Reads an integer array key of exactly `count` elements (count < 0: any count). Unsigned
+// reading rejects negative values.
+Result<std::vector<uint64_t>> GetU64Array(const GgufFile& f, const std::string& key, int64_t count) {
+  ESTREAM_ASSIGN_OR_RETURN(const GgufValue* v, GetArray(f, key, count));
   std::vector<uint64_t> out;
   out.reserve(v->array.size());
   for (size_t i = 0; i < v->array.size(); ++i) {
@@ -61,15 +67,7 @@ Result<std::vector<uint64_t>> GetU64Array(const GgufFile& f, const std::string& 
 }
 
 Result<std::vector<int64_t>> GetI64Array(const GgufFile& f, const std::string& key, int64_t count) {
-  const GgufValue* v = f.Find(key);
-  if (v == nullptr)
-    return Status::Corruption(fmt::format("{}: packed model lacks key {}; re-run estream pack", f.path(), key));
-  if (v->type != GgufType::kArray)
-    return Status::Corruption(fmt::format("{}: key {} is a {}, expected an integer array", f.path(), key,
-                                          GgufTypeName(v->type)));
-  if (count >= 0 && v->array.size() != static_cast<size_t>(count))
-    return Status::Corruption(fmt::format("{}: key {} has {} elements, expected {}", f.path(), key,
-                                          v->array.size(), count));
+  ESTREAM_ASSIGN_OR_RETURN(const GgufValue* v, GetArray(f, key, count));
   std::vector<int64_t> out;
   out.reserve(v->array.size());
   for (size_t i = 0; i < v->array.size(); ++i) {
