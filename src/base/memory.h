@@ -12,6 +12,11 @@ namespace estream {
 uint64_t PeakRssBytes();
 // Current resident set size in bytes (VmRSS), or 0 if it cannot be read.
 uint64_t CurrentRssBytes();
+// Resets the process's peak RSS (VmHWM) to its current RSS by writing "5" to
+// /proc/self/clear_refs (Linux >= 4.0), so that a later PeakRssBytes() reports the peak of what
+// happened since. Process-wide: affects every thread's view. False when not possible (no /proc,
+// an older kernel, a sandbox that forbids the write); the peak is then unchanged.
+bool ResetPeakRss();
 
 // Aligned heap memory. `alignment` is a power of two >= sizeof(void*). Returns nullptr when
 // the allocation fails (callers turn that into a ResourceExhausted Status).

@@ -1,0 +1,55 @@
+#include "profiler/measure.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+
+#include "base/memory.h"
+#include "base/timer.h"
+
+namespace estream::profiler {
+
+Result<RunResult> MeasureRun(const std::string& model_path, const EngineOptions& options,
+                             const std::vector<int32_t>& tokens, int repeat) {
+  if (repeat < 1) return Status::InvalidArgument(fmt::format("measure: --repeat must be >= 1 (got {})", repeat));
+  if (tokens.empty()) return Status::InvalidArgument("measure: the request has no tokens");
+
+  // Best effort: without clear_refs the figure is the lifetime peak (documented in the header).
+  (void)ResetPeakRss();
+
+  RunResult result;
+  Timer load_timer;
+  auto engine = Engine::Load(model_path, options);
+  if (!engine.ok()) return engine.status();
+  result.load_seconds = load_timer.Seconds();
+
+  Request request;
+  request.tokens = tokens;
+  request.top_k = 1;
+
+  std::vector<Response> responses;
+  responses.reserve(static_cast<size_t>(repeat));
+  std::vector<double> seconds;
+  for (int r = 0; r < repeat; ++r) {
+    Timer run_timer;
+    auto response = (*engine)->Run(request);
+    if (!response.ok()) return response.status();
+    seconds.push_back(run_timer.Seconds());
+    responses.push_back(std::move(*response));
+  }
+  result.peak_rss_bytes = PeakRssBytes();
+  engine->reset();
+
+  // Median: the middle run (the lower middle for an even count), by wall time.
+  std::vector<size_t> order(seconds.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return seconds[a] < seconds[b]; });
+  const size_t median = order[(order.size() - 1) / 2];
+  result.seconds = seconds[median];
+  result.response = std::move(responses[median]);
+  return result;
+}
+
+}  // namespace estream::profiler

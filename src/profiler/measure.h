@@ -1,0 +1,41 @@
+// One measured end-to-end run of a request: what the exhaustive sweep (`estream sweep`) does at
+// every grid point and what `estream profile --report` does for the chosen point and its
+// neighbours.
+//
+// Memory figures are the PROCESS's peak RSS (VmHWM), the figure users see and the one a budget
+// bounds. Runs in the calling process: MeasureRun resets the process's peak (base/memory.h
+// ResetPeakRss) before loading, so the figure covers this load and these runs only, not what the
+// process held earlier; memory freed earlier but still resident in the allocator's caches is
+// part of the current RSS and hence of the new peak (glibc returns large blocks to the system at
+// free, so in practice it is small).
+//
+// Thread safety: not thread-safe against other work in the same process: the peak RSS reset and
+// read are process-wide, so run one MeasureRun at a time and nothing else big concurrently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "estream/engine.h"
+
+namespace estream::profiler {
+
+struct RunResult {
+  double seconds = 0;            // median request wall time (Engine::Run), seconds
+  double load_seconds = 0;       // Engine::Load wall time, seconds
+  uint64_t peak_rss_bytes = 0;   // process peak RSS over the load and all runs (see above)
+  estream::Response response;    // of the median run (stats: bubble, bytes_read, config, ...)
+};
+
+// Loads the model at `model_path` with `options`, runs the request `tokens` (top_k 1, no other
+// outputs) `repeat` times, and returns the median request time and that run's Response. The
+// engine is destroyed before returning. Errors: InvalidArgument for repeat < 1 or no tokens; the
+// Status of Engine::Load (e.g. ResourceExhausted when the budget does not fit: callers such as
+// the sweep skip such points) or of Engine::Run. When the peak cannot be reset (no
+// /proc/self/clear_refs), peak_rss_bytes is the process's lifetime peak (an upper bound).
+Result<RunResult> MeasureRun(const std::string& model_path, const EngineOptions& options,
+                             const std::vector<int32_t>& tokens, int repeat = 1);
+
+}  // namespace estream::profiler
