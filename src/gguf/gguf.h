@@ -238,4 +238,13 @@ class GgufWriter {
   std::vector<GgufTensorInfo> tensors_;
 };
 
+// The header bytes (magic .. last tensor info, without the padding before the data section) of
+// a GGUF file with these keys and tensor infos, their offsets as given: byte for byte what
+// GgufWriter writes (general.alignment is added when absent and alignment != 32). For rewriting a
+// header in place (io/metadata_update.h). InvalidArgument, naming the key, as GgufWriter::Begin
+// for a bad version or alignment, an inhomogeneous array, or a general.alignment key that
+// disagrees with `alignment`.
+Result<std::string> SerializeGgufHeader(uint32_t version, uint32_t alignment, const std::vector<GgufKv>& kvs,
+                                        const std::vector<GgufTensorInfo>& tensors);
+
 }  // namespace estream

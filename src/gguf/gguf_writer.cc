@@ -237,6 +237,21 @@ uint64_t DataBytes(const std::vector<GgufTensorInfo>& tensors, uint32_t alignmen
 
 }  // namespace
 
+Result<std::string> SerializeGgufHeader(uint32_t version, uint32_t alignment, const std::vector<GgufKv>& kvs,
+                                        const std::vector<GgufTensorInfo>& tensors) {
+  if (version != 2 && version != 3)
+    return Status::InvalidArgument(fmt::format("GGUF version {} cannot be written (use 2 or 3)", version));
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    return Status::InvalidArgument(fmt::format("GGUF alignment {} is not a power of two", alignment));
+  for (const GgufKv& kv : kvs) {
+    ESTREAM_RETURN_IF_ERROR(CheckValue(kv.key, kv.value));
+    if (kv.key == "general.alignment" && (kv.value.type != GgufType::kU32 || kv.value.u != alignment))
+      return Status::InvalidArgument(
+          fmt::format("key general.alignment must be a u32 equal to the file's alignment {}", alignment));
+  }
+  return SerializeHeader(version, alignment, kvs, tensors);
+}
+
 uint64_t GgufWriter::ExpectedFileSize() const {
   const std::string header = SerializeHeader(version_, alignment_, kvs_, tensors_);
   return AlignUp(header.size(), alignment_) + DataBytes(tensors_, alignment_);

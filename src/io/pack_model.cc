@@ -23,6 +23,7 @@
 #include "base/memory.h"
 #include "base/mutex.h"
 #include "base/timer.h"
+#include "io/metadata_update.h"
 #include "io/packed_layout.h"
 #include "kernels/kernels.h"
 #include "kernels/repack.h"
@@ -438,6 +439,10 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
                    GgufValue::Array(GgufType::kU64, std::vector<GgufValue>(static_cast<size_t>(src.n_expert),
                                                                            GgufValue::U64(0)))});
   }
+
+  // Room for later metadata (estream profile): the LAST key, so that io::UpdateMetadata can
+  // rewrite the header in place without moving the tensor data (io/metadata_update.h).
+  kvs.push_back({kHeaderReserveKey, HeaderReserveValue()});
 
   // ---- tensors: the source's order; each block's region takes the place of its first expert tensor ----
   std::unordered_map<std::string, size_t> expert_tensor_layer;  // name -> index in src.layers

@@ -58,6 +58,8 @@
 //   estream.part_bytes            u64[3L] bytes of each part
 //   estream.checksums.N           u64[n_expert]  per physical record of block N
 //   estream.expert_permutation.N  i32[n_expert]  physical -> logical; only when not identity
+//   estream.header_reserve        u64[]   zeros, the last key: room for later metadata, so that
+//                                         io::UpdateMetadata rewrites the header in place
 // Later versions may add keys (a reader of version 1 ignores estream.* keys it does not know);
 // any change to the meaning of the keys above bumps estream.layout_version. The prefix
 // estream.config.* is reserved for the configurator's result (group size, queue depth, banks;
