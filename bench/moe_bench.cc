@@ -2,7 +2,8 @@
 //
 //   moe_bench expert [--shapes olmoe,qwen3,mixtral] [--routes 1,8,...] [--reps N]
 //     Per-expert throughput: one expert of the shape (random Q4_0 weights, packed), R routes
-//     (R distinct tokens, all to that expert), ExpertPlan::Invoke timed; median of --reps runs of
+//     (R distinct tokens, all to that expert), ExpertPlan::Invoke timed (its scatter-adds go to an
+//     fp64 accumulator; BeginExpertSum / EndExpertSum are not in it); median of --reps runs of
 //     at least 0.2 s each. Gops = 6 n_embd n_ff R / time (gate, up, down; 1 op = a multiply or an
 //     add), pct_peak = Gops / (threads x 1050 Gop/s, the per-core vpdpbusd int8 peak;
 //     ESTREAM_PEAK_INT8_GOPS overrides), pct_peak_cpu = ops per CPU-second of all threads against
@@ -93,7 +94,8 @@ int Expert(const std::vector<std::string>& shapes, const std::vector<int64_t>& r
     const moe::SlotBinding b{{QuantType::kQ4_0, P, ff, d, g.get()}, {QuantType::kQ4_0, P, ff, d, u.get()},
                              {QuantType::kQ4_0, P, d, ff, dn.get()}};
     const int64_t T = *std::max_element(routes.begin(), routes.end());
-    std::vector<float> xn(T * d), y(T * d, 0.0f);
+    std::vector<float> xn(T * d);
+    std::vector<double> acc(T * d, 0.0);  // the layer's fp64 sum (expert_op.h)
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (float& v : xn) v = nd(rng);
     AlignedPtr<BlockQ8A> xq = AllocAligned<BlockQ8A>(T * d / kQK8A);
@@ -110,7 +112,7 @@ int Expert(const std::vector<std::string>& shapes, const std::vector<int64_t>& r
       const int64_t begin[2] = {0, R};
       const moe::ExpertInvocation inv{.slot_begin = begin, .n_slots = 1, .route_token = tok.data(),
                                       .route_weight = w.data(), .bindings = &b, .xn = xn.data(), .xq = xq.get(),
-                                      .y = y.data(), .n_tokens = T};
+                                      .acc = acc.data(), .n_tokens = T};
       plan->InvokeUnchecked(inv);  // warm-up
       std::vector<double> wall, cpu;
       for (int r = 0; r < reps; ++r) {

@@ -3,9 +3,13 @@
 //   - operator vs a scalar fp64 reference on dequantised weights, for random routings with empty
 //     slots, a slot with one route, one slot holding every token, and R > C (several passes);
 //     for Q4_0 packed, Q8_0 in GGUF layout, Q4_K packed and F32 weights;
-//   - bit-identical y for thread counts 1..4, repeated runs and different capacities C;
+//   - bit-identical fp64 sums for thread counts 1..4, repeated runs and different capacities C;
+//   - the order of the experts does not matter: the same routes in another slot order, split
+//     into two invocations run in either order (as a streamed, permuted layer does), give the
+//     same fp32 result after the final rounding (the fp64 sum, expert_op.h), bit for bit except
+//     at proven ties;
 //   - no allocation per invocation (global operator new counter and the plan's own counter);
-//   - invalid invocations refused with y untouched.
+//   - invalid invocations refused with the accumulator untouched.
 // ESTREAM_TEST_SEED replays a seed (each test prints the one it used).
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -13,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -134,12 +139,23 @@ class Fixture {
     return b;
   }
   ExpertInvocation Inv(const std::vector<int64_t>& begin, const std::vector<int32_t>& tok, const std::vector<float>& w,
-                       const std::vector<SlotBinding>& b, float* y) const {
+                       const std::vector<SlotBinding>& b, double* acc) const {
     return {.slot_begin = begin.data(), .n_slots = static_cast<int>(begin.size()) - 1, .route_token = tok.data(),
-            .route_weight = w.data(), .bindings = b.data(), .xn = xn_.data(), .xq = xq_.data(), .y = y,
+            .route_weight = w.data(), .bindings = b.data(), .xn = xn_.data(), .xq = xq_.data(), .acc = acc,
             .n_tokens = T_};
   }
-  std::vector<float> FreshY() const { return y0_; }
+  // The layer's fp64 sum set from the residual y0 (BeginExpertSum), poisoned first.
+  std::vector<double> FreshAcc() const {
+    std::vector<double> acc(y0_.size(), std::numeric_limits<double>::quiet_NaN());
+    BeginExpertSum(y0_.data(), T_, c_.d, acc.data());
+    return acc;
+  }
+  // The residual after the layer (EndExpertSum), poisoned first.
+  std::vector<float> Rounded(const std::vector<double>& acc) const {
+    std::vector<float> y(acc.size(), std::numeric_limits<float>::quiet_NaN());
+    EndExpertSum(acc.data(), T_, c_.d, y.data());
+    return y;
+  }
 
   // fp64 reference and a per-element error bound. The operator multiplies gate/up against the
   // Q8A rows xq (the caller's input, so the reference uses their dequantised values: no error
@@ -341,8 +357,9 @@ TEST_P(ExpertOp, MatchesReferenceOnRandomRoutings) {
     const std::vector<SlotBinding> b = fx.Bindings(expert_of_slot);
     auto plan = ExpertPlan::Create(fx.shape(), rt.capacity, T, 4);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-    std::vector<float> y = fx.FreshY();
-    ASSERT_TRUE(plan->Invoke(fx.Inv(r.begin, r.tok, r.w, b, y.data())).ok());
+    std::vector<double> acc = fx.FreshAcc();
+    ASSERT_TRUE(plan->Invoke(fx.Inv(r.begin, r.tok, r.w, b, acc.data())).ok());
+    const std::vector<float> y = fx.Rounded(acc);
     const int64_t R = r.begin[P];
     EXPECT_EQ(plan->last_passes(), (R + rt.capacity - 1) / rt.capacity);
     std::vector<double> ref, bound;
@@ -363,19 +380,94 @@ TEST_P(ExpertOp, BitIdenticalAcrossThreadsRunsAndCapacities) {
   RandomChoices(T, k, E, rng, &ids, &wts);
   const Routes r = Build(ids, wts, T, k, {0, 1, 2, 3, 4}, E);
   const std::vector<SlotBinding> b = fx.Bindings({0, 1, 2, 3, 4});
-  std::vector<float> first;
+  std::vector<double> first;
   for (int64_t cap : {int64_t{1000}, int64_t{37}}) {
     auto plan = ExpertPlan::Create(fx.shape(), cap, T, 4);
     ASSERT_TRUE(plan.ok());
     for (int threads : {1, 2, 3, 4, 2}) {
       SCOPED_TRACE(testing::Message() << "C " << cap << " threads " << threads);
       omp_set_num_threads(threads);
-      std::vector<float> y = fx.FreshY();
-      ASSERT_TRUE(plan->Invoke(fx.Inv(r.begin, r.tok, r.w, b, y.data())).ok());
-      if (first.empty()) first = y;
-      else EXPECT_EQ(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)), 0);
+      std::vector<double> acc = fx.FreshAcc();
+      ASSERT_TRUE(plan->Invoke(fx.Inv(r.begin, r.tok, r.w, b, acc.data())).ok());
+      if (first.empty()) first = acc;
+      else EXPECT_EQ(std::memcmp(first.data(), acc.data(), acc.size() * sizeof(double)), 0);
     }
   }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+// True if fp32 a != b can only come from rounding two fp64 sums s1, s2 that lie on either side of
+// (or on) the midpoint of two adjacent floats: a = float(s1), b = float(s2).
+bool IsTie(double s1, double s2, float a, float b) {
+  if (std::nextafter(a, b) != b) return false;  // not even adjacent: a real difference
+  const double mid = (static_cast<double>(a) + static_cast<double>(b)) / 2;  // exact in fp64
+  return (s1 - mid) * (s2 - mid) <= 0;
+}
+
+TEST_P(ExpertOp, OrderOfTheExpertsDoesNotMatter) {
+  const Case c = GetParam();
+  std::mt19937 rng(Seed() + 400 + static_cast<uint32_t>(c.type));
+  const int64_t T = 150;
+  const int E = 6, k = 4;
+  Fixture fx(c, E, T, rng);
+  omp_set_num_threads(2);
+  std::vector<int32_t> ids;
+  std::vector<float> wts;
+  RandomChoices(T, k, E, rng, &ids, &wts);
+  auto plan = ExpertPlan::Create(fx.shape(), 0, T, 2);
+  ASSERT_TRUE(plan.ok());
+
+  // Order A: slots = experts in ascending order, one invocation (the resident engine).
+  const Routes ra = Build(ids, wts, T, k, {0, 1, 2, 3, 4, 5}, E);
+  const std::vector<SlotBinding> ba = fx.Bindings({0, 1, 2, 3, 4, 5});
+  std::vector<double> acc_a = fx.FreshAcc();
+  ASSERT_TRUE(plan->Invoke(fx.Inv(ra.begin, ra.tok, ra.w, ba, acc_a.data())).ok());
+
+  // Order B: a random placement of the experts in slots, cut into two "groups" (slots [0, 3)
+  // and [3, 6)), the second group invoked first: every token's experts arrive in another order.
+  std::vector<int32_t> phi = {0, 1, 2, 3, 4, 5};
+  do std::shuffle(phi.begin(), phi.end(), rng);
+  while (phi == std::vector<int32_t>{0, 1, 2, 3, 4, 5});
+  std::vector<int> expert_of_slot(E);
+  for (int e = 0; e < E; ++e) expert_of_slot[phi[e]] = e;
+  const Routes rb = Build(ids, wts, T, k, phi, E);
+  const std::vector<SlotBinding> bb = fx.Bindings(expert_of_slot);
+  std::vector<double> acc_b = fx.FreshAcc();
+  for (int g : {1, 0}) {
+    const int s0 = 3 * g;
+    std::vector<int64_t> begin(rb.begin.begin() + s0, rb.begin.begin() + s0 + 4);
+    for (int64_t& v : begin) v -= rb.begin[s0];  // the group's own CSR (as RunExperts builds it)
+    const std::vector<int32_t> tok(rb.tok.begin() + rb.begin[s0], rb.tok.begin() + rb.begin[s0 + 3]);
+    const std::vector<float> w(rb.w.begin() + rb.begin[s0], rb.w.begin() + rb.begin[s0 + 3]);
+    const std::vector<SlotBinding> b(bb.begin() + s0, bb.begin() + s0 + 3);
+    ASSERT_TRUE(plan->Invoke(fx.Inv(begin, tok, w, b, acc_b.data())).ok());
+  }
+
+  // The fp64 sums differ by a few fp64 roundings of k + 1 terms at most (each product a_i v_i is
+  // exact): |s_a - s_b| <= (k + 1) 2^-53 sum|terms| < 1e-14 |s| for sums that do not cancel
+  // below 1/100 of their terms (the bound checked is relative to the largest |s| of the row).
+  const int64_t d = fx.d();
+  int64_t ties = 0, differ = 0;
+  const std::vector<float> ya = fx.Rounded(acc_a), yb = fx.Rounded(acc_b);
+  for (int64_t t = 0; t < T; ++t) {
+    double row_max = 0;
+    for (int64_t j = 0; j < d; ++j) row_max = std::max(row_max, std::abs(acc_a[t * d + j]));
+    for (int64_t j = 0; j < d; ++j) {
+      const int64_t i = t * d + j;
+      ASSERT_LE(std::abs(acc_a[i] - acc_b[i]), 1e-14 * row_max) << "token " << t << " column " << j;
+      differ += acc_a[i] != acc_b[i];
+      if (std::memcmp(&ya[i], &yb[i], sizeof(float)) == 0) continue;
+      EXPECT_TRUE(IsTie(acc_a[i], acc_b[i], ya[i], yb[i]))
+          << "token " << t << " column " << j << ": " << ya[i] << " vs " << yb[i] << " from sums " << acc_a[i]
+          << " and " << acc_b[i];
+      ++ties;
+    }
+  }
+  // Ties are expected at ~1e-9 per element (expert_op.h): almost always none in T x d = 33600.
+  std::printf("order test %s: %lld of %lld fp64 sums differ in the last bits; %lld fp32 results differ (ties)\n",
+              TypeName(c.type), static_cast<long long>(differ), static_cast<long long>(T * d),
+              static_cast<long long>(ties));
+  EXPECT_LE(ties, 2);
   omp_set_num_threads(omp_get_num_procs());
 }
 
@@ -394,7 +486,7 @@ TEST_P(ExpertOp, NoAllocationPerInvocation) {
   auto plan = ExpertPlan::Create(fx.shape(), 50, T, 2);
   ASSERT_TRUE(plan.ok());
   const int64_t plan_allocs = plan->allocations();
-  std::vector<float> y = fx.FreshY();
+  std::vector<double> y = fx.FreshAcc();
   // Warm-up: the OpenMP team and the GEMM kernels' per-thread scratch (thread_local, grown once
   // per thread to the largest call it has seen: not the operator's) are set up on first use.
   // With dynamic scheduling a thread may not meet every GEMM shape in a few invocations, so each
@@ -437,9 +529,9 @@ TEST_P(ExpertOp, RefusesMismatchedBindings) {
   b[1].down.n += 32;  // wrong shape
   auto plan = ExpertPlan::Create(fx.shape(), 0, T, 1);
   ASSERT_TRUE(plan.ok());
-  std::vector<float> y = fx.FreshY();
+  std::vector<double> y = fx.FreshAcc();
   EXPECT_FALSE(plan->Invoke(fx.Inv(r.begin, r.tok, r.w, b, y.data())).ok());
-  EXPECT_EQ(std::memcmp(y.data(), fx.FreshY().data(), y.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(y.data(), fx.FreshAcc().data(), y.size() * sizeof(double)), 0);
   // An empty slot's binding is not read: slot 0 has no route.
   b[0] = SlotBinding{};
   b[1] = fx.Bindings({1})[0];

@@ -45,7 +45,7 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
       float_down = float_down || !IsQuantized(L.experts.down[e].type);
     }
   Workspace w;
-  const bool ok = Grow(&w.x, T * d) && Grow(&w.xn, T * d) && Grow(&w.xq, T * (d / kQK8A)) &&
+  const bool ok = Grow(&w.x, T * d) && Grow(&w.acc, T * d) && Grow(&w.xn, T * d) && Grow(&w.xq, T * (d / kQK8A)) &&
                   Grow(&w.q, T * c.q_dim()) && Grow(&w.k, T * c.kv_dim()) && Grow(&w.v, T * c.kv_dim()) &&
                   Grow(&w.att, T * c.q_dim()) && Grow(&w.router_logits, T * c.n_expert) &&
                   Grow(&w.route_expert, T * k) && Grow(&w.route_weight, T * k) && Grow(&w.route_token, T * k) &&

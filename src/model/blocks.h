@@ -43,6 +43,8 @@ class Workspace {
 
   // Per token (capacity rows each):
   AlignedPtr<float> x;              // [T x d] residual stream
+  AlignedPtr<double> acc;           // [T x d] fp64 sum of one MoE layer: x + its experts' outputs
+                                    // (moe::BeginExpertSum / EndExpertSum, expert_op.h)
   AlignedPtr<float> xn;             // [T x d] normed input of a sub-block / projection output
   AlignedPtr<BlockQ8A> xq;          // [T x d/32] Q8A of xn
   AlignedPtr<float> q;              // [T x q_dim]
@@ -86,8 +88,8 @@ void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, fl
 void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
 
 // x += MoE(RMSNorm(x)) for layer `il`: router (softmax, top-k, renormalisation per architecture),
-// routes grouped by expert, then the grouped expert path of experts.h. MoeBlock = RouteBlock
-// then ExpertsGrouped (split so that callers can time or replace the expert part).
+// routes grouped by expert, then the batched expert path of experts.h. MoeBlock = RouteBlock
+// then ExpertsBatched (split so that callers can time or replace the expert part).
 void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
 void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
 

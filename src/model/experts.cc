@@ -17,7 +17,8 @@ void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t 
   const kernels::KernelTable& kt = kernels::Kernels();
   const float* xn = ws->xn.get();
   const BlockQ8A* xq = ws->xq.get();
-  float* x = ws->x.get();
+  double* acc = ws->acc.get();
+  moe::BeginExpertSum(ws->x.get(), n_tokens, d, acc);
 
   for (int e = 0; e < c.n_expert; ++e) {
     const kernels::WeightView& wg = experts.gate[e];
@@ -52,16 +53,17 @@ void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t 
         if (q_down) kt.quantize_q8a(g + r * ff, hq + r * ff_blocks, ff);
       }
       Linear(wd, g, ff, q_down ? hq : nullptr, R, dn, d);
-      // Weighted scatter-add into the residual stream (distinct tokens within one expert).
+      // Weighted scatter-add into the layer's fp64 sum (distinct tokens within one expert).
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < R; ++r) {
-        float* dst = x + static_cast<int64_t>(tok[r]) * d;
+        double* dst = acc + static_cast<int64_t>(tok[r]) * d;
         const float* src = dn + r * d;
-        const float a = aw[r];
-        for (int64_t i = 0; i < d; ++i) dst[i] += a * src[i];
+        const double a = aw[r];
+        for (int64_t i = 0; i < d; ++i) dst[i] += a * static_cast<double>(src[i]);
       }
     }
   }
+  moe::EndExpertSum(acc, n_tokens, d, ws->x.get());
 }
 
 }  // namespace estream::model
@@ -97,6 +99,7 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
       units.push_back({e, r0, std::min(C, ws->expert_begin[e + 1] - r0), 0});
   const int64_t n_ff_items = (ff + kFfBlock - 1) / kFfBlock;
   const int64_t n_d_items = (d + kEmbdBlock - 1) / kEmbdBlock;
+  moe::BeginExpertSum(ws->x.get(), n_tokens, d, ws->acc.get());
 
   for (size_t u0 = 0; u0 < units.size();) {
     size_t u1 = u0;
@@ -152,7 +155,7 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
       }
       // (implicit barrier)
 
-      // 3. Down by column blocks of n_embd, every unit in order, scatter-add into x.
+      // 3. Down by column blocks of n_embd, every unit in order, scatter-add into the fp64 sum.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < n_d_items; ++item) {
         const int64_t c0 = item * kEmbdBlock, c1 = std::min(d, c0 + kEmbdBlock), nb = c1 - c0;
@@ -161,16 +164,17 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
           kernels::GemmColumns(kt, experts.down[u.expert], ws->whq.get() + u.wrow * ff_blocks, ws->whf.get() + u.wrow * ff, ff,
                       u.rows, c0, c1, td, nb);
           for (int64_t r = 0; r < u.rows; ++r) {
-            float* dst = ws->x.get() + static_cast<int64_t>(ws->route_token[u.route0 + r]) * d + c0;
+            double* dst = ws->acc.get() + static_cast<int64_t>(ws->route_token[u.route0 + r]) * d + c0;
             const float* src = td + r * nb;
-            const float a = ws->route_w[u.route0 + r];
-            for (int64_t j = 0; j < nb; ++j) dst[j] += a * src[j];
+            const double a = ws->route_w[u.route0 + r];
+            for (int64_t j = 0; j < nb; ++j) dst[j] += a * static_cast<double>(src[j]);
           }
         }
       }
     }
     u0 = u1;
   }
+  moe::EndExpertSum(ws->acc.get(), n_tokens, d, ws->x.get());
 }
 
 }  // namespace estream::model
@@ -220,9 +224,12 @@ Status FusedExperts::Run(const Model& model, int il, int64_t n_tokens, Workspace
                                   .bindings = bindings_.data(),
                                   .xn = ws->xn.get(),
                                   .xq = ws->xq.get(),
-                                  .y = ws->x.get(),
+                                  .acc = ws->acc.get(),
                                   .n_tokens = n_tokens};
-  return plan->Invoke(inv);
+  moe::BeginExpertSum(ws->x.get(), n_tokens, model.config().n_embd, ws->acc.get());
+  ESTREAM_RETURN_IF_ERROR(plan->Invoke(inv));
+  moe::EndExpertSum(ws->acc.get(), n_tokens, model.config().n_embd, ws->x.get());
+  return Status::Ok();
 }
 
 }  // namespace estream::model

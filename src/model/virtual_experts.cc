@@ -29,8 +29,8 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   const uint64_t C = std::min<uint64_t>(kExpertChunkRows, T);
   const uint64_t W = std::min<uint64_t>(kRouteWindow, T * k);
   const uint64_t q8 = sizeof(BlockQ8A);
-  // Workspace::Reserve (blocks.cc), every buffer:
-  uint64_t b = T * d * 4 * 2 + T * (d / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
+  // Workspace::Reserve (blocks.cc), every buffer (x and xn fp32, acc fp64, ...):
+  uint64_t b = T * d * 4 * 2 + T * d * 8 + T * (d / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
                T * c.n_expert * 4 + T * k * 4 * 4 + C * d * 4 * 2 + C * (d / 32) * q8 + C * ff * 4 * 2 +
                C * (ff / 32) * q8 + W * (d / 32) * q8 + W * (ff / 32) * q8 +
                static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4;
@@ -248,6 +248,9 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
                                                  "was planned for", n_tokens, config_.budget_tokens));
   const io::PackedLayerInfo& li = layout_.layers[ord];
   const int G = config_.group_size;
+  // Every group's invocation adds into the layer's fp64 sum; x gets it once, after the last group
+  // (expert_op.h, "Order of the experts": the order of groups and slots then does not matter).
+  moe::BeginExpertSum(ws->x.get(), n_tokens, c.n_embd, ws->acc.get());
   Status status;
   std::vector<pipeline::GroupLease> leases;
   struct Rec { int lease, r; };
@@ -302,7 +305,8 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
       // The routes as a CSR by slot (slots in group order, then position r in the group: the
       // physical record order), and the slots' bindings into the banks. With the identity
       // permutation the slots are in expert order, so every row receives its experts in the
-      // same order as in the resident run (bit-identical results, expert_op.h).
+      // same order as in the resident run (bit-identical results, expert_op.h); with another
+      // permutation the order differs, which the fp64 sum makes invisible but for rare ties.
       for (int i = 0; i < n_rec; ++i) {
         const pipeline::GroupLease& lease = leases[recs[i].lease];
         const int e = li.permutation[lease.group * G + recs[i].r];
@@ -323,7 +327,7 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
       ESTREAM_CHECK(plan != nullptr, "VirtualExperts: no plan for a layer's shape class");
       status = plan->Invoke({.slot_begin = slot_begin_.data(), .n_slots = n_rec, .route_token = group_token_.get(),
                              .route_weight = group_w_.get(), .bindings = bindings_.data(), .xn = ws->xn.get(),
-                             .xq = ws->xq.get(), .y = ws->x.get(), .n_tokens = n_tokens});
+                             .xq = ws->xq.get(), .acc = ws->acc.get(), .n_tokens = n_tokens});
     }
     if (options_.max_executor_delay_s_for_testing > 0) {
       rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
@@ -339,6 +343,7 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
     for (const pipeline::GroupLease& l : leases) streamer_->ReleaseGroup(l);
     q = next;
   }
+  if (status.ok()) moe::EndExpertSum(ws->acc.get(), n_tokens, c.n_embd, ws->x.get());
   expert_s_ += NowSeconds() - t_enter;
   return status;
 }

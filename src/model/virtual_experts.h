@@ -11,9 +11,11 @@
 // LayerStart(il) before the attention and RunExperts(il) after the router, and EndRequest at
 // the end (also after an error). RunExperts runs the layer's active groups in ascending group
 // order, each from its bank, with one invocation of the fused expert operator (moe/expert_op.h)
-// whose slots are the group's arena slots: with the identity permutation the experts are added
+// whose slots are the group's arena slots, all adding into the layer's fp64 sum (ws->acc) that is
+// rounded into x once after the last group: with the identity permutation the experts are added
 // into every row in expert order exactly as in the resident run, so the outputs are
-// bit-identical to it.
+// bit-identical to it; with another permutation only the order of the fp64 adds differs, which
+// changes the rounded fp32 result only in rare ties (expert_op.h, "Order of the experts").
 //
 // Checksums: with verify_checksums, every record of a group (each only the first time it is read,
 // unless verify_every_read) is checked (XXH3, in parallel over
@@ -102,8 +104,9 @@ class VirtualExperts {
   // ---- streamed only ----
   void BeginRequest();
   void LayerStart(int il);
-  // ws holds layer il's routes (RouteBlock). Adds the experts' outputs into ws->x. On error the
-  // request must end (EndRequest); ws->x is then partial.
+  // ws holds layer il's routes (RouteBlock). Adds the experts' outputs into ws->x, summed over
+  // all groups in fp64 in ws->acc and rounded into x once at the end. On error the request must
+  // end (EndRequest); ws->x is then left as it was before the layer's experts.
   Status RunExperts(int il, int64_t n_tokens, Workspace* ws);
   Status EndRequest();
   pipeline::StreamStats stream_stats() const;

@@ -16,12 +16,13 @@ namespace {
 bool IsFloat(QuantType t) { return t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16; }
 
 
-// dst[j] += a * src[j]: a multiply then an add per element (two roundings, as the previous
-// path computes it: no FMA contraction in this baseline-ISA translation unit), vectorised
-// (omp simd: the library builds with -O2, which leaves this loop scalar otherwise).
-inline void ScaledAdd(float* __restrict dst, const float* __restrict src, float a, int64_t n) {
+// dst[j] += (double) a * (double) src[j]. The product of two fp32 values is exact in fp64, so
+// the one rounding is the add's, with or without FMA contraction (the same bits either way).
+// Vectorised with omp simd (the library builds with -O2, which leaves this loop scalar otherwise).
+inline void ScaledAdd(double* __restrict dst, const float* __restrict src, float a, int64_t n) {
+  const double ad = a;
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) dst[j] += a * src[j];
+  for (int64_t j = 0; j < n; ++j) dst[j] += ad * static_cast<double>(src[j]);
 }
 
 bool Matches(const kernels::WeightView& w, QuantType t, kernels::WeightLayout layout, int64_t n, int64_t k) {
@@ -98,10 +99,10 @@ Status ExpertPlan::Invoke(const ExpertInvocation& inv) {
     return Status::InvalidArgument(fmt::format("ExpertPlan::Invoke: n_tokens = {} exceeds the plan's max_tokens = {}",
                                                inv.n_tokens, max_tokens_));
   if (inv.n_slots == 0 || inv.slot_begin[inv.n_slots] == inv.slot_begin[0]) return Status::Ok();
-  if (inv.route_token == nullptr || inv.route_weight == nullptr || inv.y == nullptr ||
+  if (inv.route_token == nullptr || inv.route_weight == nullptr || inv.acc == nullptr ||
       (quant_in_ && inv.xq == nullptr) || (float_in_ && inv.xn == nullptr))
     return Status::InvalidArgument(
-        "ExpertPlan::Invoke: route_token, route_weight, y and the activations the weight types need are required");
+        "ExpertPlan::Invoke: route_token, route_weight, acc and the activations the weight types need are required");
   const ExpertShape& s = shape_;
   for (int i = 0; i < inv.n_slots; ++i) {
     if (inv.slot_begin[i + 1] < inv.slot_begin[i])
@@ -138,7 +139,7 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
   const bool quant_in = quant_in_, float_in = float_in_, quant_hidden = quant_hidden_;
   const int32_t* route_token = inv.route_token;
   const float* route_weight = inv.route_weight;
-  float* y = inv.y;
+  double* acc = inv.acc;
 
   int slot = 0;  // cursor: the slot holding route r0 (advances across passes: O(P + R) in all)
   for (int64_t r0 = r_begin; r0 < r_end; r0 += C) {
@@ -202,10 +203,31 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
                       td, nb);
           const int32_t* tok = route_token + u.route0;
           const float* aw = route_weight + u.route0;
-          for (int64_t r = 0; r < u.rows; ++r) ScaledAdd(y + static_cast<int64_t>(tok[r]) * d + c0, td + r * nb, aw[r], nb);
+          for (int64_t r = 0; r < u.rows; ++r)
+            ScaledAdd(acc + static_cast<int64_t>(tok[r]) * d + c0, td + r * nb, aw[r], nb);
         }
       }
     }
+  }
+}
+
+void BeginExpertSum(const float* x, int64_t n_tokens, int64_t n_embd, double* acc) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* __restrict src = x + t * n_embd;
+    double* __restrict dst = acc + t * n_embd;
+#pragma omp simd
+    for (int64_t j = 0; j < n_embd; ++j) dst[j] = static_cast<double>(src[j]);
+  }
+}
+
+void EndExpertSum(const double* acc, int64_t n_tokens, int64_t n_embd, float* x) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const double* __restrict src = acc + t * n_embd;
+    float* __restrict dst = x + t * n_embd;
+#pragma omp simd
+    for (int64_t j = 0; j < n_embd; ++j) dst[j] = static_cast<float>(src[j]);
   }
 }
 

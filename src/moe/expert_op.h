@@ -1,8 +1,9 @@
 // The expert plan and the fused expert operator (DESIGN.md sections 1-3, issue 6).
 //
 // What it computes. For every slot s with routes i in [slot_begin[s], slot_begin[s + 1]):
-//     y[t_i] += a_i * Wd_s^T ( silu(Wg_s^T x_i) * (Wu_s^T x_i) ),   x_i = xn[t_i]
-// where t_i = route_token[i], a_i = route_weight[i] and (Wg_s, Wu_s, Wd_s) the slot's bindings.
+//     acc[t_i] += (double) a_i * (double) v_i,   v_i = Wd_s^T ( silu(Wg_s^T x_i) * (Wu_s^T x_i) ) (fp32)
+// where x_i = xn[t_i], t_i = route_token[i], a_i = route_weight[i], (Wg_s, Wu_s, Wd_s) the slot's
+// bindings and acc an fp64 accumulator of the layer (see "Order of the experts" below).
 // A "slot" is whatever the caller groups routes by: an expert id (resident engine), or an arena
 // slot holding one expert of the group being run (virtualised engine, src/vmem). Routes of one
 // slot name distinct tokens (an expert is picked at most once per token).
@@ -21,13 +22,26 @@
 //      as a pair into per-thread tiles, SwiGLU, Q8A of the result into the pass's H buffer;
 //   3. items (n_embd column tile), dynamically scheduled: for every slot in CSR order, the down
 //      projection of that slot's H rows for the columns of the tile into a per-thread tile, then
-//      y[t_i][cols] += a_i * tile[i][cols]. An item owns its columns of y, and adds the slots into
-//      each element in CSR (slot) order, passes in route order, so:
-// Determinism: the same inputs give a bit-identical y for any thread count and any run (every
-// output element is one fixed sequence of float operations; no atomics, no reduction races).
+//      acc[t_i][cols] += (double) a_i * (double) tile[i][cols]. An item owns its columns of acc,
+//      and adds the slots into each element in CSR (slot) order, passes in route order, so:
+// Determinism: the same inputs give a bit-identical acc for any thread count and any run (every
+// output element is one fixed sequence of operations; no atomics, no reduction races).
 // With slots = expert ids in ascending order this is also bit-identical to
 // model::ExpertsGrouped / ExpertsBatched (same GEMM per element, same SwiGLU, same Q8A blocks,
-// same order of the scatter-adds).
+// same fp64 scatter-adds in the same order).
+//
+// Order of the experts. A token's experts may reach acc in any order: slot order (a permuted
+// packed file), group order (a streamed layer runs in several invocations), pass order. With
+// fp32 adds into the residual stream the order changes x by an ulp here and there, and the next
+// layer's Q8A quantisation turns such an ulp at a rounding boundary into a whole quantisation
+// step (measured: up to 2% of the largest logit). So the caller keeps one fp64 accumulator per
+// layer: BeginExpertSum (acc = x), any number of invocations, EndExpertSum (x = float(acc), once
+// per element). Each term a_i * v_i is exact in fp64 (24-bit x 24-bit mantissas), so the only
+// order-dependent rounding is that of the k + 1 fp64 adds (k = n_expert_used): |difference| <=
+// ~k * 2^-53 * sum|terms|, i.e. about k * 2^-29 of an fp32 ulp of the sum unless the terms
+// cancel. The final rounding to fp32 therefore gives the same float for any order except when
+// the fp64 sum lies within that distance of an fp32 rounding midpoint (probability ~k * 2^-29
+// ~ 1e-8 per element; tests/pipeline_engine_test counts bit-identical runs).
 //
 // Weight types: any kernels::GemmSupports type, packed or GGUF layout. Float gate/up (F32, F16,
 // BF16) read the float rows xn; a float down reads the float SwiGLU output; the plan allocates
@@ -80,7 +94,8 @@ struct ExpertInvocation {
   const SlotBinding* bindings = nullptr; // [n_slots]; entries of empty slots are not read
   const float* xn = nullptr;     // [n_tokens x n_embd] normed input (read only for float gate/up)
   const BlockQ8A* xq = nullptr;  // [n_tokens x n_embd/32] its Q8A form (read for quantised gate/up)
-  float* y = nullptr;            // [n_tokens x n_embd] accumulator (the residual stream), += only
+  double* acc = nullptr;         // [n_tokens x n_embd] fp64 accumulator of the layer, += only
+                                 // (BeginExpertSum / EndExpertSum below)
   int64_t n_tokens = 0;
 };
 
@@ -93,7 +108,7 @@ class ExpertPlan {
   [[nodiscard]] static Result<ExpertPlan> Create(const ExpertShape& shape, int64_t capacity_routes,
                                                  int64_t max_tokens, int n_threads);
 
-  // Runs the operator (see the file comment). Errors (InvalidArgument, y untouched): a binding
+  // Runs the operator (see the file comment). Errors (InvalidArgument, acc untouched): a binding
   // of a non-empty slot not of the plan's shape class, n_tokens > max_tokens, a null pointer
   // that is needed. Route tokens are DCHECKed in range.
   [[nodiscard]] Status Invoke(const ExpertInvocation& inv);
@@ -149,5 +164,13 @@ class ExpertPlan {
   int64_t allocations_ = 0;
   int64_t last_passes_ = 0;
 };
+
+// The fp64 sum of one MoE layer (see "Order of the experts" in the file comment), both over rows
+// [0, n_tokens) of n_embd elements, parallel over rows (call outside any parallel region):
+//   BeginExpertSum: acc = (double) x, before the layer's first invocation;
+//   EndExpertSum:   x = (float) acc, after its last one (one rounding per element).
+// Thread-count independent (one conversion per element).
+void BeginExpertSum(const float* x, int64_t n_tokens, int64_t n_embd, double* acc);
+void EndExpertSum(const double* acc, int64_t n_tokens, int64_t n_embd, float* x);
 
 }  // namespace estream::moe
