@@ -156,6 +156,14 @@ struct Response {
     std::string io_backend;    // "io_uring", "pread"
     uint64_t arena_bytes = 0, expert_bytes = 0, budget_bytes = 0;
     int64_t groups_read = 0, groups_skipped = 0, groups_cancelled = 0;
+    // What the engine counts as non-arena memory when it checks the budget: RSS after load +
+    // activation bound + margin (streamed only).
+    uint64_t other_bytes = 0;
+    // How G, B and Q were chosen (streamed only): "explicit" (options), "stored" (the
+    // configurator's choice stored for this budget by `estream profile`), "profile" (re-solved
+    // from the stored profile for this budget), "rule" (no stored profile: the default rule),
+    // followed by a parenthesised note when the choice was adjusted or a stored one ignored.
+    std::string source;
   } config;
 };
 

@@ -329,6 +329,8 @@ void Engine::Impl::FillStreamStats(Response* resp) {
       rc.io_backend = k.io_backend;
       rc.arena_bytes = k.arena_bytes;
       rc.budget_bytes = k.budget_bytes;
+      rc.other_bytes = k.other_bytes;
+      rc.source = k.source;
       const pipeline::StreamStats st = vexp->stream_stats();
       resp->bubble_seconds = st.bubble_s;
       resp->bubble_rate = resp->seconds > 0 ? st.bubble_s / resp->seconds : 0;

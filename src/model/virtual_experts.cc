@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "base/timer.h"
+#include "config/configurator.h"
+#include "config/profile.h"
 #include "model/experts.h"
 #include "moe/expert_op.h"
 
@@ -180,6 +182,7 @@ Status VirtualExperts::Solve() {
   uint64_t stride = 0;
   for (const io::PackedLayerInfo& li : layout_.layers) stride = std::max(stride, li.record_bytes);
   const auto groups = [&](int g) { return (c.n_expert + g - 1) / g; };
+  k.source = "explicit";
   if (k.budget_bytes == 0) {  // explicit sizes only
     k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);
     k.banks = options_.banks > 0 ? options_.banks : 2;
@@ -207,6 +210,7 @@ Status VirtualExperts::Solve() {
           Mib(k.other_bytes), Mib(k.other_bytes + std::max(k.banks, 1) * k.group_size * stride)));
     return Status::Ok();
   }
+  if (SolveFromProfile(avail, stride)) return Status::Ok();
   for (int g = std::min(8, c.n_expert); g >= 1; --g) {
     const uint64_t fit = avail / (g * stride);
     if (fit >= 2 || (g == 1 && fit >= 1)) {
@@ -216,6 +220,66 @@ Status VirtualExperts::Solve() {
     }
   }
   return Status::Internal("VirtualExperts::Solve: no configuration although one bank of one expert fits");
+}
+
+bool VirtualExperts::SolveFromProfile(uint64_t avail, uint64_t stride) {
+  const ModelConfig& c = model_->config();
+  VirtualExpertsConfig& k = config_;
+  const std::vector<GgufKv>& kvs = model_->file().kvs();
+  const config::Schedule schedule = options_.schedule == pipeline::Schedule::kOnDemand       ? config::Schedule::kOnDemand
+                                    : options_.schedule == pipeline::Schedule::kAfterRouting ? config::Schedule::kAfterRouting
+                                                                                             : config::Schedule::kEarly;
+  const int n_layer = static_cast<int>(layout_.layers.size());
+  int g = 0, b = 0, q = 0;
+  std::string note;
+  if (config::HasConfigChoice(kvs)) {
+    Result<config::ConfigChoice> choice = config::ParseConfigChoice(kvs, model_->path());
+    if (!choice.ok()) {
+      note = "stored configuration ignored: " + choice.status().message();
+    } else if (choice->budget_bytes == k.budget_bytes && choice->schedule == schedule &&
+               choice->group_size <= c.n_expert) {
+      g = choice->group_size, b = choice->banks, q = choice->queue_depth;
+      k.source = "stored";
+    }
+  }
+  if (g == 0 && config::HasProfile(kvs)) {
+    Result<config::Profile> profile = config::ParseProfile(kvs, model_->path());
+    if (!profile.ok()) {
+      note = "stored profile ignored: " + profile.status().message();
+    } else if (profile->n_layer != n_layer || profile->n_expert != c.n_expert || profile->expert_bytes != stride) {
+      note = fmt::format("stored profile ignored: it describes {} MoE layers x {} experts of {} bytes, the model has "
+                         "{} x {} of {}; run estream profile again", profile->n_layer, profile->n_expert,
+                         profile->expert_bytes, n_layer, c.n_expert, stride);
+    } else {
+      Result<config::Selection> sel =
+          config::SelectConfig(*profile, {.budget_bytes = k.budget_bytes, .schedule = schedule});
+      if (sel.ok()) {
+        g = sel->best.group_size, b = sel->best.banks, q = sel->best.queue_depth;
+        k.source = "profile";
+      } else {
+        note = "stored profile: " + sel.status().message();
+      }
+    }
+  }
+  if (g == 0) {
+    k.source = note.empty() ? "rule" : "rule (" + note + ")";
+    return false;
+  }
+  const uint64_t fit = avail / (static_cast<uint64_t>(g) * stride);
+  if (fit < 1) {
+    k.source = fmt::format("rule ({} configuration G={} B={} does not fit: {} left for the arena after the "
+                           "measured non-arena memory {})", k.source, g, b, Mib(avail), Mib(k.other_bytes));
+    return false;
+  }
+  if (static_cast<uint64_t>(b) > fit) {
+    k.source += fmt::format(" (banks {} -> {}: the measured non-arena memory {} is larger than the profile's)", b, fit,
+                            Mib(k.other_bytes));
+    b = static_cast<int>(fit);
+  }
+  k.group_size = g;
+  k.banks = b;
+  k.queue_depth = options_.queue_depth > 0 ? options_.queue_depth : q;
+  return true;
 }
 
 void VirtualExperts::BeginRequest() {

@@ -25,10 +25,20 @@
 // Budget (Solve): the memory of everything but the arena is measured, not guessed: the RSS after
 // the model's dense part is loaded (weights, metadata, tokenizer, code), plus the activations of
 // a prompt of `budget_tokens` tokens (ActivationBytes, an upper bound), plus a margin
-// (kBudgetMargin). The arena gets the rest: Q = 8 and the largest G <= 8 for which B >= 2 banks
-// fit (B capped at two layers' worth of groups); explicit group_size / banks / queue_depth
-// override. A budget below the load's own peak or below other + one bank of one expert is
-// refused with ResourceExhausted giving the minimum.
+// (kBudgetMargin). The arena gets the rest, and (G, B, Q) come from, in this order:
+//   1. explicit group_size / banks (queue_depth: explicit, else 8)          source "explicit"
+//   2. the configurator's stored choice (estream.config.*, `estream profile`) when it was solved
+//      for this budget and schedule                                          source "stored"
+//   3. the stored profile (estream.profile.*) re-solved for this budget and schedule
+//      (config::SelectConfig, well under a millisecond)                       source "profile"
+//   4. the default rule: Q = 8 and the largest G <= 8 for which B >= 2 banks fit (B capped at
+//      two layers' worth of groups)                                          source "rule"
+// For 2 and 3 an explicit queue_depth still overrides Q, and the choice must pass this process's
+// own fit check: when the measured non-arena memory is larger than the profile's (a longer
+// budget_tokens, say), B is lowered to what fits; when not even one bank of G fits, the rule
+// (4) decides. A stored choice or profile that does not parse is ignored (source says why).
+// A budget below the load's own peak or below other + one bank of one expert is refused with
+// ResourceExhausted giving the minimum.
 //
 // Ownership: VirtualExperts borrows the Model (it must outlive it) and writes its expert views.
 // Thread safety: one request at a time (the engine's mutex); called outside OpenMP regions.
@@ -88,6 +98,9 @@ struct VirtualExpertsConfig {
   uint64_t budget_bytes = 0;
   uint64_t other_bytes = 0;    // measured RSS after load + activations + margin
   int64_t budget_tokens = 0;
+  // How G, B, Q were chosen (see Budget above): "explicit", "stored", "profile" or "rule",
+  // followed by a parenthesised note when the choice was adjusted or a stored one was ignored.
+  std::string source;
 };
 
 class VirtualExperts {
@@ -117,6 +130,9 @@ class VirtualExperts {
   VirtualExperts() = default;
   Status LoadResident();
   Status Solve();
+  // Steps 2 and 3 of Solve: true when the stored choice or profile gave a configuration that
+  // fits `avail` bytes of arena (slot stride `stride`); else false with config_.source's note.
+  bool SolveFromProfile(uint64_t avail, uint64_t stride);
 
   Model* model_ = nullptr;
   VirtualExpertsOptions options_;

@@ -102,12 +102,14 @@ class PrefillCommand : public Command {
         ->delimiter(',');
     sub->add_option("--budget", budget_,
                     "packed models: run within this memory budget (bytes, or with a K/M/G suffix: 4G); experts are "
-                    "streamed through a bounded arena and peak RSS stays under it");
+                    "streamed through a bounded arena and peak RSS stays under it; G/B/Q come from the configuration "
+                    "'estream profile' stored for this budget, else are re-solved from its stored profile, else a "
+                    "default rule");
     sub->add_option("--group-size", group_size_, "packed models: experts per group/bank (G; default: from --budget)")
         ->check(CLI::PositiveNumber);
     sub->add_option("--banks", banks_, "packed models: banks of the arena (B; default: from --budget)")
         ->check(CLI::PositiveNumber);
-    sub->add_option("--queue-depth", queue_depth_, "packed models: reads in flight (Q; default 8)")
+    sub->add_option("--queue-depth", queue_depth_, "packed models: reads in flight (Q; default: from --budget, else 8)")
         ->check(CLI::PositiveNumber);
     sub->add_option("--schedule", schedule_, "packed models: when expert groups are read: on-demand, after-routing, "
                     "early (default)")->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
@@ -218,6 +220,7 @@ class PrefillCommand : public Command {
       resp = std::move(*r);
     }
     if (dump && std::fclose(dump) != 0) return Status::IOError(dump_logits_ + ": close failed: " + std::strerror(errno));
+    if (resp.config.streamed && !budget_.empty()) ReportConfigSource(resp.config);
     const double secs = Median(seconds);
     const double tps = static_cast<double>(resp.n_tokens) / secs;
     const uint64_t peak = PeakRssBytes();
@@ -248,7 +251,8 @@ class PrefillCommand : public Command {
                        {"io", resp.config.io_backend}, {"arena_bytes", resp.config.arena_bytes},
                        {"expert_bytes", resp.config.expert_bytes}, {"budget_bytes", resp.config.budget_bytes},
                        {"groups_read", resp.config.groups_read}, {"groups_skipped", resp.config.groups_skipped},
-                       {"groups_cancelled", resp.config.groups_cancelled}};
+                       {"groups_cancelled", resp.config.groups_cancelled}, {"source", resp.config.source},
+                       {"other_bytes", resp.config.other_bytes}};
       j["top"] = nlohmann::json::array();
       for (const TokenLogprob& t : resp.top) {
         nlohmann::json e{{"token", t.token}, {"logprob", t.logprob}};
@@ -279,10 +283,12 @@ class PrefillCommand : public Command {
     std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
     if (resp.config.streamed) {
       const Response::StreamConfig& k = resp.config;
-      std::printf("streamed experts: G=%d B=%d Q=%d schedule %s (%s), arena %s of %s expert bytes (%.1f%%), budget %s\n",
+      std::printf("streamed experts: G=%d B=%d Q=%d schedule %s (%s), arena %s of %s expert bytes (%.1f%%), budget %s"
+                  " (G/B/Q: %s)\n",
                   k.group_size, k.banks, k.queue_depth, k.schedule.c_str(), k.io_backend.c_str(),
                   FormatBytes(k.arena_bytes).c_str(), FormatBytes(k.expert_bytes).c_str(),
-                  100.0 * k.arena_bytes / std::max<uint64_t>(k.expert_bytes, 1), FormatBytes(k.budget_bytes).c_str());
+                  100.0 * k.arena_bytes / std::max<uint64_t>(k.expert_bytes, 1), FormatBytes(k.budget_bytes).c_str(),
+                  k.source.c_str());
       std::printf("  expert %.3f s (bubble %.3f s, %.1f%% of the request), non-expert %.3f s; read %s at %.2f GB/s "
                   "(%lld groups read, %lld skipped, %lld cancelled)\n",
                   resp.expert_seconds, resp.bubble_seconds, 100 * resp.bubble_rate, resp.nonexpert_seconds,
@@ -314,6 +320,21 @@ class PrefillCommand : public Command {
       std::printf("logits: %s (%lld x %d float32)\n", dump_logits_.c_str(), static_cast<long long>(resp.n_tokens),
                   info.n_vocab);
     return 0;
+  }
+
+  // With --budget: says on stderr when G/B/Q did not come from the configurator (estream profile).
+  void ReportConfigSource(const Response::StreamConfig& k) const {
+    if (k.source.rfind("rule", 0) == 0) {
+      const size_t open = k.source.find('(');
+      if (open == std::string::npos)
+        std::fprintf(stderr, "estream prefill: no stored profile: run estream profile %s --budget %s (G/B/Q from the "
+                     "default rule)\n", model_.c_str(), budget_.c_str());
+      else
+        std::fprintf(stderr, "estream prefill: G/B/Q from the default rule: %s\n",
+                     k.source.substr(open + 1, k.source.size() - open - 2).c_str());
+    } else if (k.source.find('(') != std::string::npos) {
+      std::fprintf(stderr, "estream prefill: G/B/Q %s\n", k.source.c_str());
+    }
   }
 
   CLI::Option* tokens_opt_ = nullptr;

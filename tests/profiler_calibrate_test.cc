@@ -1,0 +1,468 @@
+// Calibration and the configurator end to end (src/profiler/calibrate.h, `estream profile`,
+// VirtualExperts::Solve from a stored profile):
+//   - the trace parser on a hand-written trace (service times, the even split of merged steps,
+//     partial groups, layer ordinals), the physical route counts through a permutation;
+//   - a calibration of a small packed model (permuted) gives a Profile that validates, with the
+//     right shapes and every routed row counted;
+//   - profile -> stored in the model -> an engine with that budget uses the stored choice, with
+//     another budget re-solves from the profile, without a profile keeps the default rule;
+//     explicit sizes override; a longer planned prompt lowers B to fit;
+//   - the CLI: JSON fields, a second budget re-solved from the stored profile without running
+//     the model, the chosen configuration's MEASURED peak RSS within the budget (a fresh
+//     `estream prefill` process, and --report), one-line errors for a budget below the minimum
+//     and for an unpacked model.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "config/configurator.h"
+#include "config/profile.h"
+#include "estream/engine.h"
+#include "gguf/gguf.h"
+#include "io/packed_layout.h"
+#include "pipeline_test_util.h"
+#include "profiler/calibrate.h"
+#include "profiler/calibration.h"
+
+namespace estream {
+namespace {
+
+namespace fs = std::filesystem;
+using pipeline_test::TestModels;
+
+constexpr int kCalibTokens = 200;
+
+io::PackedModelInfo LayoutOf(const std::string& path) {
+  auto f = GgufFile::Open(path, {.mmap = false});
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  auto l = io::ReadPackedLayout(**f);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return *l;
+}
+
+std::vector<GgufKv> KvsOf(const std::string& path) {
+  auto f = GgufFile::Open(path, {.mmap = false});
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  return (*f)->kvs();
+}
+
+// A table that makes every g and q usable (the test does not measure the disk).
+config::DiskProfile FlatDisk() {
+  return {.chunk_bytes = 1 << 20,
+          .queue_depths = {1, 2, 4},
+          .group_sizes = {1, 2, 4, 8, 16},
+          .bandwidth = std::vector<float>(15, 1e9f),
+          .latency_s = std::vector<float>(5, 1e-4f)};
+}
+
+TEST(ProfilerTrace, ParsesServiceTimesAndSplitsMergedSteps) {
+  const io::PackedModelInfo layout = LayoutOf(TestModels().packed);  // blocks 0, 1, 2; 16 experts
+  // Group size 3: groups 0..4 full, group 5 holds one expert (partial).
+  const std::string json = R"({"traceEvents": [
+    {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "compute"}},
+    {"name": "attention+router L0", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 500, "args": {"layer": 0}},
+    {"name": "attention+router L2", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 9000, "dur": 250, "args": {"layer": 2}},
+    {"name": "read L0 g0", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 100, "dur": 300, "args": {"layer": 0, "group": 0, "bytes": 10, "ok": 1}},
+    {"name": "read L0 g1", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 150, "dur": 450, "args": {"layer": 0, "group": 1, "bytes": 10, "ok": 1}},
+    {"name": "read L0 g5", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 700, "dur": 100, "args": {"layer": 0, "group": 5, "bytes": 10, "ok": 1}},
+    {"name": "read L0 g2", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 1000, "dur": 200, "args": {"layer": 0, "group": 2, "bytes": 10, "ok": 0}},
+    {"name": "read L0 g3", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 1100, "dur": 300, "args": {"layer": 0, "group": 3, "bytes": 10, "ok": 1}},
+    {"name": "experts L0 g0-2", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 600, "dur": 900, "args": {"layer": 0, "groups": 3, "first_bank": 0, "routes": 30}},
+    {"name": "experts L2 g4-4", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 9300, "dur": 100, "args": {"layer": 2, "groups": 1, "first_bank": 1, "routes": 7}},
+    {"name": "wait L0 g3", "cat": "bubble", "ph": "X", "pid": 1, "tid": 1, "ts": 1500, "dur": 10, "args": {"layer": 0, "group": 3}}
+  ], "displayTimeUnit": "ms"})";
+  auto t = profiler::ParseRunTrace(json, layout, 3, "hand trace");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ(t->nonexpert_s.size(), 3u);
+  EXPECT_NEAR(t->nonexpert_s[0], 500e-6, 1e-12);
+  EXPECT_EQ(t->nonexpert_s[1], -1);  // no step for block 1
+  EXPECT_NEAR(t->nonexpert_s[2], 250e-6, 1e-12);
+  // Completion order: g0 (400), g1 (600), g5 (800), g2 (1200, cancelled), g3 (1400).
+  // Service: g0 400 - 100 = 300; g1 600 - max(150, 400) = 200; g5 partial (no sample, but its
+  // completion counts); g2 not ok (no sample); g3 1400 - max(1100, 1200) = 200 (us).
+  ASSERT_EQ(t->load_seconds.size(), 3u);
+  EXPECT_NEAR(t->load_seconds[0], 300e-6, 1e-9);
+  EXPECT_NEAR(t->load_seconds[1], 200e-6, 1e-9);
+  EXPECT_NEAR(t->load_seconds[2], 200e-6, 1e-9);
+  // Exec: 3 groups with 30 routes in 900 us -> 3 x (10 rows, 300 us); then (7 rows, 100 us).
+  ASSERT_EQ(t->exec_rows.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FLOAT_EQ(t->exec_rows[i], 10.0f);
+    EXPECT_NEAR(t->exec_seconds[i], 300e-6, 1e-9);
+  }
+  EXPECT_FLOAT_EQ(t->exec_rows[3], 7.0f);
+  EXPECT_NEAR(t->exec_seconds[3], 100e-6, 1e-9);
+
+  for (const char* bad : {"", "{", "[]", "{\"traceEvents\": 3}",
+                          "{\"traceEvents\": [{\"name\": \"experts L0 g0-0\", \"ph\": \"X\", \"ts\": 0, \"dur\": 1}]}",
+                          "{\"traceEvents\": [{\"name\": 5, \"ph\": \"X\"}]}"}) {
+    auto r = profiler::ParseRunTrace(bad, layout, 3, "bad trace");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(r.status().message().find("bad trace"), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(ProfilerTrace, RouteCountsArePerPhysicalExpert) {
+  const io::PackedModelInfo layout = LayoutOf(TestModels().permuted);
+  const int E = 16, K = 4, T = 5, B = 3;
+  std::vector<int32_t> routing(B * T * K);
+  for (size_t i = 0; i < routing.size(); ++i) routing[i] = static_cast<int32_t>((i * 7 + i / 13) % E);
+  auto c = profiler::PhysicalRouteCounts(routing, T, K, B, layout);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->size(), static_cast<size_t>(B * E));
+  for (int w = 0; w < B; ++w) {
+    std::vector<uint32_t> logical(E, 0);
+    for (int i = 0; i < T * K; ++i) ++logical[routing[w * T * K + i]];
+    for (int p = 0; p < E; ++p)
+      EXPECT_EQ((*c)[w * E + p], logical[layout.layers[w].permutation[p]]) << "layer " << w << " physical " << p;
+  }
+  auto bad = profiler::PhysicalRouteCounts(std::vector<int32_t>(10), T, K, B, layout);
+  EXPECT_FALSE(bad.ok());
+  routing[3] = E;  // out of range
+  EXPECT_FALSE(profiler::PhysicalRouteCounts(routing, T, K, B, layout).ok());
+}
+
+// One calibrated copy of the permuted test model, shared by the tests below.
+struct Calibrated {
+  pipeline_test::ScratchDir dir;
+  std::string model;
+  std::vector<int32_t> tokens;
+  profiler::CalibrationResult result;
+};
+
+Calibrated& TheCalibration() {
+  static Calibrated* c = [] {
+    auto* c = new Calibrated();
+    c->model = c->dir.File("calibrated.packed.gguf");
+    fs::copy_file(TestModels().permuted, c->model);
+    auto tokens = profiler::CalibrationTokens(c->model, "", kCalibTokens);
+    EXPECT_TRUE(tokens.ok()) << tokens.status().ToString();
+    c->tokens = *tokens;
+    profiler::CalibrateParams p;
+    p.tokens = c->tokens;
+    p.group_sizes = {1, 2, 4};
+    p.n_threads = 2;
+    p.scratch_dir = c->dir.File("");
+    auto r = profiler::Calibrate(c->model, FlatDisk(), p);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) c->result = std::move(*r);
+    return c;
+  }();
+  return *c;
+}
+
+TEST(ProfilerCalibrate, ProfileValidatesWithTheRightShapes) {
+  const Calibrated& c = TheCalibration();
+  const config::Profile& p = c.result.profile;
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate().message();
+  const io::PackedModelInfo layout = LayoutOf(c.model);
+  EXPECT_EQ(p.n_layer, 3);
+  EXPECT_EQ(p.n_expert, 16);
+  EXPECT_EQ(p.calib_tokens, static_cast<uint32_t>(c.tokens.size()));
+  ASSERT_EQ(p.record_bytes.size(), 3u);
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(p.record_bytes[w], layout.layers[w].record_bytes);
+  EXPECT_EQ(p.expert_bytes, layout.layers[0].record_bytes);
+  // Every token routes to top-4 experts in every layer.
+  ASSERT_EQ(p.expert_routes.size(), 48u);
+  for (int w = 0; w < 3; ++w) {
+    const uint64_t sum = std::accumulate(p.expert_routes.begin() + w * 16, p.expert_routes.begin() + w * 16 + 16,
+                                         uint64_t{0});
+    EXPECT_EQ(sum, c.tokens.size() * 4) << "layer " << w;
+  }
+  // The counts are the resident run's routing mapped to physical positions.
+  auto e = Engine::Load(c.model, {.n_threads = 2});
+  ASSERT_TRUE(e.ok());
+  auto r = (*e)->Run({.tokens = c.tokens, .top_k = 1, .return_routing = true});
+  ASSERT_TRUE(r.ok());
+  for (int w = 0; w < 3; ++w) {
+    std::vector<uint32_t> logical(16, 0);
+    for (size_t i = 0; i < c.tokens.size() * 4; ++i) ++logical[r->routing[w * c.tokens.size() * 4 + i]];
+    for (int q = 0; q < 16; ++q)
+      EXPECT_EQ(p.expert_routes[w * 16 + q], logical[layout.layers[w].permutation[q]]) << w << " " << q;
+  }
+  ASSERT_EQ(p.nonexpert_seconds.size(), 3u);
+  for (float s : p.nonexpert_seconds) EXPECT_GT(s, 0);
+  EXPECT_GE(p.other_seconds, 0);
+  ASSERT_EQ(p.runs.size(), 3u);
+  ASSERT_EQ(c.result.runs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const config::CalibrationRun& run = p.runs[i];
+    EXPECT_EQ(run.group_size, 1 << i);
+    EXPECT_EQ(run.load_queue_depth, FlatDisk().Q0(run.group_size));
+    EXPECT_FALSE(run.exec_rows.empty());
+    EXPECT_EQ(run.exec_rows.size(), run.exec_seconds.size());
+    EXPECT_LE(run.exec_rows.size(), profiler::kMaxExecSamples);
+    EXPECT_FALSE(run.load_seconds.empty());
+    // M_other covers the engine's own non-arena figure and the measured peak minus the arena.
+    const profiler::CalibrationRunInfo& info = c.result.runs[i];
+    EXPECT_EQ(info.group_size, run.group_size);
+    EXPECT_GE(run.other_bytes, info.peak_rss_bytes - info.arena_bytes);
+    EXPECT_GE(info.banks, 2);
+    EXPECT_LE(info.banks, 4);
+  }
+  // The profile round-trips through its GGUF keys.
+  auto parsed = config::ParseProfile(config::ProfileKvs(p), "kvs");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+}
+
+TEST(ProfilerCalibrate, RefusesAnUnpackedModelAndBadSizes) {
+  profiler::CalibrateParams p;
+  p.tokens = {1, 2, 3};
+  auto r = profiler::Calibrate(TestModels().gguf, FlatDisk(), p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("estream pack"), std::string::npos) << r.status().message();
+  p.group_sizes = {32};
+  r = profiler::Calibrate(TestModels().packed, FlatDisk(), p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  p.tokens.clear();
+  EXPECT_FALSE(profiler::Calibrate(TestModels().packed, FlatDisk(), p).ok());
+}
+
+// A budget well above what the configuration needs (64 MiB of slack: the test process's RSS
+// after load varies by a few MiB from engine to engine).
+uint64_t RoomyBudget(const config::Profile& p, int extra_mib) {
+  uint64_t most = 0;
+  for (const config::CalibrationRun& r : p.runs) most = std::max(most, r.other_bytes);
+  return most + (static_cast<uint64_t>(64 + extra_mib) << 20);
+}
+
+TEST(ProfilerCalibrate, StoredChoiceAndProfileDriveTheEngine) {
+  Calibrated& c = TheCalibration();
+  const config::Profile& p = c.result.profile;
+  pipeline_test::ScratchDir dir;
+  const std::string model = dir.File("m.packed.gguf");
+  fs::copy_file(c.model, model);
+  const uint64_t budget = RoomyBudget(p, 0);
+  auto sel = config::SelectConfig(p, {.budget_bytes = budget});
+  ASSERT_TRUE(sel.ok()) << sel.status().ToString();
+  const config::ConfigChoice choice = config::ToConfigChoice(*sel, {.budget_bytes = budget});
+  ASSERT_TRUE(profiler::StoreInModel(model, &p, &choice).ok());
+  const std::vector<GgufKv> kvs = KvsOf(model);
+  ASSERT_TRUE(config::HasProfile(kvs));
+  auto stored = config::ParseConfigChoice(kvs, model);
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->group_size, choice.group_size);
+  EXPECT_EQ(stored->budget_bytes, budget);
+  // The tensor data is untouched: the model still loads and its checksums hold (a resident load
+  // checks every record).
+  ASSERT_TRUE(Engine::Load(model, {.n_threads = 1}).ok());
+
+  const int64_t T = static_cast<int64_t>(c.tokens.size());
+  auto run = [&](EngineOptions o) -> Result<Response> {
+    o.n_threads = 2;
+    o.budget_tokens = T;
+    ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Load(model, o));
+    return e->Run({.tokens = c.tokens, .top_k = 1});
+  };
+  // 1. The budget it was solved for: the stored choice.
+  auto r = run({.budget_bytes = budget});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.source, "stored");
+  EXPECT_EQ(r->config.group_size, choice.group_size);
+  EXPECT_EQ(r->config.banks, choice.banks);
+  EXPECT_EQ(r->config.queue_depth, choice.queue_depth);
+  EXPECT_LE(r->config.arena_bytes + r->config.other_bytes, budget);
+  // 2. Another budget: re-solved from the stored profile, the configurator's answer.
+  const uint64_t budget2 = RoomyBudget(p, 5);
+  auto sel2 = config::SelectConfig(p, {.budget_bytes = budget2});
+  ASSERT_TRUE(sel2.ok());
+  r = run({.budget_bytes = budget2});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.source, "profile");
+  EXPECT_EQ(r->config.group_size, sel2->best.group_size);
+  EXPECT_EQ(r->config.banks, sel2->best.banks);
+  EXPECT_EQ(r->config.queue_depth, sel2->best.queue_depth);
+  // Another schedule: re-solved for it, not the stored (early) choice.
+  r = run({.budget_bytes = budget, .schedule = EngineOptions::Schedule::kOnDemand});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.source, "profile");
+  // 3. Explicit sizes override; an explicit depth overrides only Q.
+  r = run({.budget_bytes = budget, .group_size = 2, .banks = 3});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.source, "explicit");
+  EXPECT_EQ(r->config.group_size, 2);
+  EXPECT_EQ(r->config.banks, 3);
+  r = run({.budget_bytes = budget, .queue_depth = 3});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.source, "stored");
+  EXPECT_EQ(r->config.queue_depth, 3);
+  EXPECT_EQ(r->config.group_size, choice.group_size);
+  // 4. No stored profile: the default rule, and it says so.
+  auto e = Engine::Load(TestModels().packed, {.n_threads = 2, .budget_bytes = budget, .budget_tokens = T});
+  ASSERT_TRUE(e.ok());
+  auto rr = (*e)->Run({.tokens = c.tokens, .top_k = 1});
+  ASSERT_TRUE(rr.ok());
+  EXPECT_EQ(rr->config.source, "rule");
+}
+
+// A stored choice with more banks than this process can fit next to its own (measured)
+// non-arena memory: B is lowered to fit, never over the budget.
+TEST(ProfilerCalibrate, StoredChoiceIsLoweredToFit) {
+  pipeline_test::ScratchDir dir;
+  const std::string model = dir.File("fit.packed.gguf");
+  fs::copy_file(TestModels().packed, model);
+  const uint64_t stride = LayoutOf(model).layers[0].record_bytes;
+  // This process's non-arena figure for the engine (explicit sizes, no budget check).
+  auto probe = Engine::Load(model, {.n_threads = 2, .group_size = 1, .banks = 1, .budget_tokens = 64});
+  ASSERT_TRUE(probe.ok());
+  auto pr = (*probe)->Run({.tokens = {1, 2, 3}, .top_k = 1});
+  ASSERT_TRUE(pr.ok());
+  probe->reset();
+  const uint64_t budget = pr->config.other_bytes + 40 * stride;
+  const config::ConfigChoice choice{.group_size = 1, .banks = 200, .queue_depth = 2, .budget_bytes = budget,
+                                    .predicted_seconds = 1};
+  ASSERT_TRUE(profiler::StoreInModel(model, nullptr, &choice).ok());
+  auto e = Engine::Load(model, {.n_threads = 2, .budget_bytes = budget, .budget_tokens = 64});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto r = (*e)->Run({.tokens = {1, 2, 3}, .top_k = 1});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.group_size, 1);
+  EXPECT_LT(r->config.banks, 200);
+  EXPECT_GE(r->config.banks, 1);
+  EXPECT_EQ(r->config.queue_depth, 2);
+  EXPECT_EQ(r->config.source.rfind("stored (banks 200 -> ", 0), 0u) << r->config.source;
+  EXPECT_LE(r->config.arena_bytes + r->config.other_bytes, budget);
+}
+
+// ---- the CLI ----
+
+std::string Cli() { return std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream"; }
+
+struct CliResult {
+  int code = -1;
+  std::string out;  // stdout, or stdout + stderr
+};
+
+CliResult RunCli(const std::string& args, bool with_stderr = false, const std::string& env = "") {
+  CliResult r;
+  const std::string cmd = env + Cli() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+nlohmann::json ParseJson(const CliResult& r) {
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+TEST(ProfilerCli, ProfileStoreResolveAndBudgetHolds) {
+  pipeline_test::ScratchDir dir;
+  const std::string model = dir.File("cli.packed.gguf");
+  fs::copy_file(TestModels().packed, model);
+  const std::string env = "XDG_CACHE_HOME=" + dir.File("cache") + " ";
+  const std::string common = " --groups 1,2,4 --calib-tokens " + std::to_string(kCalibTokens) + " -t 2";
+  // A first run at a huge budget gives the minimum.
+  CliResult r = RunCli("profile " + model + " --budget 64G --json" + common, false, env);
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json j = ParseJson(r);
+  for (const char* key : {"group_size", "banks", "queue_depth", "predicted_seconds", "profile_seconds",
+                          "disk_seconds", "calibration_seconds", "solve_seconds", "budget_bytes",
+                          "minimum_budget_bytes", "per_group", "calibration_runs"})
+    EXPECT_TRUE(j.contains(key)) << key << ": " << r.out;
+  EXPECT_EQ(j["source"], "calibrated");
+  EXPECT_GT(j["calibration_seconds"].get<double>(), 0);
+  EXPECT_EQ(j["calibration_runs"].size(), 3u);
+  const uint64_t minimum = j["minimum_budget_bytes"].get<uint64_t>();
+  ASSERT_GT(minimum, 0u);
+
+  // A tight budget: re-solved from the stored profile, without running the model.
+  const uint64_t budget = minimum + (uint64_t{3} << 20);
+  r = RunCli("profile " + model + " --budget " + std::to_string(budget) + " --json -t 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = ParseJson(r);
+  EXPECT_EQ(j["source"], "stored profile");
+  EXPECT_EQ(j["calibration_seconds"].get<double>(), 0.0);
+  EXPECT_EQ(j["disk_seconds"].get<double>(), 0.0);
+  EXPECT_EQ(j["budget_bytes"].get<uint64_t>(), budget);
+  EXPECT_LE(j["predicted_memory_bytes"].get<uint64_t>(), budget);
+  const int G = j["group_size"], B = j["banks"], Q = j["queue_depth"];
+  auto stored = config::ParseConfigChoice(KvsOf(model), model);
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->group_size, G);
+  EXPECT_EQ(stored->banks, B);
+  EXPECT_EQ(stored->queue_depth, Q);
+  EXPECT_EQ(stored->budget_bytes, budget);
+
+  // The chosen configuration's MEASURED peak RSS is within the budget: a fresh process running
+  // the calibration-length prompt with that budget uses the stored choice.
+  const std::string tokens_file = dir.File("tokens.txt");
+  {
+    auto toks = profiler::CalibrationTokens(model, "", kCalibTokens);
+    ASSERT_TRUE(toks.ok());
+    std::ofstream f(tokens_file);
+    for (int32_t t : *toks) f << t << ",";
+  }
+  r = RunCli("prefill -m " + model + " --tokens @" + tokens_file + " --budget " + std::to_string(budget) +
+             " --json -t 2 --top-k 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = ParseJson(r);
+  EXPECT_EQ(j["config"]["source"], "stored") << r.out;
+  EXPECT_EQ(j["config"]["group_size"], G);
+  EXPECT_EQ(j["config"]["banks"], B);
+  EXPECT_EQ(j["config"]["queue_depth"], Q);
+  EXPECT_LE(j["peak_rss_bytes"].get<uint64_t>(), budget) << r.out;
+
+  // --report: the chosen point and its neighbours, each measured within the budget.
+  r = RunCli("profile " + model + " --budget " + std::to_string(budget) + " --json --report -t 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = ParseJson(r);
+  ASSERT_TRUE(j.contains("report"));
+  ASSERT_GE(j["report"].size(), 1u);
+  EXPECT_EQ(j["report"][0]["point"], "chosen");
+  for (const nlohmann::json& p : j["report"]) {
+    EXPECT_GT(p["seconds"].get<double>(), 0);
+    EXPECT_TRUE(p["within_budget"].get<bool>()) << p.dump();
+  }
+
+  // Another budget in a fresh prefill (no stored choice for it): re-solved at load.
+  r = RunCli("prefill -m " + model + " --tokens 1,2,3,4,5 --budget " + std::to_string(budget + (uint64_t{1} << 20)) +
+             " --json -t 2 --top-k 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(ParseJson(r)["config"]["source"], "profile") << r.out;
+}
+
+TEST(ProfilerCli, Errors) {
+  // Budget below the minimum: one line with the minimum. The stored profile of the calibrated
+  // copy answers without running anything.
+  pipeline_test::ScratchDir dir;
+  const std::string model = dir.File("e.packed.gguf");
+  fs::copy_file(TheCalibration().model, model);
+  ASSERT_TRUE(profiler::StoreInModel(model, &TheCalibration().result.profile, nullptr).ok());
+  CliResult r = RunCli("profile " + model + " --budget 1M", /*with_stderr=*/true);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("give a budget of at least"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  // Not a packed model.
+  r = RunCli("profile " + TestModels().gguf + " --budget 1G", true);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("run 'estream pack"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  // A group size that was not calibrated, without --recalibrate.
+  r = RunCli("profile " + model + " --budget 1G --groups 8", true);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--recalibrate"), std::string::npos) << r.out;
+  // prefill --budget without a profile says so on stderr.
+  r = RunCli("prefill -m " + TestModels().packed + " --tokens 1,2,3 --budget 1G -t 1 --top-k 1", true);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("no stored profile: run estream profile"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace estream
