@@ -1,5 +1,7 @@
 #include "profiler/measure.h"
 
+#include <malloc.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,12 +13,15 @@
 
 namespace estream::profiler {
 
+void ReleaseFreedMemory() { (void)malloc_trim(0); }
+
 Result<RunResult> MeasureRun(const std::string& model_path, const EngineOptions& options,
                              const std::vector<int32_t>& tokens, int repeat) {
   if (repeat < 1) return Status::InvalidArgument(fmt::format("measure: --repeat must be >= 1 (got {})", repeat));
   if (tokens.empty()) return Status::InvalidArgument("measure: the request has no tokens");
 
   // Best effort: without clear_refs the figure is the lifetime peak (documented in the header).
+  ReleaseFreedMemory();
   (void)ResetPeakRss();
 
   RunResult result;

@@ -4,10 +4,9 @@
 //
 // Memory figures are the PROCESS's peak RSS (VmHWM), the figure users see and the one a budget
 // bounds. Runs in the calling process: MeasureRun resets the process's peak (base/memory.h
-// ResetPeakRss) before loading, so the figure covers this load and these runs only, not what the
-// process held earlier; memory freed earlier but still resident in the allocator's caches is
-// part of the current RSS and hence of the new peak (glibc returns large blocks to the system at
-// free, so in practice it is small).
+// ResetPeakRss) before loading, after returning the heap's free pages to the OS
+// (ReleaseFreedMemory), so the figure covers this load and these runs only, not what the process
+// held earlier.
 //
 // Thread safety: not thread-safe against other work in the same process: the peak RSS reset and
 // read are process-wide, so run one MeasureRun at a time and nothing else big concurrently.
@@ -21,6 +20,12 @@
 #include "estream/engine.h"
 
 namespace estream::profiler {
+
+// Returns memory that is free in the allocator's heap to the OS (glibc malloc_trim), so that the
+// process's current RSS is what is live. An engine destroyed earlier in the process otherwise
+// leaves freed heap pages resident, which the next engine's budget check (RSS after load) would
+// count as its own. MeasureRun calls it before each load.
+void ReleaseFreedMemory();
 
 struct RunResult {
   double seconds = 0;            // median request wall time (Engine::Run), seconds

@@ -1,0 +1,181 @@
+// `estream sweep` end to end (the CLI in a fresh process, so its peak RSS figures are its own) on
+// a small synthetic packed model (3 layers, 16 experts, top-4) with a tiny grid:
+//   - --json: every field present, results sorted by time, best = the fastest point, every
+//     point's peak RSS within the budget, the grid's banks (powers of two up to 2*ceil(E/G));
+//   - a budget just above the minimum: b_max(G) joins the grid, the points above it are skipped
+//     and counted, every peak RSS still within the budget;
+//   - errors: a budget below the minimum (one line naming the minimum), an unpacked model, a
+//     group size larger than the experts per layer.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "pipeline_test_util.h"
+
+namespace estream {
+namespace {
+
+using pipeline_test::TestModels;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs the estream binary; stdout and stderr captured separately.
+CliResult RunCli(const std::string& args) {
+  pipeline_test::ScratchDir dir;
+  const std::string err_path = dir.File("stderr.txt");
+  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
+  CliResult r;
+  if (std::FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t k;
+    while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, k);
+    const int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  if (std::FILE* f = std::fopen(err_path.c_str(), "r")) {
+    char buf[4096];
+    size_t k;
+    while ((k = std::fread(buf, 1, sizeof(buf), f)) > 0) r.err.append(buf, k);
+    std::fclose(f);
+  }
+  return r;
+}
+
+// The last line of the CLI's stderr (its error line).
+std::string LastLine(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  const size_t nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+// The sweep's minimum budget in MiB for a calibration request of `tokens` tokens, from the error
+// of a budget far below it ("... need at least X MiB (N MiB) ...").
+long MinimumMib(const std::string& model, int tokens) {
+  const CliResult r = RunCli("sweep " + model + " --budget 1M -t 2 --calib-tokens " + std::to_string(tokens));
+  EXPECT_NE(r.exit_code, 0);
+  const std::string line = LastLine(r.err);
+  EXPECT_NE(line.find("estream sweep: error: no configuration of the grid fits the budget"), std::string::npos)
+      << r.err;
+  const size_t at = line.find("need at least");
+  EXPECT_NE(at, std::string::npos) << line;
+  if (at == std::string::npos) return -1;
+  const size_t open = line.find('(', at);
+  return open == std::string::npos ? -1 : std::strtol(line.c_str() + open + 1, nullptr, 10);
+}
+
+// Checks the fields and the invariants of one --json answer; returns it.
+nlohmann::json CheckJson(const CliResult& r, uint64_t budget, int calib_tokens) {
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_TRUE(j.is_object()) << r.out;
+  if (!j.is_object()) return j;
+  for (const char* key : {"model", "budget_bytes", "calib_tokens", "sweep_seconds", "results", "best", "skipped"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["model"], TestModels().packed);
+  EXPECT_EQ(j["budget_bytes"].get<uint64_t>(), budget);
+  EXPECT_EQ(j["calib_tokens"].get<int>(), calib_tokens);
+  EXPECT_GT(j["sweep_seconds"].get<double>(), 0);
+  const nlohmann::json& results = j["results"];
+  EXPECT_TRUE(results.is_array());
+  EXPECT_FALSE(results.empty());
+  double prev = 0, sum = 0;
+  for (const nlohmann::json& p : results) {
+    for (const char* key : {"group_size", "banks", "queue_depth", "seconds", "peak_rss_bytes", "bubble_rate",
+                            "read_gbps"})
+      EXPECT_TRUE(p.contains(key)) << key << " in " << p.dump();
+    const double s = p["seconds"].get<double>();
+    EXPECT_GE(s, prev) << "results not sorted by time";
+    prev = s;
+    sum += s;
+    EXPECT_GT(p["peak_rss_bytes"].get<uint64_t>(), 0u);
+    EXPECT_LE(p["peak_rss_bytes"].get<uint64_t>(), budget) << "over the budget: " << p.dump();
+    EXPECT_FALSE(p.contains("over_budget")) << p.dump();
+    EXPECT_GE(p["bubble_rate"].get<double>(), 0);
+    EXPECT_LE(p["bubble_rate"].get<double>(), 1);
+  }
+  // The sweep's wall time covers every run.
+  EXPECT_GE(j["sweep_seconds"].get<double>(), sum);
+  EXPECT_EQ(j["best"], results.front());
+  return j;
+}
+
+TEST(SweepCli, JsonOfATinyGrid) {
+  const std::string& model = TestModels().packed;
+  const uint64_t budget = uint64_t{512} << 20;  // everything fits
+  const CliResult r = RunCli("sweep " + model + " --budget 512M -t 2 --groups 4,16 --queue-depths 1,8 "
+                             "--calib-tokens 64 --json");
+  const nlohmann::json j = CheckJson(r, budget, 64);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j["skipped"].get<int>(), 0);
+  // G=4: B in {1, 2, 4, 8} (U = 2*ceil(16/4) = 8); G=16: B in {1, 2}; each with Q in {1, 8}.
+  std::set<std::tuple<int, int, int>> got, want;
+  for (const nlohmann::json& p : j["results"])
+    got.insert({p["group_size"].get<int>(), p["banks"].get<int>(), p["queue_depth"].get<int>()});
+  for (int q : {1, 8}) {
+    for (int b : {1, 2, 4, 8}) want.insert({4, b, q});
+    for (int b : {1, 2}) want.insert({16, b, q});
+  }
+  EXPECT_EQ(got, want);
+  // Progress on stderr: one line per point with its index, the point and the ETA.
+  EXPECT_NE(r.err.find("point 12/12 G=16 B=2 Q=8"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ETA"), std::string::npos) << r.err;
+}
+
+TEST(SweepCli, NearTheMinimumBudget) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "under AddressSanitizer the RSS includes its shadow memory and quarantine";
+#endif
+  const std::string& model = TestModels().packed;
+  const long min_mib = MinimumMib(model, 64);
+  ASSERT_GT(min_mib, 0);
+  // One MiB above the minimum: about 18 of the tiny model's 56 KiB expert records fit, fewer
+  // than G=1's useful maximum of 32 banks, so b_max(1) is measured and joins the grid.
+  const uint64_t budget = static_cast<uint64_t>(min_mib + 1) << 20;
+  const CliResult r = RunCli("sweep " + model + " --budget " + std::to_string(budget) +
+                             " -t 2 --groups 1 --queue-depths 4 --calib-tokens 64 --json");
+  const nlohmann::json j = CheckJson(r, budget, 64);
+  ASSERT_TRUE(j.is_object());
+  int b_max = 0;
+  std::set<int> banks;
+  for (const nlohmann::json& p : j["results"]) {
+    banks.insert(p["banks"].get<int>());
+    b_max = std::max(b_max, p["banks"].get<int>());
+  }
+  ASSERT_LT(b_max, 32) << r.out;
+  EXPECT_GT(j["skipped"].get<int>(), 0) << "points above b_max are skipped and counted";
+  for (int b : banks) EXPECT_TRUE(b == b_max || (b & (b - 1)) == 0) << b;
+  for (int b = 1; b <= b_max; b *= 2) EXPECT_TRUE(banks.count(b)) << b;
+}
+
+TEST(SweepCli, Errors) {
+  const std::string& model = TestModels().packed;
+  // Below the minimum: a clear one-line error naming the minimum (checked by MinimumMib).
+  EXPECT_GT(MinimumMib(model, 1024), 0);
+
+  CliResult r = RunCli("sweep " + TestModels().gguf + " --budget 1G");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(LastLine(r.err).find("estream pack"), std::string::npos) << r.err;
+
+  r = RunCli("sweep " + model + " --budget 1G --groups 32");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(LastLine(r.err).find("larger than the 16 experts"), std::string::npos) << r.err;
+
+  r = RunCli("sweep " + model + " --budget lots");
+  EXPECT_NE(r.exit_code, 0);
+
+  r = RunCli("sweep " + model + " --budget 1G --calib /nonexistent/calib.txt");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(LastLine(r.err).find("/nonexistent/calib.txt"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace estream
