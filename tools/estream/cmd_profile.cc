@@ -89,6 +89,8 @@ class ProfileCommand : public Command {
         if (!stored.ok())
           return Status(stored.status().code(), stored.status().message() + " (run with --recalibrate to replace it)");
         profile = std::move(*stored);
+        if (!calib_.empty() || refresh_disk_ || calib_tokens_ != profiler::kDefaultCalibrationTokens)
+          Progress("note: the model holds a profile: --calib/--calib-tokens/--refresh-disk apply with --recalibrate");
         for (int g : groups_)
           if (profile.Run(g) == nullptr)
             return Status::InvalidArgument("--groups " + std::to_string(g) + ": the stored profile has no run for it; "
