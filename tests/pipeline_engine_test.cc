@@ -317,10 +317,16 @@ std::string RunCli(const std::string& args) {
   return out;
 }
 
-TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
+// Under AddressSanitizer (label sanitize) the CLI runs and its outputs are checked, but not the
+// RSS against the budget: the RSS then includes ASan's shadow memory and its quarantine of freed
+// blocks, which the budget (measured after load) does not foresee.
 #if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "under AddressSanitizer the RSS includes its shadow memory and quarantine";
+constexpr bool kCheckRss = false;
+#else
+constexpr bool kCheckRss = true;
 #endif
+
+TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
   const std::string base = "prefill -m " + TestModels().packed + " --tokens 1,2,3,4,5,6,7,8,9,10,11,12 -t 2 --top-k 1";
   const std::string err = RunCli(base + " --budget 1M");
   const size_t at = err.find("need at least");
@@ -336,7 +342,7 @@ TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
     ASSERT_NE(pk, std::string::npos) << out;
     const uint64_t peak = std::strtoull(out.c_str() + pk + 17, nullptr, 10);
     EXPECT_GT(peak, 0u);
-    EXPECT_LE(peak, budget) << sched << ": " << out;
+    if (kCheckRss) EXPECT_LE(peak, budget) << sched << ": " << out;
     EXPECT_NE(out.find("\"streamed\":true"), std::string::npos) << out;
   }
 }
