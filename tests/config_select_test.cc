@@ -196,6 +196,7 @@ TEST(ConfigSelect, AgreesWithBruteForceAndExhaustiveScan) {
                                           static_cast<uint64_t>(u(rng) * p.expert_bytes),
                           .schedule = s,
                           .cross_layer = u(rng) < 0.7};
+      params.read_ahead_layers = 0;  // the model's own smallest b (the headroom is tested below)
       auto sel = SelectConfig(p, params);
       ASSERT_TRUE(sel.ok()) << sel.status().ToString();
       EXPECT_LE(sel->best.total_bytes, params.budget_bytes);
@@ -242,7 +243,8 @@ Profile ComputeBound() {
 
 TEST(ConfigSelect, BestBankCountIsInteriorWhenMoreBanksBuyNothing) {
   const Profile p = ComputeBound();
-  const SelectParams params{.budget_bytes = (uint64_t{1} << 24) + 40 * p.expert_bytes, .group_sizes = {2}};
+  const SelectParams params{.budget_bytes = (uint64_t{1} << 24) + 40 * p.expert_bytes, .group_sizes = {2},
+                            .read_ahead_layers = 0};
   auto sel = SelectConfig(p, params);
   ASSERT_TRUE(sel.ok()) << sel.status().ToString();
   const CandidatePrediction& best = sel->best;
@@ -264,6 +266,25 @@ TEST(ConfigSelect, BestBankCountIsInteriorWhenMoreBanksBuyNothing) {
   }
   // Bisection: a handful of evaluations, not b_max.
   EXPECT_LE(sel->evaluations, 2 + 6 + static_cast<int>(sel->neighbours.size()));
+}
+
+TEST(ConfigSelect, ReadAheadHeadroomRaisesBanksWithinTheBudget) {
+  const Profile p = ComputeBound();  // E = 16: two layers' groups = 2 * 16 / g banks
+  for (int slots : {40, 12}) {        // room for 20 / 6 banks of g = 2
+    const uint64_t budget = (uint64_t{1} << 24) + static_cast<uint64_t>(slots) * p.expert_bytes;
+    auto lean = SelectConfig(p, {.budget_bytes = budget, .group_sizes = {2}, .read_ahead_layers = 0});
+    auto sel = SelectConfig(p, {.budget_bytes = budget, .group_sizes = {2}});
+    ASSERT_TRUE(lean.ok() && sel.ok());
+    EXPECT_EQ(sel->best.banks, std::min(16, slots / 2)) << slots;
+    EXPECT_GE(sel->best.banks, lean->best.banks);
+    EXPECT_LE(sel->best.predicted_s, lean->best.predicted_s);  // monotone in b
+    EXPECT_LE(sel->best.total_bytes, budget);
+  }
+  // max_banks still caps it.
+  auto capped = SelectConfig(p, {.budget_bytes = (uint64_t{1} << 24) + 40 * p.expert_bytes, .group_sizes = {2},
+                                 .max_banks = 5});
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->best.banks, 5);
 }
 
 TEST(ConfigSelect, BudgetForOneBankOnly) {

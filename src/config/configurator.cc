@@ -244,7 +244,14 @@ Result<Selection> SelectConfig(const Profile& profile, const SelectParams& param
       BankSearch search(profile, model, params);
       int cap = std::min(b_max, search.UsefulBanks());
       if (params.max_banks > 0) cap = std::min(cap, params.max_banks);
-      sel.per_group.push_back(search.Best(cap));
+      CandidatePrediction c = search.Best(cap);
+      if (params.read_ahead_layers > 0) {  // read-ahead headroom (configurator.h)
+        const int per_layer = (profile.n_expert + g - 1) / g;
+        int want = std::min(b_max, params.read_ahead_layers * per_layer);
+        if (params.max_banks > 0) want = std::min(want, params.max_banks);
+        if (want > c.banks) c = search.Evaluate(want);
+      }
+      sel.per_group.push_back(c);
       sel.evaluations += search.evaluations();
     }
   }

@@ -31,6 +31,15 @@
 // tests check both agree). Then the best (g, q): least predicted latency, ties (within the same
 // tolerance) broken by less memory, then smaller g. Choosing the smallest b that reaches the
 // minimum keeps the footprint below the budget when extra banks would buy nothing.
+// Read-ahead headroom (SelectParams::read_ahead_layers, default 2): the model's service times are
+// medians, while real reads and executions jitter and the loader's and feeder's threads compete
+// with the compute team, which the model does not see. Measured on OLMoE-1B-7B (T = 1024, 2
+// cores, docs/PERFORMANCE.md "Configurator"): the model's smallest b (G = 8, B = 4: 32 slots,
+// predicted bubble 0) ran with an 8% bubble, ~14% slower than B = 16 (two layers' groups, 128
+// slots, bubble 0), which the model predicts equal. So once the model's b is found it is raised
+// to read_ahead_layers x ceil(E / g) where the budget allows (never above b_max(g) nor
+// max_banks): memory the user granted buys tolerance to jitter, and the prediction cannot get
+// worse (monotone in b). Ties between g are then broken as above.
 // Infeasible budget: when no candidate g fits one bank, ResourceExhausted naming the minimum
 // budget min_g (M_other(g) + g * W_e) and the g that achieves it (MinimumBudget).
 // Cost: (candidate g) x (depths) x (~log2 b_max + 1) evaluations of O(N): well under a
@@ -101,6 +110,10 @@ struct SelectParams {
   double tolerance = 0;              // relative; see "Selection" above
   int max_banks = 0;                 // > 0: never more banks than this
   bool exhaustive = false;           // scan every b (same answer as bisection; slower)
+  // Read-ahead headroom (see "Selection" above): > 0 raises each (g, q)'s b to this many layers'
+  // groups, read_ahead_layers * ceil(E / g), where the budget allows; 0 keeps the model's
+  // smallest b. Default 2: the streamer's plan window under kEarly (layer l and l + 1).
+  int read_ahead_layers = 2;
 };
 
 struct Selection {
