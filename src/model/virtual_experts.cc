@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include "base/timer.h"
@@ -232,33 +233,44 @@ bool VirtualExperts::SolveFromProfile(uint64_t avail, uint64_t stride) {
   const int n_layer = static_cast<int>(layout_.layers.size());
   int g = 0, b = 0, q = 0;
   std::string note;
-  if (config::HasConfigChoice(kvs)) {
+  // A stored profile is used only when it describes this model's layout (a file edited or
+  // re-packed since profiling: ignored, with a note), and then so is the choice stored with it; a
+  // stored choice only for the same budget and schedule, with sizes the loader accepts.
+  constexpr int kMaxQueueDepth = 4096;  // io::Loader's limit
+  std::optional<config::Profile> profile;
+  if (config::HasProfile(kvs)) {
+    Result<config::Profile> parsed = config::ParseProfile(kvs, model_->path());
+    if (!parsed.ok()) {
+      note = "stored profile ignored: " + parsed.status().message();
+    } else if (parsed->n_layer != n_layer || parsed->n_expert != c.n_expert || parsed->expert_bytes != stride) {
+      note = fmt::format("stored profile ignored: it describes {} MoE layers x {} experts of {} bytes, the model has "
+                         "{} x {} of {}; run estream profile again", parsed->n_layer, parsed->n_expert,
+                         parsed->expert_bytes, n_layer, c.n_expert, stride);
+    } else {
+      profile = std::move(*parsed);
+    }
+  }
+  if ((profile || !config::HasProfile(kvs)) && config::HasConfigChoice(kvs)) {
     Result<config::ConfigChoice> choice = config::ParseConfigChoice(kvs, model_->path());
     if (!choice.ok()) {
       note = "stored configuration ignored: " + choice.status().message();
     } else if (choice->budget_bytes == k.budget_bytes && choice->schedule == schedule &&
-               choice->group_size <= c.n_expert) {
+               choice->group_size <= c.n_expert && choice->queue_depth <= kMaxQueueDepth) {
       g = choice->group_size, b = choice->banks, q = choice->queue_depth;
       k.source = "stored";
     }
   }
-  if (g == 0 && config::HasProfile(kvs)) {
-    Result<config::Profile> profile = config::ParseProfile(kvs, model_->path());
-    if (!profile.ok()) {
-      note = "stored profile ignored: " + profile.status().message();
-    } else if (profile->n_layer != n_layer || profile->n_expert != c.n_expert || profile->expert_bytes != stride) {
-      note = fmt::format("stored profile ignored: it describes {} MoE layers x {} experts of {} bytes, the model has "
-                         "{} x {} of {}; run estream profile again", profile->n_layer, profile->n_expert,
-                         profile->expert_bytes, n_layer, c.n_expert, stride);
+  if (g == 0 && profile) {
+    Result<config::Selection> sel =
+        config::SelectConfig(*profile, {.budget_bytes = k.budget_bytes, .schedule = schedule});
+    if (!sel.ok()) {
+      note = "stored profile: " + sel.status().message();
+    } else if (sel->best.queue_depth > kMaxQueueDepth) {
+      note = fmt::format("stored profile ignored: queue depth {} is above the loader's {}", sel->best.queue_depth,
+                         kMaxQueueDepth);
     } else {
-      Result<config::Selection> sel =
-          config::SelectConfig(*profile, {.budget_bytes = k.budget_bytes, .schedule = schedule});
-      if (sel.ok()) {
-        g = sel->best.group_size, b = sel->best.banks, q = sel->best.queue_depth;
-        k.source = "profile";
-      } else {
-        note = "stored profile: " + sel.status().message();
-      }
+      g = sel->best.group_size, b = sel->best.banks, q = sel->best.queue_depth;
+      k.source = "profile";
     }
   }
   if (g == 0) {

@@ -219,13 +219,20 @@ class ProfileCommand : public Command {
       std::printf("report (one end-to-end run each, this process):\n");
       std::printf("  %-9s %4s %4s %4s %12s %12s %8s %12s\n", "point", "G", "B", "Q", "predicted s", "measured s", "error",
                   "peak RSS");
-      for (const nlohmann::json& r : report)
+      for (const nlohmann::json& r : report) {
+        if (r.contains("error")) {
+          std::printf("  %-9s %4d %4d %4d %12.3f   does not fit here: %s\n", r["point"].get<std::string>().c_str(),
+                      r["group_size"].get<int>(), r["banks"].get<int>(), r["queue_depth"].get<int>(),
+                      r["predicted_seconds"].get<double>(), r["error"].get<std::string>().c_str());
+          continue;
+        }
         std::printf("  %-9s %4d %4d %4d %12.3f %12.3f %+7.1f%% %12s%s\n", r["point"].get<std::string>().c_str(),
                     r["group_size"].get<int>(), r["banks"].get<int>(), r["queue_depth"].get<int>(),
                     r["predicted_seconds"].get<double>(), r["seconds"].get<double>(),
                     100 * (r["predicted_seconds"].get<double>() / r["seconds"].get<double>() - 1),
                     FormatBytes(r["peak_rss_bytes"].get<uint64_t>()).c_str(),
                     r["within_budget"].get<bool>() ? "" : "  OVER BUDGET");
+      }
     }
     return 0;
   }
@@ -247,7 +254,17 @@ class ProfileCommand : public Command {
       eo.budget_tokens = static_cast<int64_t>(tokens.size());
       Progress("report " + std::to_string(i + 1) + "/" + std::to_string(points.size()) + ": G=" +
                std::to_string(c.group_size) + " B=" + std::to_string(c.banks) + " Q=" + std::to_string(c.queue_depth));
-      ESTREAM_ASSIGN_OR_RETURN(profiler::RunResult r, profiler::MeasureRun(model_, eo, tokens, 1));
+      Result<profiler::RunResult> run = profiler::MeasureRun(model_, eo, tokens, 1);
+      if (!run.ok()) {
+        // A neighbour (one bank more) may not fit this process's own budget check: report it, do
+        // not fail the command (the choice is already stored).
+        if (run.status().code() != StatusCode::kResourceExhausted) return run.status();
+        out->push_back({{"point", points[i].first}, {"group_size", c.group_size}, {"banks", c.banks},
+                        {"queue_depth", c.queue_depth}, {"predicted_seconds", c.predicted_s},
+                        {"predicted_memory_bytes", c.total_bytes}, {"error", run.status().message()}});
+        continue;
+      }
+      const profiler::RunResult& r = *run;
       out->push_back({{"point", points[i].first}, {"group_size", c.group_size}, {"banks", c.banks},
                       {"queue_depth", c.queue_depth}, {"predicted_seconds", c.predicted_s}, {"seconds", r.seconds},
                       {"peak_rss_bytes", r.peak_rss_bytes}, {"predicted_memory_bytes", c.total_bytes},
