@@ -355,6 +355,29 @@ TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
   }
 }
 
+// The AMX tile path does the fp32 operations of the vpdpbusd kernel in the same order (Q6_K: its
+// two halves per block in order), so the two give bit-identical outputs; m = 70 puts 64 rows on
+// the tile unit and 6 on vpdpbusd, k covers several 256-value super-blocks and k chunks.
+TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
+  if (HostIsa() != Isa::kAvx512 || !AmxUsable()) GTEST_SKIP() << "no AMX-INT8 on this CPU";
+  KernelTable amx = KernelsFor(Isa::kAvx2), vnni = amx;
+  FillAvx512GemmWith(&amx, true);
+  FillAvx512GemmWith(&vnni, false);
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
+    const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 32 * 37 : 256 * 5;
+    Problem p = MakeProblem(t, 70, 37, k);
+    for (bool packed : {false, true}) {
+      const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
+                         packed ? p.packed.data() : p.w.data()};
+      std::vector<float> ya(static_cast<size_t>(p.m * p.n), std::nanf("")), yv = ya;
+      Fn(amx, t, packed)(w, p.xq.data(), p.m, 0, p.n, ya.data(), p.n);
+      Fn(vnni, t, packed)(w, p.xq.data(), p.m, 0, p.n, yv.data(), p.n);
+      EXPECT_EQ(std::memcmp(ya.data(), yv.data(), ya.size() * sizeof(float)), 0) << TypeName(t);
+      EXPECT_EQ(CheckAgainst(p, ya, p.n, std::string("AMX ") + TypeName(t)), 0);
+    }
+  }
+}
+
 // Float weights: fp32 products and sums; |y - ref| <= (k + 2) u sum|w x| (recursive summation
 // of k products, each rounded once; the weights themselves are exact in fp32).
 TEST(GemmFloat, EveryIsaMatchesFp64) {

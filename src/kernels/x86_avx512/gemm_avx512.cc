@@ -63,14 +63,37 @@ inline int32_t Load4(const int8_t* p) {
   return v;
 }
 
+// Per panel and block, the fp32 vectors the epilogue needs (PanelScales): Q4_0/Q8_0 d_b; Q4_K
+// d_b, mneg_b; Q6_K the two halves' d_b.
+template <QuantType kT>
+constexpr int kScaleVecs = kT == QuantType::kQ4_K || kT == QuantType::kQ6_K ? 2 : 1;
+
+// The scale vectors of blocks [b0, b1) of nv panels (panel j at w + j * panel_stride) into ws:
+// vector v of block b of panel j at ws + ((j * (b1 - b0) + b - b0) * kScaleVecs + v) * 16. Built
+// once per k chunk and read by every row tile of the pass: forming them per row tile (fp16 and
+// int8 conversions, a product) cost the Q6_K kernel ~6 vector ops per 16 vpdpbusd.
+template <QuantType kT>
+void PanelScales(const uint8_t* w, int64_t panel_stride, int nv, int64_t kb, int64_t b0, int64_t b1, float* ws) {
+  constexpr int kV = kScaleVecs<kT>;
+  for (int j = 0; j < nv; ++j)
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* p = w + j * panel_stride;
+      float* o = ws + (j * (b1 - b0) + b - b0) * kV * 16;
+      _mm512_store_ps(o, PanelScale<kT>(p, kb, b, 0));
+      if constexpr (kT == QuantType::kQ6_K) _mm512_store_ps(o + 16, PanelScale<kT>(p, kb, b, 1));
+      if constexpr (kT == QuantType::kQ4_K) _mm512_store_ps(o + 16, PanelMinNegQ4K(p, kb, b));
+    }
+}
+
 // One micro-tile: rows [0, MR) of x (row i at x + i * kb, aux likewise), NV panels starting at
-// w (panel j at w + j * panel_stride), blocks [b0, b1). Writes (or, with accumulate, adds to)
+// w (panel j at w + j * panel_stride, its scale vectors in ws as PanelScales wrote them for
+// blocks [b0, b1)), blocks [b0, b1). Writes (or, with accumulate, adds to)
 // y[i * ldy + 16 * j + r] for the lanes set in mask[j]. With more than 12 accumulators the fp32
 // sums live in an L1 buffer instead of registers, so that the int32 accumulators, the weight
 // vectors and the broadcast fit the 32 zmm registers.
 template <QuantType kT, int MR, int NV>
-void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
-           int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+void Micro(const uint8_t* w, int64_t panel_stride, const float* ws, const BlockQ8A* x, const XAux* aux, int64_t kb,
+           int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
   constexpr int kQB = PackedQuantBytes(kT);
   const int64_t sect = PackedScaleSection(kT, kb);
   constexpr bool kMem = MR * NV > 12;
@@ -84,9 +107,12 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
       else facc[i][j] = _mm512_setzero_ps();
     }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  constexpr int kV = kScaleVecs<kT>;
+  const int64_t nbc = b1 - b0;
 
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* wq = w + sect + b * kQB;  // quant block b (panel 0)
+    const float* wsb = ws + (b - b0) * kV * 16;  // its scale vectors (panel 0)
     constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
 #pragma GCC unroll 2
     for (int h = 0; h < kHalves; ++h) {
@@ -136,7 +162,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
       }
       __m512 dw[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) dw[j] = PanelScale<kT>(w + j * panel_stride, kb, b, h);
+      for (int j = 0; j < NV; ++j) dw[j] = _mm512_load_ps(wsb + (j * nbc * kV + h) * 16);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m512 dx = _mm512_set1_ps(aux[i * kb + b].dx);
@@ -152,7 +178,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const BlockQ8A* x, const XAux
     if constexpr (kT == QuantType::kQ4_K) {
       __m512 mneg[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) mneg[j] = PanelMinNegQ4K(w + j * panel_stride, kb, b);
+      for (int j = 0; j < NV; ++j) mneg[j] = _mm512_load_ps(wsb + (j * nbc * kV + 1) * 16);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m512 dxs = _mm512_set1_ps(aux[i * kb + b].dxs);
@@ -189,22 +215,22 @@ struct Tile {
 };
 
 template <QuantType kT, int MR>
-void MicroNv(int nv, const uint8_t* w, int64_t ps, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0,
-             int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
+void MicroNv(int nv, const uint8_t* w, int64_t ps, const float* ws, const BlockQ8A* x, const XAux* aux, int64_t kb,
+             int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
   constexpr int kNv = Tile<kT>::kNv;
-  if constexpr (kNv >= 4) if (nv == 3) return Micro<kT, MR, 3>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-  if constexpr (kNv >= 3) if (nv == 2) return Micro<kT, MR, 2>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-  if constexpr (kNv >= 2) if (nv == 1) return Micro<kT, MR, 1>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
-  return Micro<kT, MR, kNv>(w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  if constexpr (kNv >= 4) if (nv == 3) return Micro<kT, MR, 3>(w, ps, ws, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  if constexpr (kNv >= 3) if (nv == 2) return Micro<kT, MR, 2>(w, ps, ws, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  if constexpr (kNv >= 2) if (nv == 1) return Micro<kT, MR, 1>(w, ps, ws, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  return Micro<kT, MR, kNv>(w, ps, ws, x, aux, kb, b0, b1, y, ldy, mask, acc);
 }
 
 template <QuantType kT, int MR = Tile<kT>::kMr>
-void MicroAny(int mr, int nv, const uint8_t* w, int64_t ps, const BlockQ8A* x, const XAux* aux, int64_t kb,
-              int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
+void MicroAny(int mr, int nv, const uint8_t* w, int64_t ps, const float* ws, const BlockQ8A* x, const XAux* aux,
+              int64_t kb, int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
   if constexpr (MR > 1) {
-    if (mr < MR) return MicroAny<kT, MR - 1>(mr, nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+    if (mr < MR) return MicroAny<kT, MR - 1>(mr, nv, w, ps, ws, x, aux, kb, b0, b1, y, ldy, mask, acc);
   }
-  return MicroNv<kT, MR>(nv, w, ps, x, aux, kb, b0, b1, y, ldy, mask, acc);
+  return MicroNv<kT, MR>(nv, w, ps, ws, x, aux, kb, b0, b1, y, ldy, mask, acc);
 }
 
 inline __mmask16 ColumnMask(int64_t col0, int64_t n_begin, int64_t n_end) {
@@ -280,6 +306,11 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
     bt = tiles.get();
     AmxBegin();
   }
+  thread_local AlignedPtr<float> scales;  // PanelScales of one group's k chunk
+  if (scales == nullptr) {
+    scales.reset(static_cast<float*>(AlignedAlloc(64, Tile<kT>::kNv * kc * 2 * 16 * sizeof(float))));
+    ESTREAM_CHECK(scales != nullptr, "GEMM: out of memory for the weight scale buffer");
+  }
   for (int64_t g = 0; g < count; g += kGroup) {
     const int nv = static_cast<int>(std::min<int64_t>(kGroup, count - g));
     __mmask16 mask[kGroup];
@@ -314,11 +345,12 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
           }
         }
       }
+      if (i < m) PanelScales<kT>(wg, panel_stride, nv, kb, c0, c1, scales.get());
       for (; i < m; i += kMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
         pf.Step(lines_per_tile);
-        MicroAny<kT>(mr, nv, wg, panel_stride, xq + i * kb, aux + i * kb, kb, c0, c1, yg + i * ldy, ldy, mask,
-                     c0 > 0);
+        MicroAny<kT>(mr, nv, wg, panel_stride, scales.get(), xq + i * kb, aux + i * kb, kb, c0, c1, yg + i * ldy,
+                     ldy, mask, c0 > 0);
       }
     }
   }
