@@ -77,13 +77,14 @@ void Unpack(const uint8_t* w, int64_t panel_stride, int64_t kb, int nv, int64_t 
 // into a loop whose f is a local array it fully unrolls, so that f stays in 16 zmm registers
 // (captured by a lambda, GCC kept f on the stack: a load and a store per row and block, which made
 // the store port, not the vector units, the bound).
+// ws: the panel's scale vectors of block b (PanelScales).
 template <QuantType kT>
-__attribute__((always_inline)) inline void ScaleTile(const int32_t* ct, const uint8_t* w, const float* dxa,
-                                                     const float* dxsa, int64_t kb, int64_t b, __m512* f) {
+__attribute__((always_inline)) inline void ScaleTile(const int32_t* ct, const float* ws, const float* dxa,
+                                                     const float* dxsa, int64_t b, __m512* f) {
   const float* dx = dxa + b * 16;
-  const __m512 vdw = PanelScale<kT>(w, kb, b, 0);
+  const __m512 vdw = _mm512_load_ps(ws);
   __m512 mneg;
-  if constexpr (kT == QuantType::kQ4_K) mneg = PanelMinNegQ4K(w, kb, b);
+  if constexpr (kT == QuantType::kQ4_K) mneg = _mm512_load_ps(ws + 16);
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) {
     const __m512 ti = _mm512_cvtepi32_ps(_mm512_load_si512(ct + 16 * r));
@@ -99,8 +100,9 @@ __attribute__((always_inline)) inline void ScaleTile(const int32_t* ct, const ui
 // sums f, kept in registers. Per block and row: f = fma(float(I), d_w * d_x, f) (+ Q4_K:
 // fma(mneg, d_x * sum, f)), the operations of the vpdpbusd kernel in the same order.
 template <QuantType kT>
-void Tiles(const int8_t* bt, const uint8_t* w, const int8_t* xq, const float* dxa, const float* dxsa, int64_t kb,
-           int64_t b0, int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+void Tiles(const int8_t* bt, const float* ws, const int8_t* xq, const float* dxa, const float* dxsa, int64_t b0,
+           int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+  constexpr int kV = kScaleVecs<kT>;
   alignas(64) int32_t c[2][16 * 16];
   __m512 f[16];
 #pragma GCC unroll 16
@@ -115,13 +117,13 @@ void Tiles(const int8_t* bt, const uint8_t* w, const int8_t* xq, const float* dx
     _tile_loadd(6, bt + t * 512, 64);
     _tile_dpbssd(0, 4, 6);
     if (t >= 1) _tile_stored(1, c[1], 64);
-    if (t >= 2) ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + t - 2, f);
+    if (t >= 2) ScaleTile<kT>(c[0], ws + (t - 2) * kV * 16, dxa, dxsa, b0 + t - 2, f);
     _tile_zero(1);
     _tile_loadd(5, xb + (t + 1) * 512, 32);
     _tile_loadd(7, bt + (t + 1) * 512, 64);
     _tile_dpbssd(1, 5, 7);
     _tile_stored(0, c[0], 64);
-    if (t >= 1) ScaleTile<kT>(c[1], w, dxa, dxsa, kb, b0 + t - 1, f);
+    if (t >= 1) ScaleTile<kT>(c[1], ws + (t - 1) * kV * 16, dxa, dxsa, b0 + t - 1, f);
   }
   // Drain: t == nb (even nb) or t == nb - 1 (odd nb: one more block into C tile 0).
   if (t < nb) {
@@ -130,14 +132,14 @@ void Tiles(const int8_t* bt, const uint8_t* w, const int8_t* xq, const float* dx
     _tile_loadd(6, bt + t * 512, 64);
     _tile_dpbssd(0, 4, 6);
     if (t >= 1) _tile_stored(1, c[1], 64);
-    if (t >= 2) ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + t - 2, f);
+    if (t >= 2) ScaleTile<kT>(c[0], ws + (t - 2) * kV * 16, dxa, dxsa, b0 + t - 2, f);
     _tile_stored(0, c[0], 64);
-    if (t >= 1) ScaleTile<kT>(c[1], w, dxa, dxsa, kb, b0 + t - 1, f);
-    ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + t, f);
+    if (t >= 1) ScaleTile<kT>(c[1], ws + (t - 1) * kV * 16, dxa, dxsa, b0 + t - 1, f);
+    ScaleTile<kT>(c[0], ws + t * kV * 16, dxa, dxsa, b0 + t, f);
   } else {
     _tile_stored(1, c[1], 64);
-    if (nb >= 2) ScaleTile<kT>(c[0], w, dxa, dxsa, kb, b0 + nb - 2, f);
-    ScaleTile<kT>(c[1], w, dxa, dxsa, kb, b0 + nb - 1, f);
+    if (nb >= 2) ScaleTile<kT>(c[0], ws + (nb - 2) * kV * 16, dxa, dxsa, b0 + nb - 2, f);
+    ScaleTile<kT>(c[1], ws + (nb - 1) * kV * 16, dxa, dxsa, b0 + nb - 1, f);
   }
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) {
@@ -149,14 +151,14 @@ void Tiles(const int8_t* bt, const uint8_t* w, const int8_t* xq, const float* dx
 }
 
 template <QuantType kT>
-void TilesAny(int x_tiles, int nv, const int8_t* bt, const uint8_t* w, int64_t ps, const AmxX& xa, int64_t kb,
-              int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
+void TilesAny(int x_tiles, int nv, const int8_t* bt, const float* ws, const AmxX& xa, int64_t kb, int64_t b0,
+              int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
   const int64_t nb = b1 - b0;
   for (int j = 0; j < nv; ++j)
     for (int xt = 0; xt < x_tiles; ++xt) {
-      Tiles<kT>(bt + j * nb * 512, w + j * ps, xa.q + xt * kb * 512, xa.dx + xt * kb * 16,
-                xa.dxs == nullptr ? nullptr : xa.dxs + xt * kb * 16, kb, b0, b1, y + 16 * xt * ldy + 16 * j, ldy,
-                mask[j], acc);
+      Tiles<kT>(bt + j * nb * 512, ws + j * nb * kScaleVecs<kT> * 16, xa.q + xt * kb * 512, xa.dx + xt * kb * 16,
+                xa.dxs == nullptr ? nullptr : xa.dxs + xt * kb * 16, b0, b1, y + 16 * xt * ldy + 16 * j, ldy, mask[j],
+                acc);
     }
 }
 
@@ -219,16 +221,15 @@ void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t tiles, int8_t* q, float* dx
     }
 }
 
-void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const AmxX& xa,
-              int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask,
-              bool accumulate) {
+void AmxTiles(QuantType t, const int8_t* bt, const float* ws, int nv, const AmxX& xa, int64_t kb, int64_t b0,
+              int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
   switch (t) {
     case QuantType::kQ4_0:
-      return TilesAny<QuantType::kQ4_0>(x_tiles, nv, bt, w, panel_stride, xa, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ4_0>(x_tiles, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
     case QuantType::kQ8_0:
-      return TilesAny<QuantType::kQ8_0>(x_tiles, nv, bt, w, panel_stride, xa, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ8_0>(x_tiles, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
     default:
-      return TilesAny<QuantType::kQ4_K>(x_tiles, nv, bt, w, panel_stride, xa, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ4_K>(x_tiles, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
   }
 }
 

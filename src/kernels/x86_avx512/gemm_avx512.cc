@@ -63,28 +63,6 @@ inline int32_t Load4(const int8_t* p) {
   return v;
 }
 
-// Per panel and block, the fp32 vectors the epilogue needs (PanelScales): Q4_0/Q8_0 d_b; Q4_K
-// d_b, mneg_b; Q6_K the two halves' d_b.
-template <QuantType kT>
-constexpr int kScaleVecs = kT == QuantType::kQ4_K || kT == QuantType::kQ6_K ? 2 : 1;
-
-// The scale vectors of blocks [b0, b1) of nv panels (panel j at w + j * panel_stride) into ws:
-// vector v of block b of panel j at ws + ((j * (b1 - b0) + b - b0) * kScaleVecs + v) * 16. Built
-// once per k chunk and read by every row tile of the pass: forming them per row tile (fp16 and
-// int8 conversions, a product) cost the Q6_K kernel ~6 vector ops per 16 vpdpbusd.
-template <QuantType kT>
-void PanelScales(const uint8_t* w, int64_t panel_stride, int nv, int64_t kb, int64_t b0, int64_t b1, float* ws) {
-  constexpr int kV = kScaleVecs<kT>;
-  for (int j = 0; j < nv; ++j)
-    for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* p = w + j * panel_stride;
-      float* o = ws + (j * (b1 - b0) + b - b0) * kV * 16;
-      _mm512_store_ps(o, PanelScale<kT>(p, kb, b, 0));
-      if constexpr (kT == QuantType::kQ6_K) _mm512_store_ps(o + 16, PanelScale<kT>(p, kb, b, 1));
-      if constexpr (kT == QuantType::kQ4_K) _mm512_store_ps(o + 16, PanelMinNegQ4K(p, kb, b));
-    }
-}
-
 // One micro-tile: rows [0, MR) of x (row i at x + i * kb, aux likewise), NV panels starting at
 // w (panel j at w + j * panel_stride, its scale vectors in ws as PanelScales wrote them for
 // blocks [b0, b1)), blocks [b0, b1). Writes (or, with accumulate, adds to)
@@ -331,6 +309,7 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
       const int64_t tiles = (m + kMr - 1) / kMr;
       const int64_t lines_per_tile = (pf.Lines() + tiles - 1) / tiles;
       int64_t i = 0;
+      PanelScales<kT>(wg, panel_stride, nv, kb, c0, c1, scales.get());
       if (amx) {
         AmxUnpack(kT, wg, panel_stride, kb, nv, c0, c1, bt);
         for (; m - i >= 16; i += 32) {
@@ -338,14 +317,13 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
           pf.Step(lines_per_tile * 4 * xt);
           const AmxX xi{xa.q + i / 16 * kb * 512, xa.dx + i / 16 * kb * 16,
                         xa.dxs == nullptr ? nullptr : xa.dxs + i / 16 * kb * 16};
-          AmxTiles(kT, bt, wg, panel_stride, nv, xi, kb, c0, c1, xt, yg + i * ldy, ldy, mask, c0 > 0);
+          AmxTiles(kT, bt, scales.get(), nv, xi, kb, c0, c1, xt, yg + i * ldy, ldy, mask, c0 > 0);
           if (xt == 1) {
             i += 16;
             break;
           }
         }
       }
-      if (i < m) PanelScales<kT>(wg, panel_stride, nv, kb, c0, c1, scales.get());
       for (; i < m; i += kMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
         pf.Step(lines_per_tile);

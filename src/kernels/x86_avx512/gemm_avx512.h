@@ -67,10 +67,10 @@ struct AmxX {
 // as XAux::dxs).
 void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs);
 // x_tiles row tiles of xa (starting at its row tile 0) x nv panels, blocks [b0, b1) of the
-// unpacked tiles `bt` (scales read from the packed panels at w). Writes or, with accumulate, adds
-// to y[i * ldy + 16 * j + r] for the lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
-void AmxTiles(QuantType t, const int8_t* bt, const uint8_t* w, int64_t panel_stride, int nv, const AmxX& xa,
-              int64_t kb, int64_t b0, int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask,
-              bool accumulate);
+// unpacked tiles `bt`, with the panels' scale vectors ws of those blocks (PanelScales,
+// gemm_avx512_scales.h). Writes or, with accumulate, adds to y[i * ldy + 16 * j + r] for the
+// lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
+void AmxTiles(QuantType t, const int8_t* bt, const float* ws, int nv, const AmxX& xa, int64_t kb, int64_t b0,
+              int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask, bool accumulate);
 
 }  // namespace estream::kernels

@@ -36,4 +36,26 @@ inline __m512 PanelMinNegQ4K(const uint8_t* p, int64_t kb, int64_t b) {
   return _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(m));
 }
 
+// Per panel and block, the fp32 vectors the epilogue needs (PanelScales): Q4_0/Q8_0 d_b; Q4_K
+// d_b, mneg_b; Q6_K the two halves' d_b.
+template <QuantType kT>
+constexpr int kScaleVecs = kT == QuantType::kQ4_K || kT == QuantType::kQ6_K ? 2 : 1;
+
+// The scale vectors of blocks [b0, b1) of nv panels (panel j at w + j * panel_stride) into ws:
+// vector v of block b of panel j at ws + ((j * (b1 - b0) + b - b0) * kScaleVecs + v) * 16. Built
+// once per k chunk and read by every row tile of the pass (both kernels): forming them per row
+// tile (fp16 and int8 conversions, a product) cost the Q6_K kernel ~6 vector ops per 16 vpdpbusd.
+template <QuantType kT>
+void PanelScales(const uint8_t* w, int64_t panel_stride, int nv, int64_t kb, int64_t b0, int64_t b1, float* ws) {
+  constexpr int kV = kScaleVecs<kT>;
+  for (int j = 0; j < nv; ++j)
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* p = w + j * panel_stride;
+      float* o = ws + (j * (b1 - b0) + b - b0) * kV * 16;
+      _mm512_store_ps(o, PanelScale<kT>(p, kb, b, 0));
+      if constexpr (kT == QuantType::kQ6_K) _mm512_store_ps(o + 16, PanelScale<kT>(p, kb, b, 1));
+      if constexpr (kT == QuantType::kQ4_K) _mm512_store_ps(o + 16, PanelMinNegQ4K(p, kb, b));
+    }
+}
+
 }  // namespace estream::kernels
