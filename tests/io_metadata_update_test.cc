@@ -7,12 +7,14 @@
 //     in place;
 //   - failures (temporary cannot be created, a write failing mid-copy, the rename failing, bad
 //     arguments, a concurrent update) leave the original byte for byte and no temporary;
+//   - a full rewrite keeps the file's permission bits and owner;
 //   - the updated file still passes ReadPackedLayout and runs with bit-identical logits.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -259,6 +261,33 @@ TEST(MetadataUpdate, FullRewriteWithoutReserveThenInPlace) {
   EXPECT_TRUE(info2.in_place);
   EXPECT_EQ(info2.data_offset, info.data_offset);
   ExpectUpdated(path, tensors, old_kvs, set2, {"estream.profile."});
+}
+
+// The full rewrite replaces the file by a new one (rename of the temporary): it keeps the
+// original's permission bits and owner. The writer creates its temporary 0644 minus the umask, so
+// 0640 (narrower) and 0664 (wider than the umask 022 lets through) both show a missing fchmod.
+TEST(MetadataUpdate, FullRewriteKeepsTheFileMode) {
+  ScratchDir dir;
+  const mode_t old_umask = ::umask(022);
+  for (const mode_t mode : {mode_t{0640}, mode_t{0664}, mode_t{0600}}) {
+    const std::string path = WithoutReserve(dir, "mode.gguf");
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+    struct stat before {};
+    ASSERT_EQ(::stat(path.c_str(), &before), 0);
+    io::MetadataUpdateInfo info;
+    const Status st = io::UpdateMetadata(path, SomeKeys(1, 4000), {}, {}, &info);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_FALSE(info.in_place) << "the test needs the full-rewrite path";
+    struct stat after {};
+    ASSERT_EQ(::stat(path.c_str(), &after), 0);
+    EXPECT_NE(after.st_ino, before.st_ino) << "a full rewrite is a new file";
+    EXPECT_EQ(after.st_mode & 07777, mode) << std::oct << "mode 0" << mode << " became 0" << (after.st_mode & 07777);
+    EXPECT_EQ(after.st_uid, before.st_uid);
+    EXPECT_EQ(after.st_gid, before.st_gid);
+    ExpectNoTemporary(path);
+    fs::remove(path);
+  }
+  ::umask(old_umask);
 }
 
 TEST(MetadataUpdate, UpdateLargerThanTheReserveRewrites) {

@@ -225,6 +225,11 @@ class GgufWriter {
   Status WriteTensorData(const void* data, size_t size);
   Status Finish();
 
+  // The temporary file's descriptor from a successful Begin until Finish or a failure, else -1:
+  // for a caller that sets the new file's mode or owner (fchmod/fchown) before Finish renames it
+  // into place. The writer keeps ownership: do not close it.
+  int temp_fd() const;
+
   // Total size the file will have (valid after all AddKv/AddTensor calls).
   uint64_t ExpectedFileSize() const;
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }

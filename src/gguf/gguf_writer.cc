@@ -321,6 +321,8 @@ Status GgufWriter::WriteTensorData(const void* data, size_t size) {
   return Status::Ok();
 }
 
+int GgufWriter::temp_fd() const { return impl_->state == Impl::State::kWriting ? impl_->fd : -1; }
+
 Status GgufWriter::Finish() {
   Impl& w = *impl_;
   if (w.state == Impl::State::kFailed) return w.failure;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -138,10 +139,26 @@ Status WriteHeaderInPlace(int fd, const std::string& path, const std::string& im
   return Status::IOError(fmt::format("{} (the old header was restored)", st.message()));
 }
 
+// Gives the temporary that will replace `path` the original's owner and permission bits: the
+// writer creates it 0644 minus the umask, owned by this process, and the rename would otherwise
+// change who may read a model shared through its group (or widen a private one). The owner is
+// best effort (only root, or a member of the target group, may change it); fchown goes first
+// because it may clear set-id bits, which fchmod then restores.
+Status KeepOwnerAndMode(int tmp_fd, const struct stat& original, const std::string& path) {
+  if (original.st_uid != ::geteuid() || original.st_gid != ::getegid())
+    (void)::fchown(tmp_fd, original.st_uid, original.st_gid);  // EPERM: keep ours
+  if (::fchmod(tmp_fd, original.st_mode & 07777) != 0)
+    return Status::IOError(fmt::format("{}: cannot give the rewritten file the original's mode {:o}: {}", path,
+                                       original.st_mode & 07777, Errno()));
+  return Status::Ok();
+}
+
 // The full-rewrite path (see the header).
-// base_header_bytes: the serialised header of `kvs` (no reserve) and the tensor infos.
+// base_header_bytes: the serialised header of `kvs` (no reserve) and the tensor infos; original:
+// fstat of `path` (its owner and mode are kept).
 Status RewriteWholeFile(const std::string& path, const GgufFile& old, const std::vector<GgufKv>& kvs,
-                        uint64_t base_header_bytes, const ProgressFn& progress, MetadataUpdateInfo* info) {
+                        uint64_t base_header_bytes, const struct stat& original, const ProgressFn& progress,
+                        MetadataUpdateInfo* info) {
   GgufWriter writer(old.version(), old.alignment());
   for (const GgufKv& kv : kvs) writer.AddKv(kv.key, kv.value);
   writer.AddKv(kHeaderReserveKey, HeaderReserveValue());
@@ -173,6 +190,8 @@ Status RewriteWholeFile(const std::string& path, const GgufFile& old, const std:
                                          st.message(), path));
   };
   if (Status st = writer.Begin(path); !st.ok()) return failed(st);
+  // (On an error below the writer's destructor removes the temporary.)
+  if (Status st = KeepOwnerAndMode(writer.temp_fd(), original, path); !st.ok()) return failed(st);
 
   const uint64_t chunk = std::clamp<uint64_t>(total, 1, kCopyChunkBytes);
   auto buffer = AllocAligned<uint8_t>(static_cast<size_t>(chunk));
@@ -220,6 +239,8 @@ Status UpdateMetadata(const std::string& path, const std::vector<GgufKv>& set,
       return Status::IOError(fmt::format("{}: being updated by another process; try again when it is done", path));
     return Status::IOError(fmt::format("{}: cannot lock for updating: {}", path, Errno()));
   }
+  struct stat original {};
+  if (::fstat(fd.get(), &original) != 0) return Status::IOError(fmt::format("{}: cannot stat: {}", path, Errno()));
   auto old = GgufFile::Open(path, {.mmap = false});
   if (!old.ok()) return old.status();
   const GgufFile& f = **old;
@@ -248,7 +269,7 @@ Status UpdateMetadata(const std::string& path, const std::vector<GgufKv>& set,
   }
   if (!fits) {
     image.clear();
-    ESTREAM_RETURN_IF_ERROR(RewriteWholeFile(path, f, kvs, base->size(), progress, info));
+    ESTREAM_RETURN_IF_ERROR(RewriteWholeFile(path, f, kvs, base->size(), original, progress, info));
     if (info != nullptr) info->seconds = timer.Seconds();
     return Status::Ok();
   }

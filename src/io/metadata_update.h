@@ -29,7 +29,9 @@
 //     temporary next to it ("<path>.tmp.<pid>", GgufWriter): new header with a fresh
 //     kHeaderReserveBytes reserve, then every tensor's bytes copied from the old file in 16 MiB
 //     chunks (progress reported), fsync, rename over `path`, fsync of the directory. Checks the
-//     free space of the file system first.
+//     free space of the file system first. The new file keeps the original's permission bits
+//     (fchmod of the temporary before the rename) and, where this process may change it (root,
+//     or a group it belongs to), its owner and group.
 //
 // ---- Crash safety ---------------------------------------------------------------------------
 // Full rewrite: atomic. Until the rename the original file is untouched; on any failure the
