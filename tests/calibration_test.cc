@@ -2,9 +2,10 @@
 // and base ResetPeakRss: the built-in text gives >= 1000 tokens with every real vocabulary of
 // shared/testdata/tokenizer and the synthetic one; repetition, truncation to the context length,
 // BOS; one-line errors; the peak RSS of a MeasureRun after a bigger allocation was freed is this
-// run's, not the earlier peak.
+// run's, not the earlier peak; where the reset is refused, the lifetime peak marked inexact.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -182,6 +183,37 @@ TEST(MeasureRun, PeakRssIsThisRunsAfterABiggerEarlierAllocation) {
   EXPECT_EQ(r->response.config.banks, 2);
   EXPECT_EQ(r->response.config.queue_depth, 2);
   EXPECT_GT(r->response.bytes_read, 0u);
+}
+
+// Where the peak cannot be reset (simulated: profiler::kRefuseClearRefsEnv), the figure is the
+// process's peak since it started, and the result says so instead of passing it off as the run's.
+TEST(MeasureRun, RefusedResetGivesTheCumulativePeakMarked) {
+  const std::string& model = TestModels().packed;
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7};
+  const EngineOptions options{.n_threads = 1, .group_size = 4, .banks = 2, .queue_depth = 2, .budget_tokens = 8};
+  constexpr size_t kBig = size_t{256} << 20;
+  TouchAndFree(kBig);
+  const uint64_t earlier_peak = PeakRssBytes();
+  ASSERT_GE(earlier_peak, kBig);
+
+  ASSERT_EQ(::setenv(profiler::kRefuseClearRefsEnv, "1", 1), 0);
+  EXPECT_FALSE(profiler::ResetPeakRssForMeasurement());
+  auto r = profiler::MeasureRun(model, options, tokens, 1);
+  ASSERT_EQ(::unsetenv(profiler::kRefuseClearRefsEnv), 0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->peak_rss_exact);
+  EXPECT_GE(r->peak_rss_bytes, earlier_peak) << "a refused reset must leave the lifetime peak, not a smaller figure";
+
+  // The warning is one line that says what the figures mean.
+  const std::string warning = profiler::CumulativePeakWarning();
+  EXPECT_EQ(warning.find('\n'), std::string::npos);
+  EXPECT_NE(warning.find("cumulative"), std::string::npos) << warning;
+
+  // Reset allowed again: this run's own peak, marked exact.
+  r = profiler::MeasureRun(model, options, tokens, 1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->peak_rss_exact);
+  EXPECT_LT(r->peak_rss_bytes, kBig / 2);
 }
 
 TEST(MeasureRun, Errors) {

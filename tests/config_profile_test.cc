@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -66,6 +67,7 @@ void ExpectEqualProfiles(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.expert_bytes, b.expert_bytes);
   EXPECT_EQ(a.record_bytes, b.record_bytes);
   EXPECT_EQ(a.calib_tokens, b.calib_tokens);
+  EXPECT_EQ(a.n_threads, b.n_threads);
   EXPECT_EQ(a.other_seconds, b.other_seconds);
   EXPECT_EQ(a.nonexpert_seconds, b.nonexpert_seconds);
   EXPECT_EQ(a.expert_routes, b.expert_routes);
@@ -251,6 +253,73 @@ TEST(ConfigProfile, CorruptConfigChoice) {
   EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
   r = parse_with([](auto& k) { k.erase(k.begin() + 4); });  // budget_bytes
   EXPECT_NE(r.status().message().find("'estream.config.budget_bytes': missing"), std::string::npos);
+}
+
+// The thread count of the calibration and of the choice: stored when known, read back; a file
+// profiled before the keys existed reads as 0 (unknown) and still parses; a mistyped key is a
+// defect of the full parsers but only "unknown" for the lenient reader.
+TEST(ConfigProfile, ThreadCountRoundTripAndOlderFiles) {
+  auto has = [](const std::vector<GgufKv>& k, const std::string& key) {
+    return std::any_of(k.begin(), k.end(), [&](const GgufKv& kv) { return kv.key == key; });
+  };
+  Profile p = SmallProfile();
+  p.n_threads = 2;
+  const ConfigChoice choice{.group_size = 2, .banks = 5, .queue_depth = 4, .budget_bytes = 1 << 30,
+                            .predicted_seconds = 0.5f, .n_threads = 2};
+  std::vector<GgufKv> kvs = ProfileKvs(p);
+  for (GgufKv& kv : ConfigKvs(choice)) kvs.push_back(std::move(kv));
+  ASSERT_TRUE(has(kvs, "estream.profile.n_threads"));
+  ASSERT_TRUE(has(kvs, "estream.config.n_threads"));
+  auto back = ParseProfile(kvs, "t.gguf");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->n_threads, 2u);
+  auto c = ParseConfigChoice(kvs, "t.gguf");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->n_threads, 2u);
+  StoredThreads t = ReadStoredThreads(kvs);
+  EXPECT_EQ(t.profile, 2u);
+  EXPECT_EQ(t.choice, 2u);
+
+  // Older files: no n_threads keys (0 = unknown is not written either).
+  p.n_threads = 0;
+  std::vector<GgufKv> old_kvs = ProfileKvs(p);
+  for (GgufKv& kv : ConfigKvs({.group_size = 2, .banks = 5, .queue_depth = 4, .budget_bytes = 1 << 30}))
+    old_kvs.push_back(std::move(kv));
+  EXPECT_FALSE(has(old_kvs, "estream.profile.n_threads"));
+  EXPECT_FALSE(has(old_kvs, "estream.config.n_threads"));
+  back = ParseProfile(old_kvs, "old.gguf");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->n_threads, 0u);
+  c = ParseConfigChoice(old_kvs, "old.gguf");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->n_threads, 0u);
+  t = ReadStoredThreads(old_kvs);
+  EXPECT_EQ(t.profile, 0u);
+  EXPECT_EQ(t.choice, 0u);
+
+  // Present but not an integer: Corruption naming the key; the lenient reader says unknown.
+  *Find(kvs, "estream.profile.n_threads") = GgufValue::String("two");
+  *Find(kvs, "estream.config.n_threads") = GgufValue::F32(2);
+  back = ParseProfile(kvs, "bad.gguf");
+  EXPECT_EQ(back.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(back.status().message().find("bad.gguf: key 'estream.profile.n_threads': expected an integer"),
+            std::string::npos) << back.status().message();
+  c = ParseConfigChoice(kvs, "bad.gguf");
+  EXPECT_EQ(c.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(c.status().message().find("'estream.config.n_threads'"), std::string::npos) << c.status().message();
+  t = ReadStoredThreads(kvs);
+  EXPECT_EQ(t.profile, 0u);
+  EXPECT_EQ(t.choice, 0u);
+}
+
+TEST(ConfigProfile, ThreadMismatchNote) {
+  EXPECT_EQ(ThreadMismatchNote(0, 1, "m.gguf", "1500M"), "");  // unknown: an older file
+  EXPECT_EQ(ThreadMismatchNote(2, 2, "m.gguf", "1500M"), "");
+  const std::string note = ThreadMismatchNote(2, 1, "m.gguf", "1500M");
+  EXPECT_EQ(note, "note: the stored profile was measured with 2 threads, this run uses 1; its timings are used all "
+                  "the same (run `estream profile m.gguf --budget 1500M -t 1 --recalibrate` for a matching one)");
+  EXPECT_EQ(note.find('\n'), std::string::npos);
+  EXPECT_NE(ThreadMismatchNote(1, 4, "m", "1G").find("measured with 1 thread, this run uses 4"), std::string::npos);
 }
 
 TEST(ConfigProfile, DiskTableInterpolationAndQ0) {

@@ -7,6 +7,10 @@
 //   - profile -> stored in the model -> an engine with that budget uses the stored choice, with
 //     another budget re-solves from the profile, without a profile keeps the default rule;
 //     explicit sizes override; a longer planned prompt lowers B to fit;
+//   - the thread count: recorded by the calibration, stored with the choice, a re-solve or a
+//     budgeted prefill with another -t says so in one line and still uses the stored answer;
+//     older files without the count work as before;
+//   - --report with a refused peak-RSS reset (simulated): peaks marked cumulative, one warning;
 //   - the CLI: JSON fields, a second budget re-solved from the stored profile without running
 //     the model, the chosen configuration's MEASURED peak RSS within the budget (a fresh
 //     `estream prefill` process, and --report), one-line errors for a budget below the minimum
@@ -168,6 +172,7 @@ TEST(ProfilerCalibrate, ProfileValidatesWithTheRightShapes) {
   EXPECT_EQ(p.n_layer, 3);
   EXPECT_EQ(p.n_expert, 16);
   EXPECT_EQ(p.calib_tokens, static_cast<uint32_t>(c.tokens.size()));
+  EXPECT_EQ(p.n_threads, 2u);  // CalibrateParams::n_threads
   ASSERT_EQ(p.record_bytes.size(), 3u);
   for (int w = 0; w < 3; ++w) EXPECT_EQ(p.record_bytes[w], layout.layers[w].record_bytes);
   EXPECT_EQ(p.expert_bytes, layout.layers[0].record_bytes);
@@ -436,6 +441,112 @@ TEST(ProfilerCli, ProfileStoreResolveAndBudgetHolds) {
              " --json -t 2 --top-k 1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(ParseJson(r)["config"]["source"], "profile") << r.out;
+}
+
+size_t Count(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The stored profile and choice record the thread count of the calibration (2 here). A re-solve
+// or a budgeted prefill with another -t uses them all the same and says so in one line on stderr;
+// with the same count, or with a file stored before the count was (0: unknown), nothing is said.
+TEST(ProfilerCli, ThreadCountMismatchIsNoted) {
+  pipeline_test::ScratchDir dir;
+  const std::string model = dir.File("t.packed.gguf");
+  fs::copy_file(TheCalibration().model, model);
+  config::Profile p = TheCalibration().result.profile;
+  ASSERT_EQ(p.n_threads, 2u);
+  ASSERT_TRUE(profiler::StoreInModel(model, &p, nullptr).ok());
+  const std::string budget = std::to_string(RoomyBudget(p, 0));
+  const std::string note = "note: the stored profile was measured with 2 threads, this run uses 1";
+
+  // Re-solve with the calibration's count: no note; the choice records it.
+  CliResult r = RunCli("profile " + model + " --budget " + budget + " -t 2", /*with_stderr=*/true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("note: the stored profile"), std::string::npos) << r.out;
+  auto choice = config::ParseConfigChoice(KvsOf(model), model);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_EQ(choice->n_threads, 2u);
+  // With -t 1: one line, and the answer is the same (the stored profile's).
+  r = RunCli("profile " + model + " --budget " + budget + " -t 1 --json", /*with_stderr=*/true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Count(r.out, note), 1u) << r.out;
+  EXPECT_NE(r.out.find("estream profile " + model + " --budget " + budget + " -t 1 --recalibrate"),
+            std::string::npos) << r.out;
+  auto again = config::ParseConfigChoice(KvsOf(model), model);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->group_size, choice->group_size);
+  EXPECT_EQ(again->banks, choice->banks);
+  EXPECT_EQ(again->n_threads, 2u);  // the timings it was solved from
+
+  // prefill --budget with the stored choice: -t 1 notes it once and still uses it; -t 2 is quiet.
+  const std::string prefill = "prefill -m " + model + " --tokens 1,2,3,4,5 --top-k 1 --budget " + budget;
+  r = RunCli(prefill + " -t 1", /*with_stderr=*/true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Count(r.out, "estream prefill: " + note), 1u) << r.out;
+  EXPECT_NE(r.out.find("(G/B/Q: stored)"), std::string::npos) << r.out;
+  r = RunCli(prefill + " -t 2", /*with_stderr=*/true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("note: the stored profile"), std::string::npos) << r.out;
+  // Another budget (re-solved from the profile at load): noted too.
+  const std::string budget2 = std::to_string(RoomyBudget(p, 3));
+  r = RunCli("prefill -m " + model + " --tokens 1,2,3,4,5 --top-k 1 --budget " + budget2 + " -t 1", true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Count(r.out, "estream prefill: " + note), 1u) << r.out;
+  EXPECT_NE(r.out.find("(G/B/Q: profile)"), std::string::npos) << r.out;
+
+  // A file stored before the count was recorded: used as before, nothing said.
+  p.n_threads = 0;
+  config::ConfigChoice old_choice = *choice;
+  old_choice.n_threads = 0;
+  ASSERT_TRUE(profiler::StoreInModel(model, &p, &old_choice).ok());
+  const std::vector<GgufKv> kvs = KvsOf(model);
+  EXPECT_EQ(config::ReadStoredThreads(kvs).profile, 0u);
+  EXPECT_EQ(config::ReadStoredThreads(kvs).choice, 0u);
+  r = RunCli(prefill + " -t 1", /*with_stderr=*/true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("note: the stored profile"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(G/B/Q: stored)"), std::string::npos) << r.out;
+  r = RunCli("profile " + model + " --budget " + budget + " -t 1 --json", /*with_stderr=*/true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("note: the stored profile"), std::string::npos) << r.out;
+}
+
+// --report where the peak RSS cannot be reset (simulated, profiler/measure.h): each point's peak is
+// the process's since it started, marked, with one warning; the command still succeeds.
+TEST(ProfilerCli, ReportWithARefusedPeakReset) {
+  pipeline_test::ScratchDir dir;
+  const std::string model = dir.File("r.packed.gguf");
+  fs::copy_file(TheCalibration().model, model);
+  const config::Profile& p = TheCalibration().result.profile;
+  ASSERT_TRUE(profiler::StoreInModel(model, &p, nullptr).ok());
+  const std::string budget = std::to_string(RoomyBudget(p, 0));
+  const std::string env = "ESTREAM_TEST_REFUSE_CLEAR_REFS=1 ";
+  CliResult r = RunCli("profile " + model + " --budget " + budget + " --report --json -t 2");  // stdout only
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const nlohmann::json& point : ParseJson(r)["report"])
+    EXPECT_EQ(point["peak_rss_exact"], true) << point.dump();
+  r = RunCli("profile " + model + " --budget " + budget + " --report --json -t 2", false, env);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = ParseJson(r);
+  ASSERT_GE(j["report"].size(), 1u);
+  size_t measured = 0;
+  for (const nlohmann::json& point : j["report"]) {
+    if (point.contains("error")) continue;  // a neighbour that does not fit this process
+    ++measured;
+    EXPECT_EQ(point["peak_rss_exact"], false) << point.dump();
+    // A cumulative peak within the budget still proves the point was; above it: not known.
+    if (point["peak_rss_bytes"].get<uint64_t>() <= std::stoull(budget))
+      EXPECT_EQ(point["within_budget"], true) << point.dump();
+    else
+      EXPECT_TRUE(point["within_budget"].is_null()) << point.dump();
+  }
+  r = RunCli("profile " + model + " --budget " + budget + " --report -t 2", /*with_stderr=*/true, env);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Count(r.out, "estream profile: warning: the peak RSS cannot be reset here"), 1u) << r.out;
+  EXPECT_EQ(Count(r.out, "(cumulative)"), measured) << r.out;
 }
 
 TEST(ProfilerCli, Errors) {

@@ -4,6 +4,7 @@
 //     point's peak RSS within the budget, the grid's banks (powers of two up to 2*ceil(E/G));
 //   - a budget just above the minimum: b_max(G) joins the grid, the points above it are skipped
 //     and counted, every peak RSS still within the budget;
+//   - /proc/self/clear_refs refused (simulated): peaks marked cumulative, one warning;
 //   - errors: a budget below the minimum (one line naming the minimum), an unpacked model, a
 //     group size larger than the experts per layer.
 #include <gtest/gtest.h>
@@ -27,11 +28,12 @@ struct CliResult {
   std::string out, err;
 };
 
-// Runs the estream binary; stdout and stderr captured separately.
-CliResult RunCli(const std::string& args) {
+// Runs the estream binary; stdout and stderr captured separately. `env`: "NAME=value " prefix.
+CliResult RunCli(const std::string& args, const std::string& env = "") {
   pipeline_test::ScratchDir dir;
   const std::string err_path = dir.File("stderr.txt");
-  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
+  const std::string cmd =
+      env + std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
   CliResult r;
   if (std::FILE* p = popen(cmd.c_str(), "r")) {
     char buf[4096];
@@ -90,8 +92,9 @@ nlohmann::json CheckJson(const CliResult& r, uint64_t budget, int calib_tokens) 
   double prev = 0, sum = 0;
   for (const nlohmann::json& p : results) {
     for (const char* key : {"group_size", "banks", "queue_depth", "seconds", "peak_rss_bytes", "bubble_rate",
-                            "read_gbps"})
+                            "read_gbps", "peak_rss_exact"})
       EXPECT_TRUE(p.contains(key)) << key << " in " << p.dump();
+    EXPECT_TRUE(p["peak_rss_exact"].get<bool>()) << p.dump();
     const double s = p["seconds"].get<double>();
     EXPECT_GE(s, prev) << "results not sorted by time";
     prev = s;
@@ -105,6 +108,7 @@ nlohmann::json CheckJson(const CliResult& r, uint64_t budget, int calib_tokens) 
   // The sweep's wall time covers every run.
   EXPECT_GE(j["sweep_seconds"].get<double>(), sum);
   EXPECT_EQ(j["best"], results.front());
+  EXPECT_EQ(j["peak_rss_exact"], true);
   return j;
 }
 
@@ -128,6 +132,40 @@ TEST(SweepCli, JsonOfATinyGrid) {
   // Progress on stderr: one line per point with its index, the point and the ETA.
   EXPECT_NE(r.err.find("point 12/12 G=16 B=2 Q=8"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("ETA"), std::string::npos) << r.err;
+}
+
+// Where /proc/self/clear_refs is refused (simulated with the test-only variable of
+// profiler/measure.h), every point reports the process's peak since it started, marked as such
+// in the JSON and the table, after one warning line; the command still succeeds.
+TEST(SweepCli, RefusedPeakResetIsMarkedCumulative) {
+  const std::string& model = TestModels().packed;
+  const std::string env = "ESTREAM_TEST_REFUSE_CLEAR_REFS=1 ";
+  const std::string args = "sweep " + model + " --budget 512M -t 1 --groups 4 --banks 2,4 --queue-depths 2 "
+                           "--calib-tokens 32";
+  CliResult r = RunCli(args + " --json", env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["peak_rss_exact"], false);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const nlohmann::json& p : j["results"]) {
+    EXPECT_EQ(p["peak_rss_exact"], false) << p.dump();
+    EXPECT_GT(p["peak_rss_bytes"].get<uint64_t>(), 0u);
+  }
+  EXPECT_EQ(j["best"]["peak_rss_exact"], false);
+  size_t warnings = 0;
+  for (size_t at = r.err.find("clear_refs refused"); at != std::string::npos; at = r.err.find("clear_refs refused", at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, 1u) << r.err;
+  EXPECT_NE(r.err.find("estream sweep: warning: the peak RSS cannot be reset here"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cumulative"), std::string::npos) << r.err;
+
+  r = RunCli(args, env);  // the table
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  size_t marked = 0;
+  for (size_t at = r.out.find("(cumulative)"); at != std::string::npos; at = r.out.find("(cumulative)", at + 1))
+    ++marked;
+  EXPECT_EQ(marked, 3u) << r.out;  // two rows and the best line
 }
 
 TEST(SweepCli, NearTheMinimumBudget) {

@@ -228,6 +228,12 @@ class Reader {
     if (v == nullptr) return Error(key, "missing (run `estream profile` again to store a complete profile)");
     return ScalarUint(key, *v, max);
   }
+  // An optional integer key: `absent` when missing, else checked as Uint.
+  Result<uint64_t> OptionalUint(const std::string& key, uint64_t max, uint64_t absent) const {
+    const GgufValue* v = Find(key);
+    if (v == nullptr) return absent;
+    return ScalarUint(key, *v, max);
+  }
   Result<float> Float(const std::string& key) const {
     const GgufValue* v = Find(key);
     if (v == nullptr) return Error(key, "missing (run `estream profile` again to store a complete profile)");
@@ -310,6 +316,7 @@ std::vector<GgufKv> ProfileKvs(const Profile& p) {
   add(PKey("expert_bytes"), GgufValue::U64(p.expert_bytes));
   add(PKey("record_bytes"), U64Array(p.record_bytes));
   add(PKey("calib_tokens"), GgufValue::U32(p.calib_tokens));
+  if (p.n_threads > 0) add(PKey("n_threads"), GgufValue::U32(p.n_threads));  // 0: unknown, no key
   add(PKey("other_seconds"), GgufValue::F32(p.other_seconds));
   add(PKey("nonexpert_seconds"), GgufValue::F32Array(p.nonexpert_seconds));
   add(PKey("expert_routes"), U32Array(p.expert_routes));
@@ -353,6 +360,10 @@ Result<Profile> ParseProfile(const std::vector<GgufKv>& kvs, std::string_view so
   ESTREAM_ASSIGN_OR_RETURN(p.record_bytes, r.UintArray(PKey("record_bytes"), static_cast<int64_t>(n_layer), kMaxU64));
   ESTREAM_ASSIGN_OR_RETURN(uint64_t calib_tokens, r.Uint(PKey("calib_tokens"), kMaxU32));
   p.calib_tokens = static_cast<uint32_t>(calib_tokens);
+  {
+    ESTREAM_ASSIGN_OR_RETURN(uint64_t threads, r.OptionalUint(PKey("n_threads"), kMaxU32, 0));
+    p.n_threads = static_cast<uint32_t>(threads);
+  }
   ESTREAM_ASSIGN_OR_RETURN(p.other_seconds, r.Float(PKey("other_seconds")));
   ESTREAM_ASSIGN_OR_RETURN(p.nonexpert_seconds, r.FloatArray(PKey("nonexpert_seconds"), static_cast<int64_t>(n_layer)));
   {
@@ -402,6 +413,7 @@ std::vector<GgufKv> ConfigKvs(const ConfigChoice& c) {
   add(CKey("budget_bytes"), GgufValue::U64(c.budget_bytes));
   add(CKey("predicted_seconds"), GgufValue::F32(c.predicted_seconds));
   add(CKey("schedule"), GgufValue::String(ScheduleName(c.schedule)));
+  if (c.n_threads > 0) add(CKey("n_threads"), GgufValue::U32(c.n_threads));  // 0: unknown, no key
   return kvs;
 }
 
@@ -435,7 +447,34 @@ Result<ConfigChoice> ParseConfigChoice(const std::vector<GgufKv>& kvs, std::stri
   Result<Schedule> s = ParseSchedule(schedule);
   if (!s.ok()) return r.Error(CKey("schedule"), s.status().message());
   c.schedule = *s;
+  ESTREAM_ASSIGN_OR_RETURN(uint64_t threads, r.OptionalUint(CKey("n_threads"), kMaxU32, 0));
+  c.n_threads = static_cast<uint32_t>(threads);
   return c;
+}
+
+// ---- Thread count of a stored profile/choice -------------------------------------------------
+
+StoredThreads ReadStoredThreads(const std::vector<GgufKv>& kvs) {
+  StoredThreads t;
+  const std::string pk = PKey("n_threads"), ck = CKey("n_threads");
+  for (const GgufKv& kv : kvs) {
+    if (kv.key != pk && kv.key != ck) continue;
+    const GgufValue& v = kv.value;
+    uint64_t x = 0;
+    if (IsUnsignedType(v.type)) x = v.u;
+    else if (IsSignedType(v.type) && v.i > 0) x = static_cast<uint64_t>(v.i);
+    if (x > kMaxU32) x = 0;  // not a thread count: unknown
+    (kv.key == pk ? t.profile : t.choice) = static_cast<uint32_t>(x);
+  }
+  return t;
+}
+
+std::string ThreadMismatchNote(uint32_t stored_threads, int run_threads, std::string_view model,
+                               std::string_view budget) {
+  if (stored_threads == 0 || static_cast<int64_t>(stored_threads) == run_threads) return {};
+  return fmt::format("note: the stored profile was measured with {} thread{}, this run uses {}; its timings are used "
+                     "all the same (run `estream profile {} --budget {} -t {} --recalibrate` for a matching one)",
+                     stored_threads, stored_threads == 1 ? "" : "s", run_threads, model, budget, run_threads);
 }
 
 // ---- Sample thinning ------------------------------------------------------------------------

@@ -25,6 +25,9 @@
 //                                                    stride of the largest layer), >= 1
 //   estream.profile.record_bytes           u64[W]    bytes read per expert of layer w, <= W_e
 //   estream.profile.calib_tokens           u32       tokens of the calibration request
+//   estream.profile.n_threads              u32       compute threads the calibration ran with
+//                                                    (OPTIONAL: absent in files profiled before
+//                                                    it existed; read as 0 = unknown)
 //   estream.profile.other_seconds          f32       compute outside the MoE layers
 //   estream.profile.nonexpert_seconds      f32[W]    T_ne_w (pooled across g)
 //   estream.profile.expert_routes          u32[W*E]  routed rows of physical expert e of layer
@@ -51,10 +54,17 @@
 //   estream.config.budget_bytes       u64     the budget it was solved for
 //   estream.config.predicted_seconds  f32     the model's latency for the calibration request
 //   estream.config.schedule           string  "early" | "after-routing" | "on-demand"
+//   estream.config.n_threads          u32     OPTIONAL: compute threads of the profile it was
+//                                             solved from (absent in older files: 0 = unknown)
 // Parsing validates everything (presence, type, array lengths, ranges, consistency) and returns
 // one-line errors naming the source and the key: Corruption for a defect, NotSupported for
 // another version. Unknown estream.profile.* / estream.config.* keys are ignored (later minor
-// additions); any change of meaning bumps the version.
+// additions, such as n_threads: an older build reads a newer file, a newer build an older file);
+// any change of meaning bumps the version.
+//
+// Thread count: service times scale with the compute threads, so a profile measured with 2
+// threads predicts a 1-thread run badly. The stored thread count is advisory: a run with another
+// count still uses the stored profile/choice, and says so in one line (ThreadMismatchNote).
 //
 // Thread safety: values and pure functions.
 #pragma once
@@ -113,6 +123,7 @@ struct Profile {
   uint64_t expert_bytes = 0;          // W_e: arena slot bytes
   std::vector<uint64_t> record_bytes; // [W] bytes read per expert of layer w (<= W_e)
   uint32_t calib_tokens = 0;
+  uint32_t n_threads = 0;             // compute threads of the calibration runs; 0: unknown
   float other_seconds = 0;            // T_other
   std::vector<float> nonexpert_seconds;  // [W] T_ne_w
   std::vector<uint32_t> expert_routes;   // [W * E] routed rows, physical order
@@ -135,6 +146,7 @@ struct ConfigChoice {
   uint64_t budget_bytes = 0;
   float predicted_seconds = 0;
   Schedule schedule = Schedule::kEarly;
+  uint32_t n_threads = 0;  // threads of the profile it was solved from; 0: unknown
 };
 
 // ---- GGUF metadata ----
@@ -150,6 +162,25 @@ Result<Profile> ParseProfile(const std::vector<GgufKv>& kvs, std::string_view so
 std::vector<GgufKv> ConfigKvs(const ConfigChoice& choice);
 bool HasConfigChoice(const std::vector<GgufKv>& kvs);
 Result<ConfigChoice> ParseConfigChoice(const std::vector<GgufKv>& kvs, std::string_view source);
+
+// ---- Thread count of a stored profile/choice ----
+// The n_threads keys of `kvs` read leniently (0 when absent or not an integer: the full parsers
+// above judge the rest), for a caller that already knows which of the two a run used.
+struct StoredThreads {
+  uint32_t profile = 0;  // estream.profile.n_threads
+  uint32_t choice = 0;   // estream.config.n_threads
+};
+StoredThreads ReadStoredThreads(const std::vector<GgufKv>& kvs);
+
+// One line (no trailing newline) for a run with `run_threads` compute threads that uses a stored
+// profile measured with `stored_threads`:
+//   "note: the stored profile was measured with 2 threads, this run uses 1; its timings are used
+//    all the same (run `estream profile MODEL --budget BUDGET -t 1 --recalibrate` for a matching
+//    one)"
+// `model` and `budget` are put into the suggested command as given. Empty when stored_threads is
+// 0 (unknown: a file profiled before the count was stored) or equals run_threads.
+std::string ThreadMismatchNote(uint32_t stored_threads, int run_threads, std::string_view model,
+                               std::string_view budget);
 
 // Thins execution samples to at most `max_samples` (>= 2) for storage: sorts by rows and
 // replaces each run of consecutive samples (equal counts, +-1) by its mean rows and mean

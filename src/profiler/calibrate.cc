@@ -1,6 +1,7 @@
 #include "profiler/calibrate.h"
 
 #include <malloc.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +46,8 @@ Result<std::string> ReadWhole(const std::string& path) {
 }
 
 }  // namespace
+
+int ResolveThreadCount(int n_threads) { return n_threads > 0 ? n_threads : omp_get_num_procs(); }
 
 std::vector<int> DefaultGroupSizes(int n_expert) {
   std::vector<int> out;
@@ -203,6 +206,7 @@ Result<CalibrationResult> Calibrate(const std::string& model_path, const config:
     (void)ResetPeakRss();  // when it fails the peak is the process's: an over-estimate, still safe
     const Timer load_timer;
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_path, eo));
+    p.n_threads = static_cast<uint32_t>(engine->n_threads());  // the same for every run
     CalibrationRunInfo info{.group_size = g, .banks = banks, .queue_depth = q0};
     info.load_seconds = load_timer.Seconds();
     Request req{.tokens = params.tokens, .top_k = 1};

@@ -21,6 +21,7 @@
 //     but at least the engine's own non-arena figure (Response::config.other_bytes: RSS after
 //     load + activation bound + margin, VirtualExperts::Solve), so a configuration the
 //     configurator picks always passes the engine's own budget check;
+//   - the compute threads of the runs (Engine::n_threads), stored as Profile::n_threads;
 //   - the route counts per PHYSICAL expert (first run only; the routing does not depend on g):
 //     Request::return_routing gives logical ids, mapped through the layout's permutation.
 // Execution samples are thinned for storage (config::CompactExecSamples, kMaxExecSamples).
@@ -74,6 +75,11 @@ struct CalibrationResult {
   std::vector<CalibrationRunInfo> runs;
   double seconds = 0;       // wall time of Calibrate
 };
+
+// The compute threads an engine with EngineOptions::n_threads = n_threads runs with: n_threads
+// when > 0, else one per CPU the process may run on (omp_get_num_procs, as Engine::Load). The
+// profile records it (config::Profile::n_threads); `estream profile` compares a re-solve's -t.
+int ResolveThreadCount(int n_threads);
 
 // The default candidates {1, 2, 4, 8, 16} capped by n_expert (at least {1}).
 std::vector<int> DefaultGroupSizes(int n_expert);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 
@@ -15,16 +16,27 @@ namespace estream::profiler {
 
 void ReleaseFreedMemory() { (void)malloc_trim(0); }
 
+bool ResetPeakRssForMeasurement() {
+  const char* refuse = std::getenv(kRefuseClearRefsEnv);
+  if (refuse != nullptr && refuse[0] != '\0') return false;
+  return ResetPeakRss();
+}
+
+std::string CumulativePeakWarning() {
+  return "warning: the peak RSS cannot be reset here (/proc/self/clear_refs refused): each peak reported is the "
+         "process's since it started, an upper bound of the run's own, marked cumulative";
+}
+
 Result<RunResult> MeasureRun(const std::string& model_path, const EngineOptions& options,
                              const std::vector<int32_t>& tokens, int repeat) {
   if (repeat < 1) return Status::InvalidArgument(fmt::format("measure: --repeat must be >= 1 (got {})", repeat));
   if (tokens.empty()) return Status::InvalidArgument("measure: the request has no tokens");
 
-  // Best effort: without clear_refs the figure is the lifetime peak (documented in the header).
+  // Without clear_refs the figure is the lifetime peak, and the result says so (see the header).
   ReleaseFreedMemory();
-  (void)ResetPeakRss();
-
   RunResult result;
+  result.peak_rss_exact = ResetPeakRssForMeasurement();
+
   Timer load_timer;
   auto engine = Engine::Load(model_path, options);
   if (!engine.ok()) return engine.status();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/memory.h"
+#include "config/profile.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
@@ -159,6 +160,7 @@ class PrefillCommand : public Command {
     {
       auto file = GgufFile::Open(model_, {.mmap = false});
       if (file.ok()) {
+        stored_threads_ = config::ReadStoredThreads((*file)->kvs());
         auto tok = Tokenizer::FromGguf(**file);
         if (tok.ok()) tokenizer_ = std::move(*tok);
         else tokenizer_status_ = tok.status();
@@ -220,7 +222,7 @@ class PrefillCommand : public Command {
       resp = std::move(*r);
     }
     if (dump && std::fclose(dump) != 0) return Status::IOError(dump_logits_ + ": close failed: " + std::strerror(errno));
-    if (resp.config.streamed && !budget_.empty()) ReportConfigSource(resp.config);
+    if (resp.config.streamed && !budget_.empty()) ReportConfigSource(resp.config, engine->n_threads());
     const double secs = Median(seconds);
     const double tps = static_cast<double>(resp.n_tokens) / secs;
     const uint64_t peak = PeakRssBytes();
@@ -322,8 +324,18 @@ class PrefillCommand : public Command {
     return 0;
   }
 
-  // With --budget: says on stderr when G/B/Q did not come from the configurator (estream profile).
-  void ReportConfigSource(const Response::StreamConfig& k) const {
+  // With --budget: says on stderr when G/B/Q did not come from the configurator (estream profile),
+  // and when they did but from a profile measured with another thread count than this run's.
+  void ReportConfigSource(const Response::StreamConfig& k, int n_threads) const {
+    // "stored ..." is the stored choice (solved from the profile's timings: its own count, else the
+    // profile's); "profile ..." a re-solve from the stored profile.
+    uint32_t measured_with = 0;
+    if (k.source.rfind("stored", 0) == 0)
+      measured_with = stored_threads_.choice > 0 ? stored_threads_.choice : stored_threads_.profile;
+    else if (k.source.rfind("profile", 0) == 0)
+      measured_with = stored_threads_.profile;
+    const std::string note = config::ThreadMismatchNote(measured_with, n_threads, model_, budget_);
+    if (!note.empty()) std::fprintf(stderr, "estream prefill: %s\n", note.c_str());
     if (k.source.rfind("rule", 0) == 0) {
       const size_t open = k.source.find('(');
       if (open == std::string::npos)
@@ -426,6 +438,7 @@ class PrefillCommand : public Command {
   bool no_verify_ = false;
   bool verify_every_read_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;
+  config::StoredThreads stored_threads_;  // n_threads keys of the model's stored profile/choice
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
 };
 

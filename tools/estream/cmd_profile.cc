@@ -6,6 +6,12 @@
 // When the model already holds a profile (and --recalibrate is not given) it only re-solves for
 // the new budget from the stored profile, in milliseconds, and stores the new choice.
 // `estream prefill --budget M` then uses the stored choice, or re-solves from the profile.
+// The profile and the choice record the compute threads the calibration ran with; a re-solve
+// with another -t uses the stored profile all the same and says so in one line on stderr.
+// --report: where the peak RSS cannot be reset (profiler/measure.h) each point's peak is the
+// process's since it started, marked (JSON "peak_rss_exact": false, "(cumulative)") after a
+// one-line warning, and within_budget is then only judged when that figure is within the budget
+// (above it: null, not known).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -89,6 +95,9 @@ class ProfileCommand : public Command {
         if (!stored.ok())
           return Status(stored.status().code(), stored.status().message() + " (run with --recalibrate to replace it)");
         profile = std::move(*stored);
+        const std::string note = config::ThreadMismatchNote(profile.n_threads, profiler::ResolveThreadCount(threads_),
+                                                            model_, budget_);
+        if (!note.empty()) Progress(note);
         if (!calib_.empty() || refresh_disk_ || calib_tokens_ != profiler::kDefaultCalibrationTokens)
           Progress("note: the model holds a profile: --calib/--calib-tokens/--refresh-disk apply with --recalibrate");
         for (int g : groups_)
@@ -145,7 +154,8 @@ class ProfileCommand : public Command {
       }
       return sel.status();
     }
-    const config::ConfigChoice choice = config::ToConfigChoice(*sel, sp);
+    config::ConfigChoice choice = config::ToConfigChoice(*sel, sp);
+    choice.n_threads = profile.n_threads;  // the timings it was solved from
     ESTREAM_RETURN_IF_ERROR(profiler::StoreInModel(model_, calibrated ? &profile : nullptr, &choice,
                                                    [this](const std::string& l) { Progress(l); }));
     const double store_s = store_timer.Seconds();
@@ -177,6 +187,9 @@ class ProfileCommand : public Command {
       j["store_seconds"] = store_s;
       j["source"] = calibrated ? "calibrated" : "stored profile";
       j["calib_tokens"] = profile.calib_tokens;
+      j["threads"] = profiler::ResolveThreadCount(threads_);
+      if (profile.n_threads > 0) j["profile_threads"] = profile.n_threads;
+      else j["profile_threads"] = nullptr;  // a profile stored before the count was recorded
       j["evaluations"] = sel->evaluations;
       nlohmann::json per = nlohmann::json::array();
       for (const config::CandidatePrediction& c : sel->per_group)
@@ -226,12 +239,15 @@ class ProfileCommand : public Command {
                       r["predicted_seconds"].get<double>(), r["error"].get<std::string>().c_str());
           continue;
         }
-        std::printf("  %-9s %4d %4d %4d %12.3f %12.3f %+7.1f%% %12s%s\n", r["point"].get<std::string>().c_str(),
+        const bool exact = r["peak_rss_exact"].get<bool>();
+        const char* verdict = r["within_budget"].is_null()          ? ""
+                              : r["within_budget"].get<bool>() ? ""
+                                                               : "  OVER BUDGET";
+        std::printf("  %-9s %4d %4d %4d %12.3f %12.3f %+7.1f%% %12s%s%s\n", r["point"].get<std::string>().c_str(),
                     r["group_size"].get<int>(), r["banks"].get<int>(), r["queue_depth"].get<int>(),
                     r["predicted_seconds"].get<double>(), r["seconds"].get<double>(),
                     100 * (r["predicted_seconds"].get<double>() / r["seconds"].get<double>() - 1),
-                    FormatBytes(r["peak_rss_bytes"].get<uint64_t>()).c_str(),
-                    r["within_budget"].get<bool>() ? "" : "  OVER BUDGET");
+                    FormatBytes(r["peak_rss_bytes"].get<uint64_t>()).c_str(), exact ? "" : " (cumulative)", verdict);
       }
     }
     return 0;
@@ -243,6 +259,7 @@ class ProfileCommand : public Command {
                              profiler::CalibrationTokens(model_, calib_, static_cast<int>(profile.calib_tokens)));
     std::vector<std::pair<std::string, config::CandidatePrediction>> points{{"chosen", sel.best}};
     for (const config::CandidatePrediction& n : sel.neighbours) points.emplace_back("neighbour", n);
+    bool told_cumulative = false;
     for (size_t i = 0; i < points.size(); ++i) {
       const config::CandidatePrediction& c = points[i].second;
       EngineOptions eo{.n_threads = threads_};
@@ -265,10 +282,17 @@ class ProfileCommand : public Command {
         continue;
       }
       const profiler::RunResult& r = *run;
+      if (!r.peak_rss_exact && !told_cumulative) {
+        Progress(profiler::CumulativePeakWarning());
+        told_cumulative = true;
+      }
+      // A cumulative peak within the budget proves the run was; above it, it proves nothing.
+      const bool within = r.peak_rss_bytes <= budget;
       out->push_back({{"point", points[i].first}, {"group_size", c.group_size}, {"banks", c.banks},
                       {"queue_depth", c.queue_depth}, {"predicted_seconds", c.predicted_s}, {"seconds", r.seconds},
-                      {"peak_rss_bytes", r.peak_rss_bytes}, {"predicted_memory_bytes", c.total_bytes},
-                      {"bubble_rate", r.response.bubble_rate}, {"within_budget", r.peak_rss_bytes <= budget}});
+                      {"peak_rss_bytes", r.peak_rss_bytes}, {"peak_rss_exact", r.peak_rss_exact},
+                      {"predicted_memory_bytes", c.total_bytes}, {"bubble_rate", r.response.bubble_rate},
+                      {"within_budget", within || r.peak_rss_exact ? nlohmann::json(within) : nlohmann::json(nullptr)}});
     }
     return Status::Ok();
   }
