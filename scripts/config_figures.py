@@ -3,19 +3,32 @@
 `estream sweep` oracle, profiling + selection time against sweep time, re-solve time.
 
 Usage: scripts/config_figures.py MODEL.packed.gguf BUDGET [BUDGET ...] [--out DIR] [-t N]
-       [--sweep-args "--queue-depths 1,4,16"] [--repeat 3] [--skip-calibration] [--reuse-sweeps]
+       [--calib-tokens N] [--sweep-args "--queue-depths 1,4,16"] [--top-k 5] [--repeat 5]
+       [--skip-calibration] [--reuse-sweeps] [--reuse-measurements]
 
 Steps (everything is run through the `estream` binary, build/tools/estream/estream by default):
   1. `estream profile MODEL --budget B1 --recalibrate --refresh-disk --json` (the full cost: disk
      characterisation, one calibration request per group size, selection, storing), unless
      --skip-calibration; then `estream profile MODEL --budget Bi --json` for every budget (re-solve
      from the stored profile).
-  2. `estream sweep MODEL --budget Bi --json` (the exhaustive oracle) for every budget.
-  3. Noise control: the sweep measures each point once. The chosen point and the sweep's best
-     point are measured again, alternated, `--repeat` times each (`estream sweep` restricted to
-     one point), and regret = median(chosen) / median(best) - 1 from those medians. The raw
-     regret from the sweep's single measurements is reported beside it.
-Writes DIR/summary.json and prints a Markdown table.
+  2. `estream sweep MODEL --budget Bi --json` (the exhaustive oracle) for every budget, or the
+     stored DIR/sweep-Bi.json with --reuse-sweeps.
+  3. Noise-robust regret. The sweep measures each point once, and single runs on a shared machine
+     vary by more than the 3% the target resolves, so the sweep's minimum is biased low (the
+     minimum of many noisy values) and its argmin is partly luck. So the sweep's best K points
+     within the budget (--top-k, default 5) plus the chosen point are measured again, --repeat
+     times each (default 5), alternated round-robin in one session (round r runs every point once,
+     starting at a rotating offset, so a slow phase of the machine hits every point alike). Each
+     run is a fresh process (`estream sweep` restricted to that one point: a fresh engine, its own
+     peak RSS). Then
+         regret = median(chosen) / min over the top-K of median(point) - 1
+     (negative when the chosen point, outside the top K, measures faster than all of them). Per
+     point the JSON and the table give the median, the min and max, and the spread
+     (max - min) / median. The raw regret from the sweep's single measurements is kept beside it.
+     The runs are stored in DIR/remeasure-Bi.json; --reuse-measurements uses that file when it
+     holds at least --repeat runs of every point (so a figures dir can be re-analysed, e.g. with
+     another --top-k, without running anything but the profile re-solve).
+Writes DIR/summary.json and prints Markdown tables.
 """
 import argparse
 import json
@@ -25,6 +38,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+KEYS = ("group_size", "banks", "queue_depth")
 
 
 def run_json(cmd):
@@ -37,7 +52,121 @@ def run_json(cmd):
 
 
 def point_key(p):
-    return (p["group_size"], p["banks"], p["queue_depth"])
+    return tuple(p[k] for k in KEYS)
+
+
+def point_name(k):
+    return "/".join(str(x) for x in k)
+
+
+def fmt_s(x):
+    """Seconds to 4 significant digits (a tiny model's runs take milliseconds)."""
+    return f"{x:.4g}"
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def candidates(sweep, chosen, top_k):
+    """The sweep's best `top_k` points within the budget (its results are sorted by time), then the
+    chosen point when it is not among them. Returns (keys in measuring order, top-K keys)."""
+    top = []
+    for r in sweep["results"]:
+        if r.get("over_budget"):
+            continue
+        k = point_key(r)
+        if k not in top:
+            top.append(k)
+        if len(top) == top_k:
+            break
+    keys = list(top)
+    if chosen not in keys:
+        keys.append(chosen)
+    return keys, top
+
+
+def remeasure(es, model, budget, keys, repeat, point_args, stored):
+    """Round-robin re-measurement: `repeat` rounds, each running every point once in a fresh process,
+    starting at offset r (mod the point count). `stored`: earlier runs {name: [run, ...]} to extend
+    (--reuse-measurements); only missing runs are made. Returns {name: [run, ...]}."""
+    runs = {point_name(k): list(stored.get(point_name(k), [])) for k in keys}
+    n = len(keys)
+    for r in range(repeat):
+        for i in range(n):
+            k = keys[(r + i) % n]
+            if len(runs[point_name(k)]) > r:
+                continue  # already measured (stored)
+            print(f"  re-measure round {r + 1}/{repeat}: G/B/Q {point_name(k)} ...", file=sys.stderr, flush=True)
+            out, wall = run_json(es + ["sweep", model, "--budget", budget, "--groups", str(k[0]), "--banks",
+                                       str(k[1]), "--queue-depths", str(k[2]), "--json"] + point_args)
+            if not out["results"]:
+                sys.exit(f"point {point_name(k)} did not run at budget {budget}")
+            p = out["results"][0]
+            runs[point_name(k)].append({"seconds": p["seconds"], "peak_rss_bytes": p["peak_rss_bytes"],
+                                        "peak_rss_exact": p.get("peak_rss_exact", True),
+                                        "over_budget": bool(p.get("over_budget", False)),
+                                        "bubble_rate": p.get("bubble_rate"), "round": r,
+                                        "command_wall_seconds": wall})
+    return runs
+
+
+def point_stats(k, runs, sweep_by_key, roles):
+    secs = [r["seconds"] for r in runs]
+    med = statistics.median(secs)
+    sweep_point = sweep_by_key.get(k)
+    return {
+        **dict(zip(KEYS, k)), "roles": roles,
+        "sweep_seconds": None if sweep_point is None else sweep_point["seconds"],
+        "seconds": secs, "median_seconds": med, "min_seconds": min(secs), "max_seconds": max(secs),
+        "spread": (max(secs) - min(secs)) / med if med > 0 else None,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs),
+        "peak_rss_exact": all(r.get("peak_rss_exact", True) for r in runs),
+        "over_budget_runs": sum(1 for r in runs if r.get("over_budget")),
+    }
+
+
+def analyse(budget, prof, prof_wall, sweep, runs, keys, top, repeat):
+    chosen = point_key(prof)
+    by_key = {point_key(r): r for r in sweep["results"]}
+    points = []
+    for k in keys:
+        roles = [f"top{top.index(k) + 1}"] if k in top else []
+        if k == chosen:
+            roles.insert(0, "chosen")
+        points.append(point_stats(k, runs[point_name(k)][:repeat], by_key, roles))
+    stats = {point_key(p): p for p in points}
+    best_top = min(top, key=lambda k: stats[k]["median_seconds"])
+    best_all = min(keys, key=lambda k: stats[k]["median_seconds"])
+    raw = None
+    if chosen in by_key and sweep.get("best"):
+        raw = by_key[chosen]["seconds"] / sweep["best"]["seconds"] - 1
+    c = stats[chosen]
+    return {
+        "budget": budget, "budget_bytes": prof["budget_bytes"],
+        "chosen": dict(zip(KEYS, chosen)), "predicted_seconds": prof["predicted_seconds"],
+        "chosen_in_top_k": chosen in top,
+        "sweep_best": dict(zip(KEYS, point_key(sweep["best"]))),
+        "sweep_points": len(sweep["results"]), "sweep_skipped": sweep.get("skipped", 0),
+        "sweep_seconds": sweep["sweep_seconds"], "sweep_min_seconds": sweep["best"]["seconds"],
+        "top_k": len(top), "repeat": repeat,
+        "raw_regret": raw,
+        "regret": c["median_seconds"] / stats[best_top]["median_seconds"] - 1,
+        "remeasured_best_of_top_k": dict(zip(KEYS, best_top)),
+        "remeasured_best": dict(zip(KEYS, best_all)),
+        "chosen_median_seconds": c["median_seconds"], "chosen_spread": c["spread"],
+        "best_top_k_median_seconds": stats[best_top]["median_seconds"],
+        "chosen_peak_rss_bytes": c["peak_rss_bytes"], "chosen_peak_rss_exact": c["peak_rss_exact"],
+        "points": points,
+        "resolve_command_seconds": prof_wall, "solve_seconds": prof["solve_seconds"],
+        "over_budget_points": sum(1 for r in sweep["results"] if r.get("over_budget")),
+    }
 
 
 def main():
@@ -47,87 +176,91 @@ def main():
     ap.add_argument("--out", default="config-figures")
     ap.add_argument("--estream", default="build/tools/estream/estream")
     ap.add_argument("-t", "--threads", default="2")
+    ap.add_argument("--calib-tokens", type=int, default=0,
+                    help="calibration request length for profile, sweep and re-measurement (default: estream's)")
+    ap.add_argument("--groups", default="", help="candidate group sizes for the calibration, e.g. 1,2,4")
     ap.add_argument("--sweep-args", default="")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--top-k", type=int, default=5, help="sweep points re-measured besides the chosen one")
+    ap.add_argument("--repeat", type=int, default=5, help="re-measurements per point (round-robin)")
     ap.add_argument("--skip-calibration", action="store_true")
     ap.add_argument("--reuse-sweeps", action="store_true", help="use DIR/sweep-BUDGET.json where it exists")
+    ap.add_argument("--reuse-measurements", action="store_true",
+                    help="use the runs in DIR/remeasure-BUDGET.json where it exists; only missing runs are made")
     a = ap.parse_args()
+    if a.top_k < 1 or a.repeat < 1:
+        sys.exit("--top-k and --repeat must be >= 1")
     os.makedirs(a.out, exist_ok=True)
     es = [a.estream]
-    common = ["-t", a.threads]
-    summary = {"model": a.model, "budgets": []}
+    common = ["-t", a.threads] + (["--calib-tokens", str(a.calib_tokens)] if a.calib_tokens else [])
+    summary = {"model": a.model, "top_k": a.top_k, "repeat": a.repeat, "budgets": []}
 
     calib = None
     if not a.skip_calibration:
         print(f"profile (calibrate) at {a.budgets[0]} ...", file=sys.stderr, flush=True)
         calib, wall = run_json(es + ["profile", a.model, "--budget", a.budgets[0], "--recalibrate", "--refresh-disk",
-                                     "--json"] + common)
+                                     "--json"] + common + (["--groups", a.groups] if a.groups else []))
         calib["command_wall_seconds"] = wall
-        json.dump(calib, open(os.path.join(a.out, "profile-calibrate.json"), "w"), indent=2)
+        write_json(os.path.join(a.out, "profile-calibrate.json"), calib)
         summary["calibration"] = {k: calib.get(k) for k in ("profile_seconds", "disk_seconds", "calibration_seconds",
                                                              "solve_seconds", "store_seconds", "disk")}
         summary["calibration"]["command_wall_seconds"] = wall
 
     for b in a.budgets:
         print(f"profile (re-solve) at {b} ...", file=sys.stderr, flush=True)
-        prof, prof_wall = run_json(es + ["profile", a.model, "--budget", b, "--json"] + common)
-        json.dump(prof, open(os.path.join(a.out, f"profile-{b}.json"), "w"), indent=2)
-        print(f"sweep at {b} ...", file=sys.stderr, flush=True)
+        # --calib-tokens only matters with --recalibrate; the re-solve takes -t (thread-count note).
+        prof, prof_wall = run_json(es + ["profile", a.model, "--budget", b, "--json", "-t", a.threads])
+        write_json(os.path.join(a.out, f"profile-{b}.json"), prof)
         sweep_path = os.path.join(a.out, f"sweep-{b}.json")
         if a.reuse_sweeps and os.path.exists(sweep_path):
-            sweep = json.load(open(sweep_path))
+            print(f"sweep at {b}: {sweep_path} (reused)", file=sys.stderr, flush=True)
+            sweep = read_json(sweep_path)
         else:
+            print(f"sweep at {b} ...", file=sys.stderr, flush=True)
             sweep, _ = run_json(es + ["sweep", a.model, "--budget", b, "--json"] + common + shlex.split(a.sweep_args))
-            json.dump(sweep, open(sweep_path, "w"), indent=2)
+            write_json(sweep_path, sweep)
+        if not sweep.get("best"):
+            sys.exit(f"the sweep at {b} has no point within the budget")
         chosen = point_key(prof)
-        best = point_key(sweep["best"])
-        by_key = {point_key(r): r for r in sweep["results"]}
-        raw = None
-        if chosen in by_key:
-            raw = by_key[chosen]["seconds"] / sweep["best"]["seconds"] - 1
-        # Alternated re-measurement of the chosen and the best point.
-        meas = {chosen: [], best: []}
-        for _ in range(a.repeat):
-            for k in ([chosen, best] if chosen != best else [chosen]):
-                r, _ = run_json(es + ["sweep", a.model, "--budget", b, "--groups", str(k[0]), "--banks", str(k[1]),
-                                      "--queue-depths", str(k[2]), "--json"] + common)
-                if not r["results"]:
-                    sys.exit(f"point {k} did not run at budget {b}")
-                meas[k].append(r["results"][0]["seconds"])
-                meas[k + ("rss",)] = max(meas.get(k + ("rss",), 0), r["results"][0]["peak_rss_bytes"])
-        med = {k: statistics.median(meas[k]) for k in (chosen, best)}
-        row = {
-            "budget": b, "budget_bytes": prof["budget_bytes"],
-            "chosen": dict(zip(("group_size", "banks", "queue_depth"), chosen)),
-            "predicted_seconds": prof["predicted_seconds"],
-            "sweep_best": dict(zip(("group_size", "banks", "queue_depth"), best)),
-            "sweep_points": len(sweep["results"]), "sweep_skipped": sweep.get("skipped", 0),
-            "sweep_seconds": sweep["sweep_seconds"], "sweep_min_seconds": sweep["best"]["seconds"],
-            "raw_regret": raw,
-            "chosen_seconds": meas[chosen], "best_seconds": meas[best],
-            "regret": med[chosen] / med[best] - 1,
-            "chosen_peak_rss_bytes": meas[chosen + ("rss",)],
-            "resolve_command_seconds": prof_wall, "solve_seconds": prof["solve_seconds"],
-            "over_budget_points": sum(1 for r in sweep["results"] if r.get("over_budget")),
-        }
-        summary["budgets"].append(row)
-        json.dump(summary, open(os.path.join(a.out, "summary.json"), "w"), indent=2)
+        keys, top = candidates(sweep, chosen, a.top_k)
+        meas_path = os.path.join(a.out, f"remeasure-{b}.json")
+        stored = {}
+        if a.reuse_measurements and os.path.exists(meas_path):
+            stored = read_json(meas_path).get("runs", {})
+        print(f"re-measure at {b}: {len(keys)} points x {a.repeat}, round-robin ...", file=sys.stderr, flush=True)
+        # The re-measurement runs the request the sweep ran (also for a reused sweep).
+        point_args = ["-t", a.threads]
+        for key in ("calib_tokens", "budget_tokens"):
+            if sweep.get(key):
+                point_args += ["--" + key.replace("_", "-"), str(sweep[key])]
+        runs = remeasure(es, a.model, b, keys, a.repeat, point_args, stored)
+        write_json(meas_path, {"budget": b, "runs": {**stored, **runs}})
+        summary["budgets"].append(analyse(b, prof, prof_wall, sweep, runs, keys, top, a.repeat))
+        write_json(os.path.join(a.out, "summary.json"), summary)
 
-    print("| budget | chosen G/B/Q | predicted s | measured s (median) | sweep best G/B/Q | best s (median) | regret |"
-          " raw regret | sweep points | sweep s | chosen peak RSS |")
+    print(f"| budget | chosen G/B/Q | predicted s | chosen median s (spread) | best of top-{a.top_k} G/B/Q | "
+          "its median s | regret | raw regret | sweep points | sweep s | chosen peak RSS |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in summary["budgets"]:
-        c, s = r["chosen"], r["sweep_best"]
+        c, s = r["chosen"], r["remeasured_best_of_top_k"]
         raw = "-" if r["raw_regret"] is None else f"{100 * r['raw_regret']:+.1f}%"
-        print(f"| {r['budget']} | {c['group_size']}/{c['banks']}/{c['queue_depth']} | {r['predicted_seconds']:.2f} | "
-              f"{statistics.median(r['chosen_seconds']):.2f} | {s['group_size']}/{s['banks']}/{s['queue_depth']} | "
-              f"{statistics.median(r['best_seconds']):.2f} | {100 * r['regret']:+.1f}% | "
-              f"{raw} | {r['sweep_points']} | "
-              f"{r['sweep_seconds']:.0f} | {r['chosen_peak_rss_bytes'] / 2**20:.0f} MiB |")
+        rss = f"{r['chosen_peak_rss_bytes'] / 2**20:.0f} MiB" + ("" if r["chosen_peak_rss_exact"] else " (cumulative)")
+        print(f"| {r['budget']} | {point_name(point_key(c))} | {fmt_s(r['predicted_seconds'])} | "
+              f"{fmt_s(r['chosen_median_seconds'])} ({100 * r['chosen_spread']:.0f}%) | {point_name(point_key(s))} | "
+              f"{fmt_s(r['best_top_k_median_seconds'])} | {100 * r['regret']:+.1f}% | {raw} | {r['sweep_points']} | "
+              f"{fmt_s(r['sweep_seconds'])} | {rss} |")
+    for r in summary["budgets"]:
+        print(f"\nbudget {r['budget']}: re-measured points ({r['repeat']} runs each, round-robin)")
+        print("| G/B/Q | role | sweep s | median s | min s | max s | spread | peak RSS |")
+        print("|---|---|---|---|---|---|---|---|")
+        for p in sorted(r["points"], key=lambda p: p["median_seconds"]):
+            sw = "-" if p["sweep_seconds"] is None else fmt_s(p["sweep_seconds"])
+            rss = f"{p['peak_rss_bytes'] / 2**20:.0f} MiB" + ("" if p["peak_rss_exact"] else " (cumulative)")
+            print(f"| {point_name(point_key(p))} | {', '.join(p['roles'])} | {sw} | {fmt_s(p['median_seconds'])} | "
+                  f"{fmt_s(p['min_seconds'])} | {fmt_s(p['max_seconds'])} | {100 * p['spread']:.0f}% | {rss} |")
     if calib:
         ps = calib["profile_seconds"]
-        print(f"\nprofile (disk + calibration + selection + store): {ps:.1f} s; "
-              + ", ".join(f"sweep {r['budget']}: {r['sweep_seconds']:.0f} s = {r['sweep_seconds'] / ps:.0f}x"
+        print(f"\nprofile (disk + calibration + selection + store): {fmt_s(ps)} s; "
+              + ", ".join(f"sweep {r['budget']}: {fmt_s(r['sweep_seconds'])} s = {r['sweep_seconds'] / ps:.3g}x"
                           for r in summary["budgets"]))
 
 
