@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -165,8 +166,12 @@ struct KN {
 constexpr KN kShapes[] = {{2048, 1024}, {1024, 2048}, {2048, 768}, {768, 2048}, {4096, 14336}, {2048, 4096}};
 constexpr int64_t kMs[] = {1, 16, 64, 256, 1024};
 
+// Float weights are small tensors: the routers of OLMoE (64 x 2048) and Qwen3-30B (128 x 2048).
+constexpr KN kFloatShapes[] = {{2048, 64}, {2048, 128}};
+
 void Register(QuantType t, bool packed, Mode mode, const char* label) {
-  for (const KN& s : kShapes)
+  const bool fl = t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16;
+  for (const KN& s : fl ? std::span<const KN>(kFloatShapes) : std::span<const KN>(kShapes))
     for (int64_t m : kMs)
       for (int threads : {1, 2}) {
         const std::string name = std::string("gemm/") + label + "/K" + std::to_string(s.k) + "xN" +

@@ -378,6 +378,26 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
   }
 }
 
+// Float weights: each output is summed in k order by one thread, whatever the split: m = 37 and
+// n = 17 split by rows (32 + 5), n = 300 by columns.
+TEST(GemmFloat, ThreadCountDoesNotChangeResults) {
+  const int saved = omp_get_max_threads();
+  for (QuantType t : {QuantType::kF32, QuantType::kF16, QuantType::kBF16})
+    for (int64_t n : {17, 300}) {
+      const int64_t m = 37, k = 77;
+      const std::vector<uint8_t> wq = RandomWeights(t, n, k);
+      const std::vector<float> x = RandomX(m, k);
+      const WeightView w{t, WeightLayout::kGguf, n, k, wq.data()};
+      std::vector<float> y1(static_cast<size_t>(m * n), std::nanf("")), y2 = y1;
+      omp_set_num_threads(1);
+      MatMul(w, x.data(), k, m, y1.data(), n);
+      omp_set_num_threads(2);
+      MatMul(w, x.data(), k, m, y2.data(), n);
+      omp_set_num_threads(saved);
+      EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << TypeName(t) << " n=" << n;
+    }
+}
+
 // Float weights: fp32 products and sums; |y - ref| <= (k + 2) u sum|w x| (recursive summation
 // of k products, each rounded once; the weights themselves are exact in fp32).
 TEST(GemmFloat, EveryIsaMatchesFp64) {
