@@ -17,6 +17,7 @@
 #include "base/timer.h"
 #include "gguf/gguf.h"
 #include "io/metadata_update.h"
+#include "profiler/measure.h"
 
 namespace estream::profiler {
 namespace {
@@ -171,6 +172,7 @@ Result<CalibrationResult> Calibrate(const std::string& model_path, const config:
   std::vector<std::vector<double>> nonexpert(W);
   std::vector<double> other_s;
   uint64_t most_other = 0;
+  bool told_cumulative = false;
 
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int g = sizes[i];
@@ -203,7 +205,12 @@ Result<CalibrationResult> Calibrate(const std::string& model_path, const config:
     // e.g. the GGUF reader's metadata values, in its heap): else every run's M_other would carry
     // the earlier runs' leftovers (measured on OLMoE: +140 MiB from the second run on).
     (void)malloc_trim(0);
-    (void)ResetPeakRss();  // when it fails the peak is the process's: an over-estimate, still safe
+    // Refused: the peak is the process's since it started, so M_other(g) of the later runs is an
+    // over-estimate (safe: it never lets a configuration exceed the budget); said once.
+    if (!ResetPeakRssForMeasurement() && !told_cumulative && params.progress) {
+      params.progress(CumulativePeakWarning() + " (M_other of the calibration runs may be over-estimated)");
+      told_cumulative = true;
+    }
     const Timer load_timer;
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_path, eo));
     p.n_threads = static_cast<uint32_t>(engine->n_threads());  // the same for every run

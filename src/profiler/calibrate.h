@@ -17,7 +17,9 @@
 //     the affine model X = c0 + c1 * rho the split is exact (n X(mean rho) = sum X(rho_k)). The
 //     step includes the first-read checksum check of its records, as every measured run does;
 //   - T_other = embeddings + LM head (Response::timing), pooled by the median;
-//   - M_other(g) = peak RSS of the load + run (reset first: base ResetPeakRss) minus the arena,
+//   - M_other(g) = peak RSS of the load + run (reset first: ResetPeakRssForMeasurement; where
+//     that is refused the figure is the process's lifetime peak, an over-estimate, and a
+//     warning goes to the progress callback once) minus the arena,
 //     but at least the engine's own non-arena figure (Response::config.other_bytes: RSS after
 //     load + activation bound + margin, VirtualExperts::Solve), so a configuration the
 //     configurator picks always passes the engine's own budget check;
