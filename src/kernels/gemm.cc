@@ -1,7 +1,7 @@
 // Public GEMM entry points (kernels.h): type checks, activation quantisation, and the split of
 // one multiply over the OpenMP team.
 //
-// Work split (ParallelSplit): rectangles of the output taken dynamically by the team. Every
+// Work split (ParallelSplit): one rectangle of the output per thread of the team. Every
 // output element is computed by exactly one thread with the same arithmetic in the same order
 // whatever the split (the kernels' reductions depend only on k), so results are bit-identical
 // for every thread count.
@@ -19,26 +19,27 @@
 namespace estream::kernels {
 namespace {
 
-// Calls fn(m_begin, m_end, n_begin, n_end) over rectangles covering the m x n output, in parallel.
-// The output is cut by columns (in multiples of `align` panels of 16 weight rows, at least
-// `min_panels`; quantised: 6 and 12, float: 2 and 2) or, when there are too few panels, by rows
-// of X (in multiples of 32, the AMX row tile pair). There are up to 4 pieces per thread, taken
-// dynamically: a thread that the OS deschedules (the machine may be shared) leaves its pieces to
-// the others instead of stalling the whole multiply.
+// Calls fn(m_begin, m_end, n_begin, n_end) over rectangles covering the m x n output, in parallel:
+// one piece per thread, cut by columns (in multiples of 2 packed panels of 16 weight rows, the AMX
+// path's panel group and the float kernel's 32-column panel) or, when there are too few panels, by
+// rows of X (in multiples of 32, the AMX row tile pair). Every piece prepares its rows of X for the
+// kernel again (AMX tile layout, activation sums; float: the transposed weight panel), and equal
+// pieces keep both cores busy to the end: measured on 2 threads, quiet machine, Q8_0 at M = 64
+// (K x N 2048 x 1024, 1024 x 2048, 2048 x 768): 59-64% of the 2-thread vpdpbusd peak with one
+// piece per thread vs 49-54% with the previous ~4 dynamically taken pieces of >= 12 panels (whose
+// last pieces were unequal and which prepared X 6 times instead of 2). A thread that the OS
+// deschedules now delays the multiply by its whole piece; the engine's hot loops (the fused
+// expert operator) schedule their own work items dynamically and call this with one thread.
 template <typename Fn>
-void ParallelSplit(int64_t m, int64_t n, int64_t col_align, int64_t min_panels, Fn&& fn) {
+void ParallelSplit(int64_t m, int64_t n, Fn&& fn) {
   const int64_t panels = PackedPanels(n);
   int nth = omp_get_max_threads();
   if (omp_in_parallel()) nth = 1;
   const bool by_cols = panels >= 2 * nth || m < 8 * nth;
   const int64_t units = by_cols ? panels : m;
-  const int64_t align = by_cols ? col_align : 32;
-  // One thread: one piece (each piece re-prepares its rows of X for the kernel).
-  int64_t piece = nth == 1 ? units : std::max<int64_t>(1, units / (4 * static_cast<int64_t>(nth)));
-  // Quantised, by columns: at least 12 panels (192 columns) per piece: every piece prepares its
-  // rows of X for the kernel (AMX tile layout, activation sums) again, which costs as much as
-  // multiplying them by ~2 panels. Float: pieces of 32 columns (the kernel's panel) or more.
-  piece = std::max(by_cols ? min_panels : align, (piece + align - 1) / align * align);
+  const int64_t align = by_cols ? 2 : 32;
+  int64_t piece = (units + nth - 1) / nth;
+  piece = (piece + align - 1) / align * align;
   const int64_t pieces = (units + piece - 1) / piece;
   nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nth, pieces)));
   auto run = [&](int64_t p) {
@@ -50,7 +51,7 @@ void ParallelSplit(int64_t m, int64_t n, int64_t col_align, int64_t min_panels, 
     for (int64_t p = 0; p < pieces; ++p) run(p);
     return;
   }
-#pragma omp parallel for num_threads(nth) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nth) schedule(static, 1)
   for (int64_t p = 0; p < pieces; ++p) run(p);
 }
 
@@ -97,7 +98,7 @@ void GemmQ8A(const WeightView& w, const BlockQ8A* xq, int64_t m, float* y, int64
   ESTREAM_CHECK(w.k % 32 == 0 && RowBytes(w.type, w.k) > 0, "GemmQ8A: k is not a multiple of the block size");
   if (m <= 0 || w.n <= 0) return;
   const int64_t kb = w.k / kQK8A;
-  ParallelSplit(m, w.n, 6, 12, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  ParallelSplit(m, w.n, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     fn(w, xq + m0 * kb, m1 - m0, n0, n1, y + m0 * ldy, ldy);
   });
 }
@@ -113,7 +114,7 @@ void MatMul(const WeightView& w, const float* x, int64_t ldx, int64_t m, float* 
     default: break;
   }
   if (ffn != nullptr) {
-    ParallelSplit(m, w.n, 2, 2, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    ParallelSplit(m, w.n, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
       ffn(w, x + m0 * ldx, ldx, m1 - m0, n0, n1, y + m0 * ldy, ldy);
     });
     return;
