@@ -338,10 +338,14 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
 // Rows of X per pass over the weights. A pass's X rows (1.25 bytes per value) and their XAux
 // (0.5 bytes per value) are re-read for every panel group, so they should stay in L2 (2 MiB per
 // core here) while the weights stream through it: about 512 KiB of them (measured better than
-// 1 MiB; software prefetch of the next row tile instead was slower); at least 64 rows (each
-// pass streams all the weights once), at most 512. Multiples of 32 (the AMX row tile pair).
-inline int64_t RowsPerPass(int64_t k) {
-  const int64_t rows = (int64_t{512} << 10) * 4 / (7 * k);
+// 1 MiB for weights that stay in L2/L3; software prefetch of the next row tile instead was slower),
+// or 1 MiB when this call's weights exceed 12 MiB: each pass streams all of them once, and for the
+// 4096 x 14336 shapes fewer passes measured 5-25% faster (2 threads, Q4_0 / Q8_0 / Q6_K, M = 256
+// and 1024), while 2048 x 4096 (4.5-9 MiB, from L3) measured up to 20% slower with them. At least
+// 64 rows, at most 512; multiples of 32 (the AMX row tile pair).
+inline int64_t RowsPerPass(int64_t k, int64_t weight_bytes) {
+  const int64_t x_bytes = weight_bytes > (int64_t{12} << 20) ? int64_t{1} << 20 : int64_t{512} << 10;
+  const int64_t rows = x_bytes * 4 / (7 * k);
   return std::clamp<int64_t>(rows / 32 * 32, 64, 512);
 }
 
@@ -350,13 +354,13 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
                 int64_t ldy) {
   if (m <= 0 || n_begin >= n_end) return;
   const int64_t kb = w.k / 32;
-  const int64_t kMc = RowsPerPass(w.k);
+  const int64_t panel_stride = PackedPanelBytes(kT, w.k);
+  const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
+  const int64_t kMc = RowsPerPass(w.k, (p_last - p_first + 1) * panel_stride);
   const int64_t mc = std::min(m, kMc);
   thread_local std::vector<XAux> aux;
   if (aux.size() < static_cast<size_t>(mc * kb)) aux.resize(static_cast<size_t>(mc * kb));
   constexpr int kNv = Tile<kT>::kNv;
-  const int64_t panel_stride = PackedPanelBytes(kT, w.k);
-  const int64_t p_first = n_begin / kPackRows, p_last = (n_end - 1) / kPackRows;
   // Rows [i0, i0 + rows) against `count` panels at wp (the first is panel p).
   // AMX: the pass's full row tiles in the A-tile layout (AmxX), per thread, grown once.
   thread_local AlignedPtr<int8_t> amx_q;
