@@ -62,11 +62,15 @@ Result<ExpertPlan> ExpertPlan::Create(const ExpertShape& shape, int64_t capacity
   p.quant_in_ = !IsFloat(shape.gate_type) || !IsFloat(shape.up_type);
   p.float_hidden_ = IsFloat(shape.down_type);
   p.quant_hidden_ = !p.float_hidden_;
-  // Row tile: the routes of one gate/up or down item. Its tiles (gate, up: row tile x kFfTile;
-  // down: row tile x kEmbdTile, fp32) stay in L2 beside the weight columns of the item; 128 rows
-  // also matches the GEMM's own pass for k = 2048 (kernels: RowsPerPass).
+  // Row tile: the routes of one gate/up or down item. Its tiles (gate, up: row tile x ff_tile_;
+  // down: row tile x embd_tile_, fp32; 1.25 MiB at most) stay in L2 beside the weight columns of
+  // the item; 128 rows also matches the GEMM's own pass for k = 2048 (kernels: RowsPerPass).
+  // Measured (moe_bench layer, Qwen3-30B shapes, T = 1024, 2 threads): tiles of 768 x 512 columns
+  // instead of 256 x 128 took the fused layer from 107 to 100 ms (the GEMM calls' X preparation).
   p.row_tile_ = std::min<int64_t>(128, p.capacity_);
-  p.tile_elems_ = p.row_tile_ * std::max(kFfTile, kEmbdTile);
+  p.ff_tile_ = std::min(kMaxFfTile, shape.n_ff);
+  p.embd_tile_ = std::min(kMaxEmbdTile, shape.n_embd);
+  p.tile_elems_ = p.row_tile_ * (2 * p.ff_tile_ + p.embd_tile_);
   const int64_t C = p.capacity_, d = shape.n_embd, ff = shape.n_ff;
   // A pass's units: at most one partial unit per slot plus the full ones.
   p.max_units_ = C + C / p.row_tile_ + 2;
@@ -82,7 +86,7 @@ Result<ExpertPlan> ExpertPlan::Create(const ExpertShape& shape, int64_t capacity
   if (p.float_in_) alloc(p.gx_, C * d);
   if (p.quant_hidden_) alloc(p.hq_, C * (ff / kQK8A));
   if (p.float_hidden_) alloc(p.hf_, C * ff);
-  alloc(p.tiles_, int64_t{3} * n_threads * p.tile_elems_);
+  alloc(p.tiles_, n_threads * p.tile_elems_);
   alloc(p.units_, p.max_units_);
   if (!ok)
     return Status::ResourceExhausted(fmt::format(
@@ -129,8 +133,6 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
   const kernels::KernelTable& kt = kernels::Kernels();
   const ScaledAddF64Fn scaled_add = ScaledAddF64For(kt.isa);  // the epilogue (scatter_add.h)
   const int nth = std::min(omp_get_max_threads(), n_threads_);
-  const int64_t n_ff_items = (ff + kFfTile - 1) / kFfTile;
-  const int64_t n_d_items = (d + kEmbdTile - 1) / kEmbdTile;
   Unit* units = units_.get();
   BlockQ8A* gxq = gxq_.get();
   float* gx = gx_.get();
@@ -153,13 +155,21 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
       for (int64_t u = a; u < b; u += rt) units[n_units++] = {s, u, std::min(rt, b - u), u - r0};
     }
     ESTREAM_DCHECK(n_units <= max_units_, "ExpertPlan: unit list overflow");
+    // Column tiles of this pass (see kMaxFfTile): as wide as the buffers allow unless that leaves
+    // too few items for the team; multiples of 32.
+    int64_t ff_tile = ff_tile_, embd_tile = embd_tile_;
+    auto items = [](int64_t n, int64_t tile) { return (n + tile - 1) / tile; };
+    while (ff_tile > kMinFfTile && n_units * items(ff, ff_tile) < 4 * nth)
+      ff_tile = std::max(kMinFfTile, (ff_tile / 2 + 31) / 32 * 32);
+    while (embd_tile > kMinEmbdTile && items(d, embd_tile) < 2 * nth)
+      embd_tile = std::max(kMinEmbdTile, (embd_tile / 2 + 31) / 32 * 32);
+    const int64_t n_ff_items = items(ff, ff_tile), n_d_items = items(d, embd_tile);
 
 #pragma omp parallel num_threads(nth)
     {
-      float* my_tiles = tiles_.get() + omp_get_thread_num() * 3 * tile_elems;
-      float* tg = my_tiles;
-      float* tu = my_tiles + tile_elems;
-      float* td = my_tiles + 2 * tile_elems;
+      float* tg = tiles_.get() + omp_get_thread_num() * tile_elems;
+      float* tu = tg + rt * ff_tile_;
+      float* td = tu + rt * ff_tile_;
 
       // 1. Gather the routed rows of the pass.
 #pragma omp for schedule(static)
@@ -176,7 +186,7 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
       for (int64_t item = 0; item < n_units * n_ff_items; ++item) {
         const Unit& u = units[item / n_ff_items];
         const SlotBinding& bind = inv.bindings[u.slot];
-        const int64_t n0 = (item % n_ff_items) * kFfTile, n1 = std::min(ff, n0 + kFfTile), nb = n1 - n0;
+        const int64_t n0 = (item % n_ff_items) * ff_tile, n1 = std::min(ff, n0 + ff_tile), nb = n1 - n0;
         const BlockQ8A* xq = gxq + u.prow * d_blocks;
         const float* x = gx + u.prow * d;
         kernels::GemmColumns(kt, bind.gate, xq, x, d, u.rows, n0, n1, tg, nb);
@@ -196,7 +206,7 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
       // 3. (n_embd column tile): every unit in route order: down, a_i, scatter-add.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < n_d_items; ++item) {
-        const int64_t c0 = item * kEmbdTile, c1 = std::min(d, c0 + kEmbdTile), nb = c1 - c0;
+        const int64_t c0 = item * embd_tile, c1 = std::min(d, c0 + embd_tile), nb = c1 - c0;
         for (int64_t i = 0; i < n_units; ++i) {
           const Unit& u = units[i];
           const int32_t* tok = route_token + u.route0;

@@ -126,9 +126,12 @@ class ExpertPlan {
   int64_t last_passes() const { return last_passes_; }
 
   static constexpr int64_t kDefaultCapacity = 1024;
-  // Column tiles of the work items (multiples of 32 and of the kernels' 16-row panels).
-  static constexpr int64_t kFfTile = 256;
-  static constexpr int64_t kEmbdTile = 128;
+  // Column tiles of the work items (multiples of 32 and of the kernels' 16-row panels): as wide as
+  // kMax*Tile (every GEMM call prepares its rows of X again: AMX tile layout, activation sums), or
+  // narrower, down to kMin*Tile, when a pass would otherwise have fewer than 4 gate/up items or 2
+  // down items per thread. Chosen per pass; the results do not depend on them.
+  static constexpr int64_t kMaxFfTile = 1024, kMinFfTile = 256;
+  static constexpr int64_t kMaxEmbdTile = 512, kMinEmbdTile = 128;
 
   ExpertPlan(ExpertPlan&&) noexcept = default;
   ExpertPlan& operator=(ExpertPlan&&) noexcept = default;
@@ -148,7 +151,9 @@ class ExpertPlan {
   int64_t max_tokens_ = 0;
   int n_threads_ = 0;
   int64_t row_tile_ = 0;     // routes per unit (gate/up items)
-  int64_t tile_elems_ = 0;   // floats of one per-thread tile
+  int64_t ff_tile_ = 0;      // widest gate/up column tile, <= kMaxFfTile
+  int64_t embd_tile_ = 0;    // widest down column tile, <= kMaxEmbdTile
+  int64_t tile_elems_ = 0;   // floats of one thread's tiles: gate, up (row tile x ff_tile_), down
   bool float_in_ = false;    // some gate/up is a float type
   bool float_hidden_ = false;// down is a float type
   bool quant_in_ = false;    // some gate/up is quantised
@@ -158,7 +163,7 @@ class ExpertPlan {
   AlignedPtr<float> gx_;       // [C x d] gathered float rows (float gate/up only)
   AlignedPtr<BlockQ8A> hq_;    // [C x ff/32] SwiGLU output of the pass, Q8A (quantised down)
   AlignedPtr<float> hf_;       // [C x ff] SwiGLU output, float (float down only)
-  AlignedPtr<float> tiles_;    // per thread: gate, up, down tiles of tile_elems_ each
+  AlignedPtr<float> tiles_;    // per thread: gate, up, down tiles (tile_elems_ floats)
   AlignedPtr<Unit> units_;     // [max units of a pass]
   int64_t max_units_ = 0;
   int64_t allocations_ = 0;
