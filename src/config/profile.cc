@@ -455,18 +455,12 @@ Result<ConfigChoice> ParseConfigChoice(const std::vector<GgufKv>& kvs, std::stri
 // ---- Thread count of a stored profile/choice -------------------------------------------------
 
 StoredThreads ReadStoredThreads(const std::vector<GgufKv>& kvs) {
-  StoredThreads t;
-  const std::string pk = PKey("n_threads"), ck = CKey("n_threads");
-  for (const GgufKv& kv : kvs) {
-    if (kv.key != pk && kv.key != ck) continue;
-    const GgufValue& v = kv.value;
-    uint64_t x = 0;
-    if (IsUnsignedType(v.type)) x = v.u;
-    else if (IsSignedType(v.type) && v.i > 0) x = static_cast<uint64_t>(v.i);
-    if (x > kMaxU32) x = 0;  // not a thread count: unknown
-    (kv.key == pk ? t.profile : t.choice) = static_cast<uint32_t>(x);
-  }
-  return t;
+  // The parsers' own reading of the key; a value that is not a thread count reads as unknown.
+  auto read = [&](const char* prefix, const std::string& key) -> uint32_t {
+    const Result<uint64_t> v = Reader(kvs, "", prefix).OptionalUint(key, kMaxU32, 0);
+    return v.ok() ? static_cast<uint32_t>(*v) : 0;
+  };
+  return StoredThreads{.profile = read(kP, PKey("n_threads")), .choice = read(kC, CKey("n_threads"))};
 }
 
 std::string ThreadMismatchNote(uint32_t stored_threads, int run_threads, std::string_view model,
