@@ -148,7 +148,7 @@ void BM_Attention(benchmark::State& state) {
   const AttentionArgs a{.n_tokens = t, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = d,
                         .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.data(), .ldq = n_head * d,
                         .k = k.data(), .ldk = n_head_kv * d, .v = v.data(), .ldv = n_head_kv * d,
-                        .out = out.data(), .ldo = n_head * d};
+                        .out = out.data(), .ldo = n_head * d, .allow_bf16 = amx};
   KernelTable kt = KernelsFor(isa);
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);
   omp_set_num_threads(threads);

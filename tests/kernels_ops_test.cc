@@ -456,6 +456,36 @@ void CheckAmxRows(const AttnProblem& p, const std::vector<float>& out, int t_beg
   }
 }
 
+// p's arguments with bf16 operands allowed (AttentionArgs::allow_bf16), as the engine passes them
+// for layers with quantised projections.
+AttentionArgs Bf16Args(const AttnProblem& p, float* out) {
+  AttentionArgs a = p.Args(out);
+  a.allow_bf16 = true;
+  return a;
+}
+
+// The bf16 kernel runs only when the caller allows it: without allow_bf16 a table that carries it
+// computes exactly what the fp32 table computes, and a table without it ignores allow_bf16.
+TEST(AttentionAmx, RunsOnlyWhenAllowed) {
+  SEED_TRACE();
+  const AttnProblem p({97, 8, 2, 128}, 650);
+  omp_set_num_threads(2);
+  std::vector<float> fp32 = p.PoisonedOut(), out = p.PoisonedOut();
+  AttentionPrefillWith(Fp32Table(HostIsa()), p.Args(fp32.data()));
+  AttentionPrefillWith(Fp32Table(HostIsa()), Bf16Args(p, out.data()));
+  EXPECT_EQ(0, std::memcmp(fp32.data(), out.data(), fp32.size() * sizeof(float)));
+  const KernelTable* kt = AmxTable();
+  if (kt == nullptr) GTEST_SKIP() << "no AMX-BF16 here (or ESTREAM_AMX=0)";
+  out = p.PoisonedOut();
+  AttentionPrefillWith(*kt, p.Args(out.data()));
+  EXPECT_EQ(0, std::memcmp(fp32.data(), out.data(), fp32.size() * sizeof(float)));
+  out = p.PoisonedOut();
+  AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
+  EXPECT_NE(0, std::memcmp(fp32.data(), out.data(), fp32.size() * sizeof(float)));
+  double worst_exact = 0, worst_ratio = 0;
+  CheckAmxRows(p, out, 0, p.s.n_tokens, "amx allowed", &worst_exact, &worst_ratio);
+}
+
 TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
   const KernelTable* kt = AmxTable();
   if (kt == nullptr) GTEST_SKIP() << "no AMX-BF16 here (or ESTREAM_AMX=0)";
@@ -473,7 +503,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
     const AttnProblem p(s, salt++);
     std::vector<float> out = p.PoisonedOut();
     omp_set_num_threads(2);
-    AttentionPrefillWith(*kt, p.Args(out.data()));
+    AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
     CheckAmxRows(p, out, 0, s.n_tokens, "amx", &worst_exact, &worst_ratio);
     // Uneven calls: one head over 29 rows; whole GQA groups over 150 rows.
     for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{s.n_head / s.n_head_kv, 150}}) {
@@ -482,7 +512,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
       const AttentionArgs a = p.Args(out.data());
       for (int h = 0; h < s.n_head; h += heads)
         for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
-          kt->attention_block(a, h, h + heads, t0, std::min(s.n_tokens, t0 + rows));
+          kt->attention_block_bf16(a, h, h + heads, t0, std::min(s.n_tokens, t0 + rows));
       CheckAmxRows(p, out, 0, s.n_tokens,
                    "amx calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows",
                    &worst_exact, &worst_ratio);
@@ -496,7 +526,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
       for (int64_t i = 0; i < p.ldk; ++i) p.k[t * p.ldk + i] *= 1.0f + static_cast<float>(t) / 16;
     std::vector<float> out = p.PoisonedOut();
     omp_set_num_threads(2);
-    AttentionPrefillWith(*kt, p.Args(out.data()));
+    AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
     double ignored_exact = 0, ignored_ratio = 0;  // scores of hundreds: not the typical error
     CheckAmxRows(p, out, 0, s.n_tokens, "amx rising keys", &ignored_exact, &ignored_ratio);
   }
@@ -505,7 +535,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
     const AttnProblem p({4096, 2, 1, 128}, salt++);
     std::vector<float> out = p.PoisonedOut();
     omp_set_num_threads(2);
-    AttentionPrefillWith(*kt, p.Args(out.data()));
+    AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
     CheckAmxRows(p, out, 4096 - 40, 4096, "amx long", &worst_exact, &worst_ratio);
     CheckAmxRows(p, out, 100, 140, "amx long", &worst_exact, &worst_ratio);
   }

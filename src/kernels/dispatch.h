@@ -45,6 +45,11 @@ struct KernelTable {
   // AttentionPrefill passes several heads of a GQA group and/or several tiles per call.
   void (*attention_block)(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) = nullptr;
   int attention_rows = 64;
+  // The same contract with bf16 operands and fp32 accumulation (AMX-BF16 where the host has it and
+  // ESTREAM_ATTN_BF16 is not "0"; null elsewhere); used for AttentionArgs::allow_bf16.
+  void (*attention_block_bf16)(const AttentionArgs& a, int head_begin, int head_end, int t_begin,
+                               int t_end) = nullptr;
+  int attention_rows_bf16 = 0;
 
   void (*rms_norm_row)(const float* x, const float* w, float* y, int64_t n, float eps) = nullptr;
   // Rotates n_heads heads of one token at position `pos`; pair p (of head_dim / 2) turns by

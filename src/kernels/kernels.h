@@ -78,6 +78,12 @@ struct AttentionArgs {
   int64_t ldv = 0;
   float* out = nullptr;
   int64_t ldo = 0;
+  // The caller accepts bf16 operands with fp32 accumulation (relative error ~2^-8 per operand
+  // instead of fp32's ~2^-24): the AMX-BF16 kernel runs where the host has one
+  // (KernelTable::attention_block_bf16), else the fp32 kernel. The engine sets it for layers whose
+  // Q/K/V/O projections are quantised: their activations are already rounded to 8 bits per 32
+  // values (relative error up to 2^-8), so bf16 attention does not change the precision class.
+  bool allow_bf16 = false;
 };
 void AttentionPrefill(const AttentionArgs& args);
 

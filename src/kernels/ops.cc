@@ -40,7 +40,9 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   const int heads_per_item = std::min(rep, kMaxTilesPerItem);
   const int head_chunks = (rep + heads_per_item - 1) / heads_per_item;
   const int threads_wanted = omp_get_max_threads();
-  const int tile_rows = kt.attention_rows;
+  const bool bf16 = a.allow_bf16 && kt.attention_block_bf16 != nullptr;
+  const auto block_fn = bf16 ? kt.attention_block_bf16 : kt.attention_block;
+  const int tile_rows = bf16 ? kt.attention_rows_bf16 : kt.attention_rows;
   const int row_tiles = (a.n_tokens + tile_rows - 1) / tile_rows;
   int tiles_per_item = std::max(1, kMaxTilesPerItem / heads_per_item);
   auto count_items = [&](int tpi) {
@@ -61,7 +63,7 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
     const int head_end = std::min(head_begin + heads_per_item, (kv_head + 1) * rep);
     const int t_begin = block * rows_per_item;
     const int t_end = std::min(a.n_tokens, t_begin + rows_per_item);
-    kt.attention_block(a, head_begin, head_end, t_begin, t_end);
+    block_fn(a, head_begin, head_end, t_begin, t_end);
   }
 }
 

@@ -19,9 +19,9 @@ struct KernelTable;
 // ISA's kernel through the same multithreaded work split. [parallel]
 void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a);
 
-// The AVX-512 ops entries, with the AMX-BF16 attention (x86_avx512/attention_amx.h) or the fp32
-// AVX-512 attention; FillAvx512Ops uses the AMX one only
-// where the CPU has it and ESTREAM_ATTN_BF16=1 (x86_avx512/attention_amx.h). Tests fill both.
+// The AVX-512 ops entries: the fp32 AVX-512 attention, and with use_amx the AMX-BF16 attention
+// (x86_avx512/attention_amx.h) as attention_block_bf16; FillAvx512Ops sets use_amx where the CPU
+// has it and ESTREAM_ATTN_BF16 is not "0". Tests fill both.
 // REQUIRES: HostIsa() == kAvx512; use_amx only where AttentionAmxUsable().
 void FillAvx512OpsWith(KernelTable* t, bool use_amx);
 // True if the AMX-BF16 attention can run here (CPU, OS permission, ESTREAM_AMX != "0").

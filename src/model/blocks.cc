@@ -132,6 +132,9 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws)
   a.ldv = kvd;
   a.out = ws->att.get();
   a.ldo = qd;
+  // Quantised projections already round the activations to 8 bits: bf16 attention where the host
+  // has it (kernels.h, AttentionArgs::allow_bf16).
+  a.allow_bf16 = IsQuantized(L.wq.type) && IsQuantized(L.wk.type) && IsQuantized(L.wv.type) && IsQuantized(L.wo.type);
   kernels::AttentionPrefill(a);
 
   // Output projection into xn (free now), then the residual add.

@@ -207,7 +207,7 @@ bool AttentionAmxUsable() {
 bool AttentionAmxSelected() {
   static const bool selected = [] {
     const char* env = std::getenv("ESTREAM_ATTN_BF16");
-    return env != nullptr && std::strcmp(env, "1") == 0 && AttentionAmxUsable();
+    return !(env != nullptr && std::strcmp(env, "0") == 0) && AttentionAmxUsable();
   }();
   return selected;
 }

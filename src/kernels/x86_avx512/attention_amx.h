@@ -30,18 +30,19 @@
 
 namespace estream::kernels {
 
-// Query rows per tile of the AMX kernel (KernelTable::attention_rows when it is selected).
+// Query rows per tile of the AMX kernel (KernelTable::attention_rows_bf16).
 constexpr int kAmxAttnRows = 32;
 
 // True if the CPU has AMX-BF16, the OS granted this process the tile state and ESTREAM_AMX is not
 // "0" (the same switch as the AMX GEMM). Computed once.
 bool AttentionAmxUsable();
 
-// Whether the AVX-512 table uses this kernel: AttentionAmxUsable() and ESTREAM_ATTN_BF16=1.
-// Opt-in because bf16 operands change the precision class of attention (relative errors ~1e-3
-// instead of ~1e-6): the whole-model tests of f32 models, whose bounds are derived for fp32
-// arithmetic (tests/model_golden_test.cc, model_synth_test.cc *_f32), fail with it; the
-// quantised-model tests pass. Computed once.
+// Whether the AVX-512 table carries this kernel (as attention_block_bf16): AttentionAmxUsable()
+// and ESTREAM_ATTN_BF16 is not "0". It runs only for AttentionArgs::allow_bf16 (the engine's
+// layers with quantised projections): bf16 operands change the precision class of attention
+// (relative errors ~1e-3 instead of ~1e-6), which the whole-model tests of f32 models, whose
+// bounds are derived for fp32 arithmetic, do not allow; the quantised-model tests pass with it.
+// Computed once.
 bool AttentionAmxSelected();
 
 // REQUIRES: AttentionAmxUsable().

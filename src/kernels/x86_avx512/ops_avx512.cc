@@ -277,13 +277,10 @@ void AddAvx512(float* y, const float* x, int64_t n) {
 void FillAvx512Ops(KernelTable* t) { FillAvx512OpsWith(t, AttentionAmxSelected()); }
 
 void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
-  if (use_amx) {
-    t->attention_block = AttentionBlockAmx;
-    t->attention_rows = kAmxAttnRows;
-  } else {
-    t->attention_block = AttentionBlockAvx512;
-    t->attention_rows = Avx512Traits::kLanes * Avx512Traits::kVecs;
-  }
+  t->attention_block = AttentionBlockAvx512;
+  t->attention_rows = Avx512Traits::kLanes * Avx512Traits::kVecs;
+  t->attention_block_bf16 = use_amx ? AttentionBlockAmx : nullptr;
+  t->attention_rows_bf16 = use_amx ? kAmxAttnRows : 0;
   t->rms_norm_row = RmsNormRowAvx512;
   t->rope_row = RopeRowAvx512;
   t->swiglu = SwiGluAvx512;
