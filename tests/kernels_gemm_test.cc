@@ -33,6 +33,7 @@
 #include "base/fp16.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "kernels/repack.h"
 #include "kernels/x86_avx2/gemm_avx2.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
 #include "quant/quant.h"
@@ -312,6 +313,35 @@ TEST(GemmQuant, RepackIsExact) {
     Fn(kt, t, false)({t, WeightLayout::kGguf, p.n, p.k, p.w.data()}, p.xq.data(), p.m, 0, p.n, a.data(), p.n);
     Fn(kt, t, true)({t, WeightLayout::kPacked, p.n, p.k, p.packed.data()}, p.xq.data(), p.m, 0, p.n, b.data(), p.n);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << TypeName(t);
+  }
+}
+
+// PackPanel against the layout of repack.h, spelled out from DecodeBlock32 (the per-value decoder)
+// for full and partial panels of every type; Q4_0 and Q8_0 have their own byte-copy path.
+TEST(GemmQuant, PackPanelMatchesLayout) {
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
+    const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 160 : 512, kb = k / 32;
+    const size_t row_bytes = RowBytes(t, k);
+    for (int rows : {16, 11}) {
+      const std::vector<uint8_t> w = RandomWeights(t, rows, k);
+      std::vector<uint8_t> got(static_cast<size_t>(PackedPanelBytes(t, k)), 0xA5);
+      PackPanel(t, w.data(), row_bytes, rows, k, got.data());
+      const uint8_t* quants = got.data() + PackedScaleSection(t, kb);
+      const bool nibbles = t == QuantType::kQ4_0 || t == QuantType::kQ4_K;
+      for (int64_t b = 0; b < kb; ++b)
+        for (int r = 0; r < kPackRows; ++r) {
+          Block32 blk{};
+          if (r < rows) DecodeBlock32(t, w.data() + r * row_bytes, b, &blk);
+          const uint8_t* q = quants + b * PackedQuantBytes(t);
+          for (int v = 0; v < 32; ++v) {
+            const int s = v / 4, j = v % 4;
+            const int got_v = nibbles ? (q[((s % 4) * 16 + r) * 4 + j] >> (s < 4 ? 0 : 4)) & 0x0F
+                                      : q[(s * 16 + r) * 4 + j];
+            ASSERT_EQ(got_v, r < rows ? blk.q[v] : 0)
+                << TypeName(t) << " rows " << rows << " block " << b << " row " << r << " value " << v;
+          }
+        }
+    }
   }
 }
 
