@@ -393,19 +393,26 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
   KernelTable amx = KernelsFor(Isa::kAvx2), vnni = amx;
   FillAvx512GemmWith(&amx, true);
   FillAvx512GemmWith(&vnni, false);
-  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
-    const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 32 * 37 : 256 * 5;
-    Problem p = MakeProblem(t, 70, 37, k);
-    for (bool packed : {false, true}) {
-      const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
-                         packed ? p.packed.data() : p.w.data()};
-      std::vector<float> ya(static_cast<size_t>(p.m * p.n), std::nanf("")), yv = ya;
-      Fn(amx, t, packed)(w, p.xq.data(), p.m, 0, p.n, ya.data(), p.n);
-      Fn(vnni, t, packed)(w, p.xq.data(), p.m, 0, p.n, yv.data(), p.n);
-      EXPECT_EQ(std::memcmp(ya.data(), yv.data(), ya.size() * sizeof(float)), 0) << TypeName(t);
-      EXPECT_EQ(CheckAgainst(p, ya, p.n, std::string("AMX ") + TypeName(t)), 0);
+  // Row counts with a tail of 6, 5 (both padded AMX tiles, in a pair and alone), 4 (vpdpbusd) and 15.
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K})
+    for (int64_t m : {70, 21, 20, 127}) {
+      const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 32 * 37 : 256 * 5;
+      Problem p = MakeProblem(t, m, 37, k);
+      const std::string what = std::string(TypeName(t)) + " m " + std::to_string(m);
+      for (bool packed : {false, true}) {
+        const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
+                           packed ? p.packed.data() : p.w.data()};
+        // 16 guard rows after the output: a padded tile must not store its padding rows.
+        const std::vector<float> poison(static_cast<size_t>((p.m + 16) * p.n), std::nanf(""));
+        std::vector<float> ya = poison, yv = poison;
+        Fn(amx, t, packed)(w, p.xq.data(), p.m, 0, p.n, ya.data(), p.n);
+        Fn(vnni, t, packed)(w, p.xq.data(), p.m, 0, p.n, yv.data(), p.n);
+        EXPECT_EQ(std::memcmp(ya.data(), yv.data(), ya.size() * sizeof(float)), 0) << what;
+        EXPECT_EQ(std::memcmp(ya.data() + p.m * p.n, poison.data(), 16 * p.n * sizeof(float)), 0) << what;
+        ya.resize(static_cast<size_t>(p.m * p.n));
+        EXPECT_EQ(CheckAgainst(p, ya, p.n, "AMX " + what), 0);
+      }
     }
-  }
 }
 
 // Float weights: each output is summed in k order by one thread, whatever the split: m = 37 and

@@ -101,7 +101,7 @@ __attribute__((always_inline)) inline void ScaleTile(const int32_t* ct, const fl
 // fma(mneg, d_x * sum, f)), the operations of the vpdpbusd kernel in the same order.
 template <QuantType kT>
 void Tiles(const int8_t* bt, const float* ws, const int8_t* xq, const float* dxa, const float* dxsa, int64_t b0,
-           int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate) {
+           int64_t b1, float* y, int64_t ldy, __mmask16 mask, bool accumulate, int rows) {
   constexpr int kV = kScaleVecs<kT>;
   alignas(64) int32_t c[2][16 * 16];
   __m512 f[16];
@@ -143,6 +143,7 @@ void Tiles(const int8_t* bt, const float* ws, const int8_t* xq, const float* dxa
   }
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) {
+    if (r >= rows) break;
     float* out = y + r * ldy;
     __m512 v = f[r];
     if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), v);
@@ -151,14 +152,14 @@ void Tiles(const int8_t* bt, const float* ws, const int8_t* xq, const float* dxa
 }
 
 template <QuantType kT>
-void TilesAny(int x_tiles, int nv, const int8_t* bt, const float* ws, const AmxX& xa, int64_t kb, int64_t b0,
-              int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
+void TilesAny(int x_tiles, int last_rows, int nv, const int8_t* bt, const float* ws, const AmxX& xa, int64_t kb,
+              int64_t b0, int64_t b1, float* y, int64_t ldy, const __mmask16* mask, bool acc) {
   const int64_t nb = b1 - b0;
   for (int j = 0; j < nv; ++j)
     for (int xt = 0; xt < x_tiles; ++xt) {
       Tiles<kT>(bt + j * nb * 512, ws + j * nb * kScaleVecs<kT> * 16, xa.q + xt * kb * 512, xa.dx + xt * kb * 16,
                 xa.dxs == nullptr ? nullptr : xa.dxs + xt * kb * 16, b0, b1, y + 16 * xt * ldy + 16 * j, ldy, mask[j],
-                acc);
+                acc, xt == x_tiles - 1 ? last_rows : 16);
     }
 }
 
@@ -202,13 +203,22 @@ void AmxUnpack(QuantType t, const uint8_t* w, int64_t panel_stride, int64_t kb, 
   }
 }
 
-void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs) {
+void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t rows, int8_t* q, float* dx, float* dxs) {
   // Row by row (sequential reads of x); the writes of one row tile (kb * 576 bytes) stay in L1.
+  const int64_t tiles = (rows + 15) / 16;
   for (int64_t t = 0; t < tiles; ++t)
     for (int r = 0; r < 16; ++r) {
-      const BlockQ8A* xr = x + (16 * t + r) * kb;
       int8_t* qo = q + t * kb * 512 + 32 * r;
       float* dxo = dx + t * kb * 16 + r;
+      if (16 * t + r >= rows) {  // padding row of the last tile
+        for (int64_t b = 0; b < kb; ++b) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(qo + b * 512), _mm256_setzero_si256());
+          dxo[b * 16] = 0.0f;
+          if (dxs != nullptr) dxs[t * kb * 16 + r + b * 16] = 0.0f;
+        }
+        continue;
+      }
+      const BlockQ8A* xr = x + (16 * t + r) * kb;
       for (int64_t b = 0; b < kb; ++b) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(qo + b * 512),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[b].qs)));
@@ -222,14 +232,15 @@ void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t tiles, int8_t* q, float* dx
 }
 
 void AmxTiles(QuantType t, const int8_t* bt, const float* ws, int nv, const AmxX& xa, int64_t kb, int64_t b0,
-              int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask, bool accumulate) {
+              int64_t b1, int x_tiles, int last_rows, float* y, int64_t ldy, const __mmask16* mask,
+              bool accumulate) {
   switch (t) {
     case QuantType::kQ4_0:
-      return TilesAny<QuantType::kQ4_0>(x_tiles, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ4_0>(x_tiles, last_rows, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
     case QuantType::kQ8_0:
-      return TilesAny<QuantType::kQ8_0>(x_tiles, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ8_0>(x_tiles, last_rows, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
     default:
-      return TilesAny<QuantType::kQ4_K>(x_tiles, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
+      return TilesAny<QuantType::kQ4_K>(x_tiles, last_rows, nv, bt, ws, xa, kb, b0, b1, y, ldy, mask, accumulate);
   }
 }
 

@@ -269,11 +269,13 @@ class NextChunkPrefetch {
 // tiles of 32 (then 16) rows go to the AMX path, the remaining rows to vpdpbusd.
 template <QuantType kT, bool kAmx>
 void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, const BlockQ8A* xq, const XAux* aux,
-           const AmxX& xa, int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin, int64_t n_end) {
+           const AmxX& xa, int64_t amx_rows, int64_t m, int64_t kb, float* y, int64_t ldy, int64_t n_begin,
+           int64_t n_end) {
   constexpr int64_t kc = KcBlocks<kT>();
   constexpr int kMr = Tile<kT>::kMr;
   constexpr int kGroup = kAmx ? 2 : Tile<kT>::kNv;
-  const bool amx = kAmx && m >= 16;
+  const bool amx = kAmx && amx_rows > 0;
+  const int64_t amx_tiles = (amx_rows + 15) / 16;
   int8_t* bt = nullptr;
   if (amx) {
     thread_local AlignedPtr<int8_t> tiles;
@@ -312,17 +314,15 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
       PanelScales<kT>(wg, panel_stride, nv, kb, c0, c1, scales.get());
       if (amx) {
         AmxUnpack(kT, wg, panel_stride, kb, nv, c0, c1, bt);
-        for (; m - i >= 16; i += 32) {
-          const int xt = m - i >= 32 ? 2 : 1;
+        for (int64_t tile = 0; tile < amx_tiles; tile += 2) {
+          const int xt = static_cast<int>(std::min<int64_t>(2, amx_tiles - tile));
           pf.Step(lines_per_tile * 4 * xt);
-          const AmxX xi{xa.q + i / 16 * kb * 512, xa.dx + i / 16 * kb * 16,
-                        xa.dxs == nullptr ? nullptr : xa.dxs + i / 16 * kb * 16};
-          AmxTiles(kT, bt, scales.get(), nv, xi, kb, c0, c1, xt, yg + i * ldy, ldy, mask, c0 > 0);
-          if (xt == 1) {
-            i += 16;
-            break;
-          }
+          const AmxX xi{xa.q + tile * kb * 512, xa.dx + tile * kb * 16,
+                        xa.dxs == nullptr ? nullptr : xa.dxs + tile * kb * 16};
+          const int last_rows = static_cast<int>(std::min<int64_t>(16, amx_rows - (tile + xt - 1) * 16));
+          AmxTiles(kT, bt, scales.get(), nv, xi, kb, c0, c1, xt, last_rows, yg + tile * 16 * ldy, ldy, mask, c0 > 0);
         }
+        i = amx_rows;
       }
       for (; i < m; i += kMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
@@ -366,24 +366,31 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
   thread_local AlignedPtr<int8_t> amx_q;
   thread_local AlignedPtr<float> amx_d;
   thread_local int64_t amx_blocks = 0;
-  if (kAmx && mc >= 16 && amx_blocks < mc / 16 * kb) {
-    amx_blocks = mc / 16 * kb;
+  if (kAmx && mc >= 16 && amx_blocks < (mc + 15) / 16 * kb) {
+    amx_blocks = (mc + 15) / 16 * kb;
     amx_q.reset(static_cast<int8_t*>(AlignedAlloc(64, static_cast<size_t>(amx_blocks) * 512)));
     amx_d.reset(static_cast<float*>(AlignedAlloc(64, static_cast<size_t>(amx_blocks) * 2 * 16 * sizeof(float))));
     ESTREAM_CHECK(amx_q != nullptr && amx_d != nullptr, "GEMM: out of memory for the AMX activation tiles");
   }
-  // Rows the AMX path takes (full row tiles) get the AmxX layout, the others XAux (Drive indexes
-  // aux by the row within the pass).
+  // Rows the AMX path takes get the AmxX layout, the others XAux (Drive indexes aux by the row
+  // within the pass). The AMX path takes the full row tiles of passes of at least 16 rows, and
+  // the rest too when it is at least kAmxTailRows rows, as one tile padded with zero rows:
+  // the padded tile costs about what a full one does, ~100 vector ops per block and panel pair,
+  // while vpdpbusd costs ~22 per row (8 int8 dot products and 3 epilogue ops per panel), so the
+  // tile is cheaper from 5 rows on. Fused expert operator units (tens of rows each) leave such
+  // tails in most calls. Both paths give bit-identical results, so the choice changes nothing else.
   auto rows_pass = [&](const uint8_t* wp, int64_t p, int64_t count, int64_t i0, int64_t rows) {
-    const int64_t amx_rows = kAmx && rows >= 16 ? rows / 16 * 16 : 0;
+    constexpr int64_t kAmxTailRows = 5;
+    int64_t amx_rows = kAmx && rows >= 16 ? rows / 16 * 16 : 0;
+    if (amx_rows > 0 && rows - amx_rows >= kAmxTailRows) amx_rows = rows;
     AmxX xa;
     if (amx_rows > 0) {
       xa = AmxX{amx_q.get(), amx_d.get(), kT == QuantType::kQ4_K ? amx_d.get() + amx_blocks * 16 : nullptr};
-      AmxPackX(xq + i0 * kb, kb, amx_rows / 16, amx_q.get(), amx_d.get(), const_cast<float*>(xa.dxs));
+      AmxPackX(xq + i0 * kb, kb, amx_rows, amx_q.get(), amx_d.get(), const_cast<float*>(xa.dxs));
     }
     BuildAux<kT>(xq + (i0 + amx_rows) * kb, (rows - amx_rows) * kb, aux.data() + amx_rows * kb);
-    Drive<kT, kAmx>(wp, p, count, panel_stride, xq + i0 * kb, aux.data(), xa, rows, kb, y + i0 * ldy, ldy, n_begin,
-                    n_end);
+    Drive<kT, kAmx>(wp, p, count, panel_stride, xq + i0 * kb, aux.data(), xa, amx_rows, rows, kb, y + i0 * ldy, ldy,
+                    n_begin, n_end);
   };
   if (kPacked) {
     for (int64_t i0 = 0; i0 < m; i0 += kMc)

@@ -62,15 +62,17 @@ struct AmxX {
   const float* dx = nullptr;
   const float* dxs = nullptr;
 };
-// Writes `tiles` row tiles (16 * tiles rows of x, row i at x + i * kb) in the AmxX layout at q,
-// dx, dxs (dxs may be null when the type has no min term; else d_x * (sum[0] + sum[1]) in fp32,
-// as XAux::dxs).
-void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t tiles, int8_t* q, float* dx, float* dxs);
+// Writes `rows` rows of x (row i at x + i * kb) in the AmxX layout at q, dx, dxs as ceil(rows /
+// 16) row tiles, the last one padded with zero rows (q, d_x and d_x * sum all 0) (dxs may be null
+// when the type has no min term; else d_x * (sum[0] + sum[1]) in fp32, as XAux::dxs).
+void AmxPackX(const BlockQ8A* x, int64_t kb, int64_t rows, int8_t* q, float* dx, float* dxs);
 // x_tiles row tiles of xa (starting at its row tile 0) x nv panels, blocks [b0, b1) of the
 // unpacked tiles `bt`, with the panels' scale vectors ws of those blocks (PanelScales,
 // gemm_avx512_scales.h). Writes or, with accumulate, adds to y[i * ldy + 16 * j + r] for the
-// lanes of mask[j]. REQUIRES: AmxBegin() on this thread.
+// lanes of mask[j], for the 16 rows of each tile but the last, of which only the first last_rows
+// (a padded tile's real rows). REQUIRES: AmxBegin() on this thread.
 void AmxTiles(QuantType t, const int8_t* bt, const float* ws, int nv, const AmxX& xa, int64_t kb, int64_t b0,
-              int64_t b1, int x_tiles, float* y, int64_t ldy, const __mmask16* mask, bool accumulate);
+              int64_t b1, int x_tiles, int last_rows, float* y, int64_t ldy, const __mmask16* mask,
+              bool accumulate);
 
 }  // namespace estream::kernels
