@@ -155,14 +155,24 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
       for (int64_t u = a; u < b; u += rt) units[n_units++] = {s, u, std::min(rt, b - u), u - r0};
     }
     ESTREAM_DCHECK(n_units <= max_units_, "ExpertPlan: unit list overflow");
-    // Column tiles of this pass (see kMaxFfTile): as wide as the buffers allow unless that leaves
-    // too few items for the team; multiples of 32.
-    int64_t ff_tile = ff_tile_, embd_tile = embd_tile_;
+    // Column tiles of this pass (see kMaxFfTile), multiples of 32 between kMin*Tile and the
+    // widest the buffers hold. Taking items as equal, a tile's makespan on the team is
+    // ceil(items / threads) x tile; the widest tile within 10% of the smallest makespan wins
+    // (wider tiles mean fewer calls, each of which prepares its rows of X again). Many units: the
+    // widest tile. One unit of Qwen3-30B's n_ff = 768 on 2 threads: 2 items of 384 columns (the
+    // previous halving rule gave 3 items of 256: one thread idle for a third of the phase).
     auto items = [](int64_t n, int64_t tile) { return (n + tile - 1) / tile; };
-    while (ff_tile > kMinFfTile && n_units * items(ff, ff_tile) < 4 * nth)
-      ff_tile = std::max(kMinFfTile, (ff_tile / 2 + 31) / 32 * 32);
-    while (embd_tile > kMinEmbdTile && items(d, embd_tile) < 2 * nth)
-      embd_tile = std::max(kMinEmbdTile, (embd_tile / 2 + 31) / 32 * 32);
+    auto balanced_tile = [&](int64_t n, int64_t widest, int64_t narrowest, int64_t units_per_tile) {
+      narrowest = std::min(narrowest, widest);
+      auto makespan = [&](int64_t tile) { return (units_per_tile * items(n, tile) + nth - 1) / nth * tile; };
+      int64_t least = INT64_MAX;
+      for (int64_t tile = widest; tile >= narrowest; tile -= 32) least = std::min(least, makespan(tile));
+      int64_t tile = widest;
+      while (tile - 32 >= narrowest && makespan(tile) * 10 > least * 11) tile -= 32;
+      return tile;
+    };
+    const int64_t ff_tile = balanced_tile(ff, ff_tile_, kMinFfTile, n_units);
+    const int64_t embd_tile = balanced_tile(d, embd_tile_, kMinEmbdTile, 1);
     const int64_t n_ff_items = items(ff, ff_tile), n_d_items = items(d, embd_tile);
 
 #pragma omp parallel num_threads(nth)

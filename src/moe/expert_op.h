@@ -128,8 +128,8 @@ class ExpertPlan {
   static constexpr int64_t kDefaultCapacity = 1024;
   // Column tiles of the work items (multiples of 32 and of the kernels' 16-row panels): as wide as
   // kMax*Tile (every GEMM call prepares its rows of X again: AMX tile layout, activation sums), or
-  // narrower, down to kMin*Tile, when a pass would otherwise have fewer than 4 gate/up items or 2
-  // down items per thread. Chosen per pass; the results do not depend on them.
+  // narrower, down to kMin*Tile, when that balances the pass's items over the threads better
+  // (expert_op.cc). Chosen per pass; the results do not depend on them.
   static constexpr int64_t kMaxFfTile = 1024, kMinFfTile = 256;
   static constexpr int64_t kMaxEmbdTile = 512, kMinEmbdTile = 128;
 
