@@ -197,6 +197,7 @@ TEST(ConfigSelect, AgreesWithBruteForceAndExhaustiveScan) {
                           .schedule = s,
                           .cross_layer = u(rng) < 0.7};
       params.read_ahead_layers = 0;  // the model's own smallest b (the headroom is tested below)
+      params.choice_tolerance = 0;   // the exact minimum (the tie band is tested below)
       auto sel = SelectConfig(p, params);
       ASSERT_TRUE(sel.ok()) << sel.status().ToString();
       EXPECT_LE(sel->best.total_bytes, params.budget_bytes);
@@ -210,6 +211,7 @@ TEST(ConfigSelect, AgreesWithBruteForceAndExhaustiveScan) {
       for (double tol : {0.0, 0.01, 0.2}) {
         SelectParams a = params, b = params;
         a.tolerance = b.tolerance = tol;
+        a.choice_tolerance = b.choice_tolerance = tol;
         b.exhaustive = true;
         auto sa = SelectConfig(p, a), sb = SelectConfig(p, b);
         ASSERT_TRUE(sa.ok() && sb.ok());
@@ -224,6 +226,41 @@ TEST(ConfigSelect, AgreesWithBruteForceAndExhaustiveScan) {
       }
     }
   }
+}
+
+// The default tie band between (g, q) (SelectParams::choice_tolerance, 2%): the choice is within
+// it of the least prediction, and among the candidates within it the one with the least memory,
+// then the smallest g and q; a negative or non-finite band is refused.
+TEST(ConfigSelect, TiesWithinTheChoiceToleranceGoToLessMemoryThenSmallerGroups) {
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> extra_banks(0, 60);
+  int ties_seen = 0;
+  for (int iter = 0; iter < 60; ++iter) {
+    const Profile p = MakeSyntheticProfile(RandomParams(rng));
+    const SelectParams params{.budget_bytes = MinimumBudget(p).bytes +
+                                              static_cast<uint64_t>(extra_banks(rng)) * p.expert_bytes};
+    ASSERT_EQ(params.choice_tolerance, 0.02);
+    auto sel = SelectConfig(p, params);
+    ASSERT_TRUE(sel.ok()) << sel.status().ToString();
+    double least = INFINITY;
+    for (const CandidatePrediction& c : sel->per_group) least = std::min(least, c.predicted_s);
+    EXPECT_LE(sel->best.predicted_s, least * 1.02);
+    int in_band = 0;
+    for (const CandidatePrediction& c : sel->per_group) {
+      if (c.predicted_s > least * 1.02) continue;
+      ++in_band;
+      EXPECT_TRUE(sel->best.total_bytes < c.total_bytes ||
+                  (sel->best.total_bytes == c.total_bytes &&
+                   std::pair(sel->best.group_size, sel->best.queue_depth) <= std::pair(c.group_size, c.queue_depth)))
+          << "iter " << iter << ": chose g " << sel->best.group_size << " over g " << c.group_size;
+    }
+    if (in_band > 1) ++ties_seen;
+  }
+  EXPECT_GT(ties_seen, 0) << "no profile had two candidates within the band: the test checks nothing";
+  const Profile p = MakeSyntheticProfile(RandomParams(rng));
+  for (double bad : {-0.01, static_cast<double>(NAN), static_cast<double>(INFINITY)})
+    EXPECT_EQ(SelectConfig(p, {.budget_bytes = MinimumBudget(p).bytes, .choice_tolerance = bad}).status().code(),
+              StatusCode::kInvalidArgument);
 }
 
 // A compute-bound profile (fast disk): a few banks already hide every read, more buy nothing.
@@ -345,7 +382,7 @@ TEST(ConfigSelect, MonotoneInQueueDepthAndBudget) {
     double prev = INFINITY;
     const uint64_t min = MinimumBudget(p).bytes;
     for (int extra = 0; extra < 40; extra += 3) {
-      auto sel = SelectConfig(p, {.budget_bytes = min + extra * p.expert_bytes});
+      auto sel = SelectConfig(p, {.budget_bytes = min + extra * p.expert_bytes, .choice_tolerance = 0});
       ASSERT_TRUE(sel.ok());
       EXPECT_LE(sel->best.predicted_s, prev) << "a larger budget gave a slower choice";
       prev = sel->best.predicted_s;

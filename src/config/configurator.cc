@@ -212,6 +212,10 @@ Result<Selection> SelectConfig(const Profile& profile, const SelectParams& param
   if (!(params.tolerance >= 0) || !std::isfinite(params.tolerance)) {
     return Status::InvalidArgument(fmt::format("tolerance {} must be a finite number >= 0", params.tolerance));
   }
+  if (!(params.choice_tolerance >= 0) || !std::isfinite(params.choice_tolerance)) {
+    return Status::InvalidArgument(
+        fmt::format("choice tolerance {} must be a finite number >= 0", params.choice_tolerance));
+  }
   std::vector<int> sizes = params.group_sizes;
   if (sizes.empty()) {
     for (const CalibrationRun& r : profile.runs) sizes.push_back(r.group_size);
@@ -269,7 +273,7 @@ Result<Selection> SelectConfig(const Profile& profile, const SelectParams& param
   for (const CandidatePrediction& c : sel.per_group) least = std::min(least, c.predicted_s);
   const CandidatePrediction* best = nullptr;
   for (const CandidatePrediction& c : sel.per_group) {
-    if (c.predicted_s > least * (1 + params.tolerance)) continue;
+    if (c.predicted_s > least * (1 + params.choice_tolerance)) continue;
     // per_group is ascending in (g, q): a strict comparison keeps the smaller g, then q.
     if (best == nullptr || c.total_bytes < best->total_bytes) best = &c;
   }

@@ -28,9 +28,14 @@
 // non-increasing in b (maxplus.h, Properties), so the SMALLEST b whose prediction is within
 // (1 + tolerance) of the prediction at the cap is found by bisection: O(log b_max)
 // evaluations, identical to scanning every b in 1..b_max (SelectParams::exhaustive does that;
-// tests check both agree). Then the best (g, q): least predicted latency, ties (within the same
-// tolerance) broken by less memory, then smaller g. Choosing the smallest b that reaches the
-// minimum keeps the footprint below the budget when extra banks would buy nothing.
+// tests check both agree). Then the best (g, q): least predicted latency, ties (within
+// SelectParams::choice_tolerance, default 2%) broken by less memory, then smaller g. Choosing the
+// smallest b that reaches the minimum keeps the footprint below the budget when extra banks would
+// buy nothing. Why a 2% tie band between (g, q): the model ranks group sizes less finely than
+// that. On Qwen3-30B-A3B at 3800M it predicted G = 4 / B = 64 / Q = 2 at 9.613 s and
+// G = 1 / B = 256 / Q = 4 at 9.666 s (0.55% apart); measured (5 runs each, docs/PERFORMANCE.md
+// "Configurator") G = 4 took 10.61 s and G = 1 points 9.59-9.91 s. On OLMoE-1B-7B at three
+// budgets the chosen G = 1 points were the fastest or within noise of it.
 // Read-ahead headroom (SelectParams::read_ahead_layers, default 2): the model's service times are
 // medians, while real reads and executions jitter and the loader's and feeder's threads compete
 // with the compute team, which the model does not see. Measured on OLMoE-1B-7B (T = 1024, 2
@@ -107,7 +112,8 @@ struct SelectParams {
   bool cross_layer = true;           // kEarly only (maxplus.h)
   std::vector<int> group_sizes{};    // candidates; empty: every calibrated g
   std::vector<int> queue_depths{};   // empty: Q0(g) of the disk table, per g
-  double tolerance = 0;              // relative; see "Selection" above
+  double tolerance = 0;              // relative, the bank search; see "Selection" above
+  double choice_tolerance = 0.02;    // relative, ties between (g, q); see "Selection" above
   int max_banks = 0;                 // > 0: never more banks than this
   bool exhaustive = false;           // scan every b (same answer as bisection; slower)
   // Read-ahead headroom (see "Selection" above): > 0 raises each (g, q)'s b to this many layers'
