@@ -78,7 +78,9 @@ TEST(CalibrationTokens, RealVocabularies) {
     ASSERT_TRUE(ids.ok()) << ids.status().ToString();
     ASSERT_EQ(ids->size(), static_cast<size_t>(profiler::kDefaultCalibrationTokens)) << name;
     const size_t skip = (*tok)->add_bos() && (*tok)->bos_id() >= 0 ? 1 : 0;
-    if (skip == 1) EXPECT_EQ((*ids)[0], (*tok)->bos_id()) << name;
+    if (skip == 1) {
+      EXPECT_EQ((*ids)[0], (*tok)->bos_id()) << name;
+    }
     for (size_t i = skip; i < ids->size(); ++i) ASSERT_EQ((*ids)[i], body[i - skip]) << name << " at " << i;
   }
   EXPECT_EQ(n_files, 3) << "shared/testdata/tokenizer is incomplete";

@@ -2,6 +2,7 @@
 // its packed forms (identity and a fixed permutation), written once per test binary.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,10 @@ struct Models {
   std::string gguf, packed, permuted;
 };
 
+// Held until exit, when the directory and the models in it are removed.
 inline Models& TestModels() {
-  static Models* m = [] {
-    auto* m = new Models();
+  static std::unique_ptr<Models> m = [] {
+    auto m = std::make_unique<Models>();
     m->gguf = m->dir.File("tiny.gguf");
     m->packed = m->dir.File("tiny.packed.gguf");
     m->permuted = m->dir.File("tiny.perm.gguf");
