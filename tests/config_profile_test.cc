@@ -343,12 +343,18 @@ TEST(ConfigProfile, DiskTableInterpolationAndQ0) {
   EXPECT_EQ(d.RowFor(3), 1);
   EXPECT_EQ(d.RowFor(64), 1);
   EXPECT_EQ(d.Latency(16), 2e-4f);
-  // Exact at measured depths, linear between, clamped outside.
+  // The running maximum at measured depths (row g = 1: 1.14 1.40 1.40 1.58 1.58 1.58), linear
+  // between, clamped outside.
+  EXPECT_EQ(d.Bandwidth(1, 2), 1.40e9f);
+  EXPECT_EQ(d.Bandwidth(1, 4), 1.40e9f);
   EXPECT_EQ(d.Bandwidth(1, 8), 1.58e9f);
-  EXPECT_NEAR(d.Bandwidth(1, 6), 0.5 * (1.35e9 + 1.58e9), 1e3);
-  EXPECT_NEAR(d.Bandwidth(1, 12), 0.5 * (1.58e9 + 1.54e9), 1e3);
-  EXPECT_EQ(d.Bandwidth(1, 64), 1.50e9f);
+  EXPECT_NEAR(d.Bandwidth(1, 6), 0.5 * (1.40e9 + 1.58e9), 1e3);
+  EXPECT_NEAR(d.Bandwidth(1, 3), 1.40e9, 1e3);
+  EXPECT_EQ(d.Bandwidth(1, 12), 1.58e9f);
+  EXPECT_EQ(d.Bandwidth(1, 64), 1.58e9f);
   EXPECT_EQ(d.Bandwidth(4, 1), 1.00e9f);
+  EXPECT_NEAR(d.Bandwidth(4, 3), 0.5 * (1.95e9 + 1.96e9), 1e3);
+  for (int q = 1; q < 40; ++q) EXPECT_LE(d.Bandwidth(1, q), d.Bandwidth(1, q + 1)) << q;
   d.latency_s.pop_back();
   EXPECT_FALSE(d.Validate().ok());
 }

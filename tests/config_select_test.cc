@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "config/synthetic.h"
 
@@ -106,6 +107,36 @@ TEST(ConfigService, RouteVectorsGiveActiveGroupsAndBytes) {
   EXPECT_EQ(MakeServiceModel(p, 1, 0).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The loader's depth counts chunk reads; the recurrence's q counts whole group reads.
+TEST(ConfigService, QueueDepthCountsChunksNotGroups) {
+  EXPECT_EQ(GroupsInFlight(4, 4096, 16384), 1);  // 4 chunks per group
+  EXPECT_EQ(GroupsInFlight(7, 4096, 16384), 1);
+  EXPECT_EQ(GroupsInFlight(8, 4096, 16384), 2);
+  EXPECT_EQ(GroupsInFlight(16, 4096, 16383), 4);  // a partial chunk is a chunk read
+  EXPECT_EQ(GroupsInFlight(16, 4096, 16385), 3);
+  EXPECT_EQ(GroupsInFlight(2, 4096, 100), 2);     // groups under a chunk: Q groups
+  EXPECT_EQ(GroupsInFlight(1, 1 << 20, 1 << 30), 1);
+  // Qwen3-30B-A3B, G = 1: 2,654,208-byte records in 1 MiB chunks (3 chunk reads each).
+  EXPECT_EQ(GroupsInFlight(4, 1 << 20, 2654208), 1);
+  EXPECT_EQ(GroupsInFlight(8, 1 << 20, 2654208), 2);
+  EXPECT_EQ(GroupsInFlight(32, 1 << 20, 2654208), 10);
+  // HandProfile: chunks of 4096, the largest record 8192: g = 2 groups take 4 chunk reads.
+  const Profile p = HandProfile();
+  for (auto [g, q, want] : {std::tuple{2, 4, 1}, {2, 8, 2}, {1, 4, 2}, {1, 1, 1}}) {
+    auto m = MakeServiceModel(p, g, q);
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->queue_depth, q);
+    EXPECT_EQ(m->groups_in_flight, want) << "g " << g << " Q " << q;
+    PipelineInput in;
+    BuildPipelineInput(p, *m, &in);
+    PipelineWorkspace ws;
+    for (int b : {1, 3, 8}) {
+      const double want_s = EvaluatePipeline(in, {.banks = b, .queue_depth = want}, &ws).total_s;
+      EXPECT_EQ(PredictConfig(p, g, q, b)->predicted_s, want_s) << "g " << g << " Q " << q << " b " << b;
+    }
+  }
+}
+
 TEST(ConfigService, LoadSamplesScaleTheDiskTable) {
   Profile p = HandProfile();
   // g = 2 loads measured at depth 1 (bw 8192 B/s), mean record (8192 + 4096) / 2 = 6144 B:
@@ -139,8 +170,8 @@ TEST(ConfigService, PredictionMatchesHandEvaluation) {
   EXPECT_DOUBLE_EQ(c->predicted_s, 12.875);
 }
 
-// Brute force: every (g, Q0(g), b) that fits, with PredictConfig; the least latency, then the
-// least memory, then the smaller g (tolerance 0).
+// Brute force: every (g, Q >= Q0(g), b) that fits, with PredictConfig; the least latency, then
+// the least memory, then the smaller g, then the deeper Q (tolerance 0).
 CandidatePrediction BruteForce(const Profile& p, const SelectParams& params, int scan_limit) {
   CandidatePrediction best;
   best.predicted_s = INFINITY;
@@ -148,13 +179,17 @@ CandidatePrediction BruteForce(const Profile& p, const SelectParams& params, int
     const uint64_t bank = static_cast<uint64_t>(run.group_size) * p.expert_bytes;
     if (params.budget_bytes < run.other_bytes + bank) continue;
     const int b_max = static_cast<int>(std::min<uint64_t>((params.budget_bytes - run.other_bytes) / bank, scan_limit));
-    const int q = p.disk.Q0(run.group_size);
-    for (int b = 1; b <= b_max; ++b) {
-      auto c = PredictConfig(p, run.group_size, q, b, params.schedule, params.cross_layer);
-      EXPECT_TRUE(c.ok());
-      if (c->predicted_s < best.predicted_s ||
-          (c->predicted_s == best.predicted_s && c->total_bytes < best.total_bytes)) {
-        best = *c;
+    for (int q : p.disk.queue_depths) {
+      if (q < p.disk.Q0(run.group_size)) continue;
+      for (int b = 1; b <= b_max; ++b) {
+        auto c = PredictConfig(p, run.group_size, q, b, params.schedule, params.cross_layer);
+        EXPECT_TRUE(c.ok());
+        if (c->predicted_s < best.predicted_s ||
+            (c->predicted_s == best.predicted_s && c->total_bytes < best.total_bytes) ||
+            (c->predicted_s == best.predicted_s && c->total_bytes == best.total_bytes &&
+             c->group_size == best.group_size && c->queue_depth > best.queue_depth)) {
+          best = *c;
+        }
       }
     }
   }
@@ -206,6 +241,7 @@ TEST(ConfigSelect, AgreesWithBruteForceAndExhaustiveScan) {
       EXPECT_EQ(sel->best.predicted_s, ref.predicted_s) << "iter " << iter;
       EXPECT_EQ(sel->best.total_bytes, ref.total_bytes) << "iter " << iter;
       EXPECT_EQ(sel->best.group_size, ref.group_size);
+      EXPECT_EQ(sel->best.queue_depth, ref.queue_depth);
       EXPECT_EQ(sel->best.banks, ref.banks);
       // Bisection and the exhaustive scan agree, with and without a tolerance.
       for (double tol : {0.0, 0.01, 0.2}) {
@@ -230,7 +266,7 @@ TEST(ConfigSelect, AgreesWithBruteForceAndExhaustiveScan) {
 
 // The default tie band between (g, q) (SelectParams::choice_tolerance, 2%): the choice is within
 // it of the least prediction, and among the candidates within it the one with the least memory,
-// then the smallest g and q; a negative or non-finite band is refused.
+// then the smallest g, then the deepest q; a negative or non-finite band is refused.
 TEST(ConfigSelect, TiesWithinTheChoiceToleranceGoToLessMemoryThenSmallerGroups) {
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<int> extra_banks(0, 60);
@@ -251,7 +287,7 @@ TEST(ConfigSelect, TiesWithinTheChoiceToleranceGoToLessMemoryThenSmallerGroups) 
       ++in_band;
       EXPECT_TRUE(sel->best.total_bytes < c.total_bytes ||
                   (sel->best.total_bytes == c.total_bytes &&
-                   std::pair(sel->best.group_size, sel->best.queue_depth) <= std::pair(c.group_size, c.queue_depth)))
+                   std::pair(sel->best.group_size, -sel->best.queue_depth) <= std::pair(c.group_size, -c.queue_depth)))
           << "iter " << iter << ": chose g " << sel->best.group_size << " over g " << c.group_size;
     }
     if (in_band > 1) ++ties_seen;
@@ -301,8 +337,9 @@ TEST(ConfigSelect, BestBankCountIsInteriorWhenMoreBanksBuyNothing) {
     EXPECT_EQ(sel->neighbours[i].banks, best.banks);
     EXPECT_NE(sel->neighbours[i].queue_depth, best.queue_depth);
   }
-  // Bisection: a handful of evaluations, not b_max.
-  EXPECT_LE(sel->evaluations, 2 + 6 + static_cast<int>(sel->neighbours.size()));
+  // Bisection: a handful of evaluations per depth, not b_max.
+  EXPECT_LE(sel->evaluations, (2 + 6) * static_cast<int>(sel->per_group.size()) +
+                                  static_cast<int>(sel->neighbours.size()));
 }
 
 TEST(ConfigSelect, ReadAheadHeadroomRaisesBanksWithinTheBudget) {
@@ -333,7 +370,8 @@ TEST(ConfigSelect, BudgetForOneBankOnly) {
   EXPECT_EQ(sel->best.group_size, 1);
   EXPECT_EQ(sel->best.banks, 1);
   EXPECT_EQ(sel->best.total_bytes, p.runs[0].other_bytes + p.expert_bytes);
-  ASSERT_EQ(sel->per_group.size(), 1u);
+  ASSERT_FALSE(sel->per_group.empty());
+  for (const CandidatePrediction& c : sel->per_group) EXPECT_EQ(c.group_size, 1);
   EXPECT_TRUE(sel->neighbours.size() <= 2);  // no b +- 1: only other depths
   for (const CandidatePrediction& n : sel->neighbours) EXPECT_EQ(n.banks, 1);
 }
@@ -441,7 +479,11 @@ TEST(ConfigSelect, RealisticSizeSolves) {
   ASSERT_TRUE(sel.ok()) << sel.status().ToString();
   EXPECT_LE(sel->best.total_bytes, budget);
   EXPECT_GT(sel->best.wait_s, 0);
-  EXPECT_EQ(sel->per_group.size(), 5u);
+  size_t depths = 0;  // every measured depth >= Q0(g), for each of the 5 group sizes
+  for (const CalibrationRun& run : p.runs)
+    for (int q : p.disk.queue_depths) depths += q >= p.disk.Q0(run.group_size);
+  EXPECT_EQ(sel->per_group.size(), depths);
+  EXPECT_GT(depths, 5u);
   // Lower bound: all compute, and all reads at peak bandwidth (the disk never idles).
   double compute = p.other_seconds;
   for (float t : p.nonexpert_seconds) compute += t;

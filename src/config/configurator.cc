@@ -44,6 +44,12 @@ Result<AffineFit> FitAffine(const std::vector<float>& rows, const std::vector<fl
   return fit;
 }
 
+int GroupsInFlight(int queue_depth, uint64_t chunk_bytes, uint64_t group_bytes) {
+  if (chunk_bytes == 0 || queue_depth < 1) return 1;
+  const uint64_t chunks = std::max<uint64_t>(1, (group_bytes + chunk_bytes - 1) / chunk_bytes);
+  return static_cast<int>(std::max<uint64_t>(1, static_cast<uint64_t>(queue_depth) / chunks));
+}
+
 Result<ServiceModel> MakeServiceModel(const Profile& profile, int group_size, int queue_depth) {
   const CalibrationRun* run = profile.Run(group_size);
   if (run == nullptr) {
@@ -55,6 +61,8 @@ Result<ServiceModel> MakeServiceModel(const Profile& profile, int group_size, in
   ServiceModel m;
   m.group_size = group_size;
   m.queue_depth = queue_depth;
+  const uint64_t record = *std::max_element(profile.record_bytes.begin(), profile.record_bytes.end());
+  m.groups_in_flight = GroupsInFlight(queue_depth, profile.disk.chunk_bytes, static_cast<uint64_t>(group_size) * record);
   m.bandwidth = profile.disk.Bandwidth(group_size, queue_depth);
   m.latency_s = profile.disk.Latency(group_size);
   if (!run->load_seconds.empty()) {
@@ -141,7 +149,7 @@ class BankSearch {
     ++evaluations_;
     const PipelinePrediction p = EvaluatePipeline(
         input_,
-        {.banks = banks, .queue_depth = model_.queue_depth, .schedule = params_.schedule, .cross_layer = params_.cross_layer},
+        {.banks = banks, .queue_depth = model_.groups_in_flight, .schedule = params_.schedule, .cross_layer = params_.cross_layer},
         &workspace_);
     CandidatePrediction c;
     c.group_size = model_.group_size;
@@ -240,7 +248,11 @@ Result<Selection> SelectConfig(const Profile& profile, const SelectParams& param
     const int b_max = MaxBanks(profile, run, params.budget_bytes);
     if (b_max < 1) continue;
     std::vector<int> depths = params.queue_depths;
-    if (depths.empty()) depths.push_back(profile.disk.Q0(g));
+    if (depths.empty()) {
+      const int q0 = profile.disk.Q0(g);
+      for (int q : profile.disk.queue_depths)
+        if (q >= q0) depths.push_back(q);
+    }
     std::sort(depths.begin(), depths.end());
     depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
     for (int q : depths) {
@@ -274,8 +286,10 @@ Result<Selection> SelectConfig(const Profile& profile, const SelectParams& param
   const CandidatePrediction* best = nullptr;
   for (const CandidatePrediction& c : sel.per_group) {
     if (c.predicted_s > least * (1 + params.choice_tolerance)) continue;
-    // per_group is ascending in (g, q): a strict comparison keeps the smaller g, then q.
-    if (best == nullptr || c.total_bytes < best->total_bytes) best = &c;
+    // per_group is ascending in (g, q): less memory, then the smaller g, then the deeper q.
+    if (best == nullptr || c.total_bytes < best->total_bytes ||
+        (c.total_bytes == best->total_bytes && c.group_size == best->group_size))
+      best = &c;
   }
   sel.best = *best;
 

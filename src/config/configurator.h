@@ -16,7 +16,8 @@
 // Route vectors: group k of layer w holds physical experts [k*g, min(k*g + g, E)); its routed
 // rows rho_{w,k} = sum of expert_routes[w*E + e] over them; the group is ACTIVE iff rho > 0.
 // Only active groups enter the PipelineInput (BuildPipelineInput), in order k = 0, 1, ...
-// The evaluator gets q = Q: the loader keeps Q chunk reads in flight, so at most Q group reads.
+// The evaluator gets q = GroupsInFlight(Q, chunk, g * the largest record): the loader keeps Q
+// chunk reads in flight, and a group read of c chunks takes c of them.
 //
 // ---- Selection (SelectConfig) ---------------------------------------------------------------
 // Memory: a configuration (g, b) needs M(g, b) = M_other(g) + b * g * W_e bytes (W_e = the
@@ -24,14 +25,22 @@
 //   b_max(g) = floor((M_max - M_other(g)) / (g * W_e))      (g infeasible when < 1)
 // capped by SelectParams::max_banks and by the useful maximum (maxplus.h: N active groups with
 // cross-layer early reads, else the largest per-layer K_w; more banks change nothing). For each
-// depth q (Q0(g) from the disk table, or SelectParams::queue_depths) the predicted latency is
-// non-increasing in b (maxplus.h, Properties), so the SMALLEST b whose prediction is within
-// (1 + tolerance) of the prediction at the cap is found by bisection: O(log b_max)
-// evaluations, identical to scanning every b in 1..b_max (SelectParams::exhaustive does that;
-// tests check both agree). Then the best (g, q): least predicted latency, ties (within
-// SelectParams::choice_tolerance, default 2%) broken by less memory, then smaller g. Choosing the
-// smallest b that reaches the minimum keeps the footprint below the budget when extra banks would
-// buy nothing. Why a 2% tie band between (g, q): the model ranks group sizes less finely than
+// depth Q (every measured depth >= Q0(g) of the disk table, or SelectParams::queue_depths) the
+// predicted latency is non-increasing in b (maxplus.h, Properties), so the SMALLEST b whose
+// prediction is within (1 + tolerance) of the prediction at the cap is found by bisection:
+// O(log b_max) evaluations, identical to scanning every b in 1..b_max (SelectParams::exhaustive
+// does that; tests check both agree). Then the best (g, Q): least predicted latency, ties (within
+// SelectParams::choice_tolerance, default 2%) broken by less memory, then smaller g, then the
+// DEEPER Q. Choosing the smallest b that reaches the minimum keeps the footprint below the budget
+// when extra banks would buy nothing.
+// Why depths beyond Q0(g), and deeper on a tie: Q costs no memory (reads land in bank slots), and
+// in a prefill the loader's thread shares the cores with the compute team, so a completed read
+// may wait before the next is issued; a deeper queue leaves the device work meanwhile. The disk
+// table, measured with idle cores, does not show this; every sweep does (docs/PERFORMANCE.md
+// "Configurator": on the five OLMoE-1B-7B and Qwen3-30B-A3B budgets swept, Q = 1, 2, 4 were 4-15%
+// slower than the best Q of the same (G, B) in the median, Q = 8, 16, 32 within 0.5-4%). With
+// the bandwidth envelope (DiskProfile::Bandwidth) and groups in flight from Q, the prediction is
+// non-increasing in Q as well, so the deepest measured depth within the band wins. Why a 2% tie band between (g, q): the model ranks group sizes less finely than
 // that. On Qwen3-30B-A3B at 3800M it predicted G = 4 / B = 64 / Q = 2 at 9.613 s and
 // G = 1 / B = 256 / Q = 4 at 9.666 s (0.55% apart); measured (5 runs each, docs/PERFORMANCE.md
 // "Configurator") G = 4 took 10.61 s and G = 1 points 9.59-9.91 s. On OLMoE-1B-7B at three
@@ -79,7 +88,8 @@ Result<AffineFit> FitAffine(const std::vector<float>& rows, const std::vector<fl
 
 struct ServiceModel {
   int group_size = 0;
-  int queue_depth = 0;
+  int queue_depth = 0;       // Q: chunk reads in flight (the loader's depth)
+  int groups_in_flight = 0;  // q of the recurrence: GroupsInFlight(Q, chunk, group bytes)
   double bandwidth = 0;   // bytes/s: bw(g, Q)
   double latency_s = 0;   // lat(g)
   double load_scale = 1;  // s(g)
@@ -88,6 +98,12 @@ struct ServiceModel {
   double TransferSeconds(uint64_t bytes) const { return load_scale * static_cast<double>(bytes) / bandwidth; }
   double ReadSeconds(uint64_t bytes) const { return latency_s + TransferSeconds(bytes); }
 };
+// Whole group reads of `group_bytes` that Q chunk reads of `chunk_bytes` keep in flight, at least
+// one: max(1, floor(Q / ceil(group_bytes / chunk_bytes))). The loader keeps Q CHUNK reads in
+// flight, oldest job first (io/loader.h), so a group of c chunks occupies c of them: with Q < 2c
+// the next group's read starts only as the previous one drains, and its latency is exposed.
+// (Conservative: the next group's first chunks may start a little earlier.)
+int GroupsInFlight(int queue_depth, uint64_t chunk_bytes, uint64_t group_bytes);
 // REQUIRES: profile.Validate() is OK. InvalidArgument when g was not calibrated or q < 1.
 Result<ServiceModel> MakeServiceModel(const Profile& profile, int group_size, int queue_depth);
 
@@ -111,7 +127,7 @@ struct SelectParams {
   Schedule schedule = Schedule::kEarly;
   bool cross_layer = true;           // kEarly only (maxplus.h)
   std::vector<int> group_sizes{};    // candidates; empty: every calibrated g
-  std::vector<int> queue_depths{};   // empty: Q0(g) of the disk table, per g
+  std::vector<int> queue_depths{};   // empty: the disk table's depths >= Q0(g), per g
   double tolerance = 0;              // relative, the bank search; see "Selection" above
   double choice_tolerance = 0.02;    // relative, ties between (g, q); see "Selection" above
   int max_banks = 0;                 // > 0: never more banks than this

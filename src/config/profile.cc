@@ -30,12 +30,14 @@ int DiskProfile::RowFor(int g) const {
 double DiskProfile::Bandwidth(int g, int q) const {
   const size_t nq = queue_depths.size();
   const float* row = bandwidth.data() + static_cast<size_t>(RowFor(g)) * nq;
-  if (q <= queue_depths.front()) return row[0];
-  if (q >= queue_depths.back()) return row[nq - 1];
+  // The envelope: the running maximum of the row up to each measured depth.
+  auto env = [&](size_t j) { return static_cast<double>(*std::max_element(row, row + j + 1)); };
+  if (q <= queue_depths.front()) return env(0);
+  if (q >= queue_depths.back()) return env(nq - 1);
   size_t hi = 1;
   while (queue_depths[hi] < q) ++hi;
   const double t = static_cast<double>(q - queue_depths[hi - 1]) / (queue_depths[hi] - queue_depths[hi - 1]);
-  return row[hi - 1] + t * (static_cast<double>(row[hi]) - row[hi - 1]);
+  return env(hi - 1) + t * (env(hi) - env(hi - 1));
 }
 
 int DiskProfile::Q0(int g, double fraction) const {

@@ -96,7 +96,11 @@ struct DiskProfile {
   // Row used for group size g: the measured g, else the nearest in log2(g) (ties: the smaller).
   // REQUIRES: group_sizes non-empty.
   int RowFor(int g) const;
-  // bw(g, q): exact at measured depths, linear in q between them, clamped outside the range.
+  // bw(g, q): at a measured depth, the largest bandwidth the row measured at that depth or any
+  // shallower one (a running maximum: a deeper queue does not slow the device down; the dips the
+  // table shows at larger depths are the noise of its short cells, e.g. 0.72-1.35 GB/s between
+  // neighbouring depths on this project's development VM); linear in q between measured depths,
+  // clamped outside the range. Q0 is the same on the raw row and on this envelope.
   double Bandwidth(int g, int q) const;
   double Latency(int g) const { return latency_s[static_cast<size_t>(RowFor(g))]; }
   // Q0(g): the smallest measured depth with bandwidth >= fraction * the row's peak.

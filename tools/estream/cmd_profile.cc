@@ -222,7 +222,7 @@ class ProfileCommand : public Command {
                 FormatBytes(best.arena_bytes).c_str(), FormatBytes(best.total_bytes - best.arena_bytes).c_str(),
                 FormatBytes(best.total_bytes).c_str(), FormatBytes(budget).c_str(), FormatBytes(minimum.bytes).c_str(),
                 minimum.group_size);
-    std::printf("  best per group size:");
+    std::printf("  best B per (G, Q):");
     for (const config::CandidatePrediction& c : sel->per_group)
       std::printf("  G=%d B=%d Q=%d %.3f s", c.group_size, c.banks, c.queue_depth, c.predicted_s);
     std::printf("\n");
