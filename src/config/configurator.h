@@ -37,10 +37,14 @@
 // in a prefill the loader's thread shares the cores with the compute team, so a completed read
 // may wait before the next is issued; a deeper queue leaves the device work meanwhile. The disk
 // table, measured with idle cores, does not show this; every sweep does (docs/PERFORMANCE.md
-// "Configurator": on the five OLMoE-1B-7B and Qwen3-30B-A3B budgets swept, Q = 1, 2, 4 were 4-15%
-// slower than the best Q of the same (G, B) in the median, Q = 8, 16, 32 within 0.5-4%). With
+// "Configurator": on the six OLMoE-1B-7B and Qwen3-30B-A3B budgets swept, Q = 1, 2, 4 were 4-18%
+// slower than the best Q of the same (G, B) in the median, Q = 8, 16, 32 within 0.5-6%). With
 // the bandwidth envelope (DiskProfile::Bandwidth) and groups in flight from Q, the prediction is
-// non-increasing in Q as well, so the deepest measured depth within the band wins. Why a 2% tie band between (g, q): the model ranks group sizes less finely than
+// non-increasing in Q as well, so the deepest measured depth within the band wins. Measured
+// regret of that choice: Qwen3 -0.5 to +0.9% at three budgets; OLMoE -2.6 to +4.1%, where
+// Q = 32 ran 2-4% slower than Q = 8-16 on the same arena with no bubble at any depth (a CPU-side
+// effect of reads in flight that the model does not have).
+// Why a 2% tie band between (g, q): the model ranks group sizes less finely than
 // that. On Qwen3-30B-A3B at 3800M it predicted G = 4 / B = 64 / Q = 2 at 9.613 s and
 // G = 1 / B = 256 / Q = 4 at 9.666 s (0.55% apart); measured (5 runs each, docs/PERFORMANCE.md
 // "Configurator") G = 4 took 10.61 s and G = 1 points 9.59-9.91 s. On OLMoE-1B-7B at three
