@@ -46,6 +46,10 @@ size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k);
 // Pure function of its input; the pack step and the engine's load call it.
 void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst);
 
+// Upper bound of the attention kernels' scratch per thread (any path, any prompt length) for heads
+// of head_dim: per-thread buffers grown once, which the activation memory plan counts.
+size_t AttentionScratchBytes(int head_dim);
+
 // Bytes of the quantised form of an m x k activation matrix (k a multiple of kQK8A).
 size_t ActivationBytes(int64_t m, int64_t k);
 // xq = Q8A(x), row by row (row r at xq + r * k / kQK8A). [parallel]

@@ -20,6 +20,13 @@ namespace {
 // few microseconds, more than normalising a handful of rows.
 constexpr int64_t kMinParallelElements = 1 << 15;
 
+// Attention work items hold at most this many (head, row tile) tiles. The AMX-BF16 kernel converts
+// each key block of K and V to bf16 once per item (31% of its samples with 8 tiles, T = 4096), so
+// its items are larger: 32 tiles measured 1.26-1.3x faster at T = 4096 and 1.1-1.17x at T = 1024
+// than 8, and 64 no faster than 32 (docs/PERFORMANCE.md, Attention).
+constexpr int kMaxTilesPerItemF32 = 8;
+constexpr int kMaxTilesPerItemBf16 = 32;
+
 }  // namespace
 
 void AttentionPrefill(const AttentionArgs& a) { AttentionPrefillWith(Kernels(), a); }
@@ -35,12 +42,12 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   // the first, so consecutive items also share K/V prefixes in the core's L2. Causal: an item of
   // rows ending at t costs about t; items are handed out dynamically, and the last ones of each kv
   // head and of the whole list are the cheapest, so the threads finish within a small item.
-  constexpr int kMaxTilesPerItem = 8;
+  const bool bf16 = a.allow_bf16 && kt.attention_block_bf16 != nullptr;
+  const int kMaxTilesPerItem = bf16 ? kMaxTilesPerItemBf16 : kMaxTilesPerItemF32;
   const int rep = a.n_head / a.n_head_kv;
   const int heads_per_item = std::min(rep, kMaxTilesPerItem);
   const int head_chunks = (rep + heads_per_item - 1) / heads_per_item;
   const int threads_wanted = omp_get_max_threads();
-  const bool bf16 = a.allow_bf16 && kt.attention_block_bf16 != nullptr;
   const auto block_fn = bf16 ? kt.attention_block_bf16 : kt.attention_block;
   const int tile_rows = bf16 ? kt.attention_rows_bf16 : kt.attention_rows;
   const int row_tiles = (a.n_tokens + tile_rows - 1) / tile_rows;
@@ -65,6 +72,17 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
     const int t_end = std::min(a.n_tokens, t_begin + rows_per_item);
     block_fn(a, head_begin, head_end, t_begin, t_end);
   }
+}
+
+size_t AttentionScratchBytes(int head_dim) {
+  const size_t d = static_cast<size_t>(head_dim), q = 64, dp = (d + 31) / 32 * 32;
+  // attention_x86_impl.h AttnScratch (tiles of up to q = 64 rows): QT and OT (d x q floats) and
+  // m, l per tile; ST and VB for 128 keys.
+  const size_t f32 = 4 * (kMaxTilesPerItemF32 * (2 * d * q + 2 * q) + 128 * q + 128 * d);
+  // attention_amx.cc AmxAttnScratch (tiles of 32 rows): QT16 (bf16) and OT (float), dp x 32 each,
+  // and m, l per tile; K16 and VT16 (64 keys x dp bf16), PT16 (bf16) and ST (float) 64 x 32.
+  const size_t bf16 = kMaxTilesPerItemBf16 * (dp * 32 * (2 + 4) + 2 * 32 * 4) + 2 * 64 * dp * 2 + 64 * 32 * (2 + 4);
+  return std::max(f32, bf16);
 }
 
 void RmsNorm(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t rows, int64_t n,

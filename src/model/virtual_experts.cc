@@ -11,6 +11,7 @@
 #include "base/timer.h"
 #include "config/configurator.h"
 #include "config/profile.h"
+#include "kernels/kernels.h"
 #include "model/experts.h"
 #include "moe/expert_op.h"
 
@@ -42,8 +43,9 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   // prompt's log-probabilities and the LM head's double scratch.
   const uint64_t V = c.n_vocab;
   b += T * d * 4 + std::max<uint64_t>(uint64_t{8} << 20, V * 4) + T * 4 + 64 * 8;
-  // Attention scratch inside the kernels (per thread, a row of T scores per head at most).
-  b += static_cast<uint64_t>(n_threads) * T * 4 * 4;
+  // Attention scratch inside the kernels, per thread: the fast paths' tiles (kernels.h) and the
+  // scalar reference's rows of T scores.
+  b += static_cast<uint64_t>(n_threads) * (kernels::AttentionScratchBytes(c.head_dim) + T * 4 * 4);
   // The fused operator's plan (expert_op.h): gathered Q8A rows and SwiGLU output of a pass of
   // up to W routes (floats too for float experts), per-thread tiles.
   b += W * (d / 32) * q8 + W * (ff / 32) * q8 + static_cast<uint64_t>(n_threads) * 3 * 512 * 256 * 4;

@@ -30,7 +30,7 @@
 //   2. the configurator's stored choice (estream.config.*, `estream profile`) when it was solved
 //      for this budget and schedule                                          source "stored"
 //   3. the stored profile (estream.profile.*) re-solved for this budget and schedule
-//      (config::SelectConfig, well under a millisecond)                       source "profile"
+//      (config::SelectConfig, a few milliseconds)                              source "profile"
 //   4. the default rule: Q = 8 and the largest G <= 8 for which B >= 2 banks fit (B capped at
 //      two layers' worth of groups)                                          source "rule"
 // For 2 and 3 an explicit queue_depth still overrides Q, and the choice must pass this process's
