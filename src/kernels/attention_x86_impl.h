@@ -57,6 +57,13 @@ struct AttnScratch {
   int capacity_d = 0;
   int capacity_q = 0;
 
+  // Bytes held after Reserve(d, q, tiles) from empty.
+  static size_t Bytes(int d, int q, int tiles) {
+    const size_t per_tile = static_cast<size_t>(d) * q;
+    return sizeof(float) * (2 * per_tile * tiles + static_cast<size_t>(2) * q * tiles +
+                            static_cast<size_t>(kAttnMaxKeys) * q + static_cast<size_t>(kAttnMaxKeys) * d);
+  }
+
   void Reserve(int d, int q, int tiles) {
     if (d <= capacity_d && q <= capacity_q && tiles <= capacity_tiles) {
       tile_floats = static_cast<size_t>(d) * q;
@@ -177,6 +184,12 @@ void TransposeBlock(const float* src, int64_t lds, int rows, int cols, float sca
     const int c_begin = r < full_rows ? full_cols : 0;
     for (int c = c_begin; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c] * scale;
   }
+}
+
+// KernelTable::attention_scratch_bytes for these traits.
+template <class S>
+size_t AttentionScratchBytesX86(int head_dim, int tiles) {
+  return AttnScratch::Bytes(head_dim, S::kLanes * S::kVecs, tiles);
 }
 
 template <class S>

@@ -50,6 +50,10 @@ struct KernelTable {
   void (*attention_block_bf16)(const AttentionArgs& a, int head_begin, int head_end, int t_begin,
                                int t_end) = nullptr;
   int attention_rows_bf16 = 0;
+  // Bytes of per-thread scratch the entries above keep (grown once, thread_local) after calls of
+  // at most `tiles` (head, row tile) tiles with heads of head_dim; null: none beyond O(T) rows.
+  size_t (*attention_scratch_bytes)(int head_dim, int tiles) = nullptr;
+  size_t (*attention_scratch_bytes_bf16)(int head_dim, int tiles) = nullptr;
 
   void (*rms_norm_row)(const float* x, const float* w, float* y, int64_t n, float eps) = nullptr;
   // Rotates n_heads heads of one token at position `pos`; pair p (of head_dim / 2) turns by

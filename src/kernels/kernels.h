@@ -46,8 +46,9 @@ size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k);
 // Pure function of its input; the pack step and the engine's load call it.
 void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst);
 
-// Upper bound of the attention kernels' scratch per thread (any path, any prompt length) for heads
-// of head_dim: per-thread buffers grown once, which the activation memory plan counts.
+// Upper bound of the attention kernels' scratch per thread (both paths of the active table, any
+// prompt length) for heads of head_dim: per-thread buffers grown once, which the activation memory
+// plan counts. Each kernel states its own size (KernelTable::attention_scratch_bytes*).
 size_t AttentionScratchBytes(int head_dim);
 
 // Bytes of the quantised form of an m x k activation matrix (k a multiple of kQK8A).

@@ -43,15 +43,15 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   // rows ending at t costs about t; items are handed out dynamically, and the last ones of each kv
   // head and of the whole list are the cheapest, so the threads finish within a small item.
   const bool bf16 = a.allow_bf16 && kt.attention_block_bf16 != nullptr;
-  const int kMaxTilesPerItem = bf16 ? kMaxTilesPerItemBf16 : kMaxTilesPerItemF32;
+  const int max_tiles = bf16 ? kMaxTilesPerItemBf16 : kMaxTilesPerItemF32;
   const int rep = a.n_head / a.n_head_kv;
-  const int heads_per_item = std::min(rep, kMaxTilesPerItem);
+  const int heads_per_item = std::min(rep, max_tiles);
   const int head_chunks = (rep + heads_per_item - 1) / heads_per_item;
   const int threads_wanted = omp_get_max_threads();
   const auto block_fn = bf16 ? kt.attention_block_bf16 : kt.attention_block;
   const int tile_rows = bf16 ? kt.attention_rows_bf16 : kt.attention_rows;
   const int row_tiles = (a.n_tokens + tile_rows - 1) / tile_rows;
-  int tiles_per_item = std::max(1, kMaxTilesPerItem / heads_per_item);
+  int tiles_per_item = std::max(1, max_tiles / heads_per_item);
   auto count_items = [&](int tpi) {
     return static_cast<int64_t>(a.n_head_kv) * head_chunks * ((row_tiles + tpi - 1) / tpi);
   };
@@ -75,14 +75,13 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
 }
 
 size_t AttentionScratchBytes(int head_dim) {
-  const size_t d = static_cast<size_t>(head_dim), q = 64, dp = (d + 31) / 32 * 32;
-  // attention_x86_impl.h AttnScratch (tiles of up to q = 64 rows): QT and OT (d x q floats) and
-  // m, l per tile; ST and VB for 128 keys.
-  const size_t f32 = 4 * (kMaxTilesPerItemF32 * (2 * d * q + 2 * q) + 128 * q + 128 * d);
-  // attention_amx.cc AmxAttnScratch (tiles of 32 rows): QT16 (bf16) and OT (float), dp x 32 each,
-  // and m, l per tile; K16 and VT16 (64 keys x dp bf16), PT16 (bf16) and ST (float) 64 x 32.
-  const size_t bf16 = kMaxTilesPerItemBf16 * (dp * 32 * (2 + 4) + 2 * 32 * 4) + 2 * 64 * dp * 2 + 64 * 32 * (2 + 4);
-  return std::max(f32, bf16);
+  const KernelTable& kt = Kernels();
+  size_t bytes = 0;
+  if (kt.attention_scratch_bytes != nullptr)
+    bytes = std::max(bytes, kt.attention_scratch_bytes(head_dim, kMaxTilesPerItemF32));
+  if (kt.attention_scratch_bytes_bf16 != nullptr)
+    bytes = std::max(bytes, kt.attention_scratch_bytes_bf16(head_dim, kMaxTilesPerItemBf16));
+  return bytes;
 }
 
 void RmsNorm(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t rows, int64_t n,

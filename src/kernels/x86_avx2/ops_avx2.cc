@@ -296,6 +296,7 @@ void AddAvx2(float* y, const float* x, int64_t n) {
 void FillAvx2Ops(KernelTable* t) {
   t->attention_block = AttentionBlockAvx2;
   t->attention_rows = Avx2Traits::kLanes * Avx2Traits::kVecs;
+  t->attention_scratch_bytes = AttentionScratchBytesX86<Avx2Traits>;
   t->rms_norm_row = RmsNormRowAvx2;
   t->rope_row = RopeRowAvx2;
   t->swiglu = SwiGluAvx2;

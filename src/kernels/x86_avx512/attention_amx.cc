@@ -122,6 +122,13 @@ struct AmxAttnScratch {
   int capacity_dp = 0;
   int capacity_tiles = 0;
 
+  // Bytes held after Reserve(dp, tiles) from empty.
+  static size_t Bytes(int dp, int tiles) {
+    const size_t cdp = static_cast<size_t>(dp), t = static_cast<size_t>(tiles);
+    return sizeof(uint16_t) * (2 * kK * cdp + static_cast<size_t>(kK) * kQ + cdp * kQ * t) +
+           sizeof(float) * (static_cast<size_t>(kK) * kQ + cdp * kQ * t + static_cast<size_t>(2) * kQ * t);
+  }
+
   void Reserve(int dp, int tiles) {
     if (dp <= capacity_dp && tiles <= capacity_tiles) return;
     capacity_dp = std::max(dp, capacity_dp);
@@ -198,6 +205,10 @@ void ConvertQt(const float* q, int64_t ldq, int d, int dp, int n_rows, float sca
 }
 
 }  // namespace
+
+size_t AttentionAmxScratchBytes(int head_dim, int tiles) {
+  return AmxAttnScratch::Bytes((head_dim + 31) / 32 * 32, tiles);
+}
 
 bool AttentionAmxUsable() {
   static const bool usable = HostCpuFeatures().amx_bf16 && AmxUsable();

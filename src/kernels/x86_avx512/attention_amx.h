@@ -45,6 +45,9 @@ bool AttentionAmxUsable();
 // Computed once.
 bool AttentionAmxSelected();
 
+// Per-thread scratch bytes after calls of at most `tiles` tiles (KernelTable::attention_scratch_bytes_bf16).
+size_t AttentionAmxScratchBytes(int head_dim, int tiles);
+
 // REQUIRES: AttentionAmxUsable().
 void AttentionBlockAmx(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end);
 

@@ -279,8 +279,10 @@ void FillAvx512Ops(KernelTable* t) { FillAvx512OpsWith(t, AttentionAmxSelected()
 void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
   t->attention_block = AttentionBlockAvx512;
   t->attention_rows = Avx512Traits::kLanes * Avx512Traits::kVecs;
+  t->attention_scratch_bytes = AttentionScratchBytesX86<Avx512Traits>;
   t->attention_block_bf16 = use_amx ? AttentionBlockAmx : nullptr;
   t->attention_rows_bf16 = use_amx ? kAmxAttnRows : 0;
+  t->attention_scratch_bytes_bf16 = use_amx ? AttentionAmxScratchBytes : nullptr;
   t->rms_norm_row = RmsNormRowAvx512;
   t->rope_row = RopeRowAvx512;
   t->swiglu = SwiGluAvx512;
