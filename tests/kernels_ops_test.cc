@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "base/cpu.h"
+#include "base/memory.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
@@ -510,9 +511,16 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
       if (s.n_tokens > 127 && heads == 1) continue;  // keep the test fast
       out = p.PoisonedOut();
       const AttentionArgs a = p.Args(out.data());
+      const int rep = s.n_head / s.n_head_kv, kv_blocks = (s.n_tokens + kt->attention_kv_block_bf16 - 1) /
+                                                          kt->attention_kv_block_bf16;
+      const size_t head_elems = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens) / sizeof(uint16_t);
+      AlignedPtr<uint16_t> kv16 = AllocAligned<uint16_t>(head_elems * s.n_head_kv);
+      for (int kv = 0; kv < s.n_head_kv; ++kv)
+        for (int b = 0; b < kv_blocks; ++b) kt->attention_convert_bf16(a, kv, b, kv16.get() + kv * head_elems);
       for (int h = 0; h < s.n_head; h += heads)
         for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
-          kt->attention_block_bf16(a, h, h + heads, t0, std::min(s.n_tokens, t0 + rows));
+          kt->attention_block_bf16(a, kv16.get() + (h / rep) * head_elems, h, h + heads, t0,
+                                   std::min(s.n_tokens, t0 + rows));
       CheckAmxRows(p, out, 0, s.n_tokens,
                    "amx calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows",
                    &worst_exact, &worst_ratio);

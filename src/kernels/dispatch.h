@@ -45,10 +45,17 @@ struct KernelTable {
   // AttentionPrefill passes several heads of a GQA group and/or several tiles per call.
   void (*attention_block)(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) = nullptr;
   int attention_rows = 64;
-  // The same contract with bf16 operands and fp32 accumulation (AMX-BF16 where the host has it and
-  // ESTREAM_ATTN_BF16 is not "0"; null elsewhere); used for AttentionArgs::allow_bf16.
-  void (*attention_block_bf16)(const AttentionArgs& a, int head_begin, int head_end, int t_begin,
-                               int t_end) = nullptr;
+  // The bf16 path (AMX-BF16 where the host has it and ESTREAM_ATTN_BF16 is not "0"; all null
+  // elsewhere), used for AttentionArgs::allow_bf16: bf16 operands with fp32 accumulation. K and V
+  // are converted once per AttentionPrefill call: attention_convert_bf16 writes key block `block`
+  // (attention_kv_block_bf16 keys) of kv head `kv_head` into kv16, that head's buffer of
+  // attention_kv_bytes_bf16(head_dim, n_tokens) bytes; attention_block_bf16 then has the contract
+  // of attention_block, reading K and V from the buffer of the heads' kv head.
+  void (*attention_convert_bf16)(const AttentionArgs& a, int kv_head, int block, uint16_t* kv16) = nullptr;
+  size_t (*attention_kv_bytes_bf16)(int head_dim, int n_tokens) = nullptr;
+  int attention_kv_block_bf16 = 0;
+  void (*attention_block_bf16)(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end,
+                               int t_begin, int t_end) = nullptr;
   int attention_rows_bf16 = 0;
   // Bytes of per-thread scratch the entries above keep (grown once, thread_local) after calls of
   // at most `tiles` (head, row tile) tiles with heads of head_dim; null: none beyond O(T) rows.

@@ -50,6 +50,11 @@ void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst
 // prompt length) for heads of head_dim: per-thread buffers grown once, which the activation memory
 // plan counts. Each kernel states its own size (KernelTable::attention_scratch_bytes*).
 size_t AttentionScratchBytes(int head_dim);
+// Bytes of the converted K/V buffer that AttentionPrefill's calling thread keeps (grown once) for
+// prompts of up to max_tokens on `threads` threads: non-zero where the active table has a bf16
+// attention (KernelTable::attention_kv_bytes_bf16), which converts K and V once per call, a few kv
+// heads at a time (enough for 8 work items per thread; ops.cc).
+size_t AttentionKvBytes(int head_dim, int n_head, int n_head_kv, int64_t max_tokens, int threads);
 
 // Bytes of the quantised form of an m x k activation matrix (k a multiple of kQK8A).
 size_t ActivationBytes(int64_t m, int64_t k);

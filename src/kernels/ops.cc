@@ -4,11 +4,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "base/check.h"
+#include "base/memory.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
@@ -20,12 +22,53 @@ namespace {
 // few microseconds, more than normalising a handful of rows.
 constexpr int64_t kMinParallelElements = 1 << 15;
 
-// Attention work items hold at most this many (head, row tile) tiles. The AMX-BF16 kernel converts
-// each key block of K and V to bf16 once per item (31% of its samples with 8 tiles, T = 4096), so
-// its items are larger: 32 tiles measured 1.26-1.3x faster at T = 4096 and 1.1-1.17x at T = 1024
-// than 8, and 64 no faster than 32 (docs/PERFORMANCE.md, Attention).
+// Attention work items hold at most this many (head, row tile) tiles. The AMX-BF16 kernel's items
+// are larger: when it converted each key block of K and V per item, 32 tiles measured 1.26-1.3x
+// faster than 8 at T = 4096 (64 no faster); with K and V converted once per call (below), 8, 16 and
+// 32 measure within noise, and 32 keeps the fewest phases (docs/PERFORMANCE.md, Attention).
 constexpr int kMaxTilesPerItemF32 = 8;
 constexpr int kMaxTilesPerItemBf16 = 32;
+
+// How AttentionPrefillWith splits a call. Work items: (chunk of up to heads_per_item query heads
+// sharing one kv head) x (range of rows_per_item query rows). One call streams each K/V block once
+// for all its heads and row tiles, so the more tiles per item, the less K/V traffic; but there must
+// be enough items to balance the threads (8 per thread). Items are ordered kv head by kv head, and
+// within a kv head from the last rows (most keys) to the first, so consecutive items also share
+// K/V prefixes in the core's L2. Causal: an item of rows ending at t costs about t; items are
+// handed out dynamically, and the last ones of each kv head and of the whole list are the
+// cheapest, so the threads finish within a small item.
+// The bf16 path runs in phases of phase_heads kv heads: their K and V are converted to bf16 (in
+// parallel), then their items run. phase_heads is the fewest kv heads whose items reach the
+// 8 per thread (so the converted buffer stays small); items shrink only when all kv heads together
+// have too few. The fp32 path is one phase of every kv head.
+struct AttentionPlan {
+  int heads_per_item = 0;
+  int head_chunks = 0;     // item chunks per kv head's query heads
+  int rows_per_item = 0;
+  int n_row_blocks = 0;
+  int64_t per_kv = 0;      // items per kv head
+  int phase_heads = 0;
+};
+
+AttentionPlan PlanAttention(bool bf16, int tile_rows, int n_tokens, int n_head, int n_head_kv, int threads) {
+  AttentionPlan p;
+  const int max_tiles = bf16 ? kMaxTilesPerItemBf16 : kMaxTilesPerItemF32;
+  const int rep = n_head / n_head_kv;
+  p.heads_per_item = std::min(rep, max_tiles);
+  p.head_chunks = (rep + p.heads_per_item - 1) / p.heads_per_item;
+  const int row_tiles = (n_tokens + tile_rows - 1) / tile_rows;
+  const int64_t want = 8 * static_cast<int64_t>(threads);
+  auto per_head = [&](int tpi) { return static_cast<int64_t>(p.head_chunks) * ((row_tiles + tpi - 1) / tpi); };
+  int tiles_per_item = std::max(1, max_tiles / p.heads_per_item);
+  p.phase_heads = bf16 ? static_cast<int>(std::min<int64_t>(n_head_kv, (want + per_head(tiles_per_item) - 1) /
+                                                                           per_head(tiles_per_item)))
+                       : n_head_kv;
+  while (tiles_per_item > 1 && p.phase_heads * per_head(tiles_per_item) < want) tiles_per_item /= 2;
+  p.rows_per_item = tiles_per_item * tile_rows;
+  p.n_row_blocks = (n_tokens + p.rows_per_item - 1) / p.rows_per_item;
+  p.per_kv = static_cast<int64_t>(p.n_row_blocks) * p.head_chunks;
+  return p;
+}
 
 }  // namespace
 
@@ -35,43 +78,74 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   ESTREAM_CHECK(a.n_tokens >= 0 && a.n_head > 0 && a.n_head_kv > 0 && a.head_dim > 0, "AttentionPrefill: bad shape");
   ESTREAM_CHECK(a.n_head % a.n_head_kv == 0, "AttentionPrefill: n_head must be a multiple of n_head_kv");
   if (a.n_tokens == 0) return;
-  // Work items: (chunk of up to kMaxHeads query heads sharing one kv head) x (range of rows_per_item
-  // query rows). One call streams each K/V block once for all its heads and row tiles, so the more
-  // tiles per item, the less K/V traffic; but there must be enough items to balance the threads.
-  // Items are ordered kv head by kv head, and within a kv head from the last rows (most keys) to
-  // the first, so consecutive items also share K/V prefixes in the core's L2. Causal: an item of
-  // rows ending at t costs about t; items are handed out dynamically, and the last ones of each kv
-  // head and of the whole list are the cheapest, so the threads finish within a small item.
   const bool bf16 = a.allow_bf16 && kt.attention_block_bf16 != nullptr;
-  const int max_tiles = bf16 ? kMaxTilesPerItemBf16 : kMaxTilesPerItemF32;
-  const int rep = a.n_head / a.n_head_kv;
-  const int heads_per_item = std::min(rep, max_tiles);
-  const int head_chunks = (rep + heads_per_item - 1) / heads_per_item;
   const int threads_wanted = omp_get_max_threads();
-  const auto block_fn = bf16 ? kt.attention_block_bf16 : kt.attention_block;
-  const int tile_rows = bf16 ? kt.attention_rows_bf16 : kt.attention_rows;
-  const int row_tiles = (a.n_tokens + tile_rows - 1) / tile_rows;
-  int tiles_per_item = std::max(1, max_tiles / heads_per_item);
-  auto count_items = [&](int tpi) {
-    return static_cast<int64_t>(a.n_head_kv) * head_chunks * ((row_tiles + tpi - 1) / tpi);
+  const AttentionPlan p = PlanAttention(bf16, bf16 ? kt.attention_rows_bf16 : kt.attention_rows, a.n_tokens,
+                                        a.n_head, a.n_head_kv, threads_wanted);
+  const int rep = a.n_head / a.n_head_kv;
+  struct ItemRange {
+    int kv_head, head_begin, head_end, t_begin, t_end;
   };
-  while (tiles_per_item > 1 && count_items(tiles_per_item) < 8 * threads_wanted) tiles_per_item /= 2;
-  const int rows_per_item = tiles_per_item * tile_rows;
-  const int n_row_blocks = (a.n_tokens + rows_per_item - 1) / rows_per_item;
-  const int64_t per_kv = static_cast<int64_t>(n_row_blocks) * head_chunks;
-  const int64_t n_items = per_kv * a.n_head_kv;
-  const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, n_items));
+  auto item_at = [&](int64_t item) {
+    ItemRange r;
+    r.kv_head = static_cast<int>(item / p.per_kv);
+    const int64_t in_kv = item % p.per_kv;
+    const int block = p.n_row_blocks - 1 - static_cast<int>(in_kv / p.head_chunks);
+    r.head_begin = r.kv_head * rep + static_cast<int>(in_kv % p.head_chunks) * p.heads_per_item;
+    r.head_end = std::min(r.head_begin + p.heads_per_item, (r.kv_head + 1) * rep);
+    r.t_begin = block * p.rows_per_item;
+    r.t_end = std::min(a.n_tokens, r.t_begin + p.rows_per_item);
+    return r;
+  };
+  const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, p.per_kv * p.phase_heads));
+  if (!bf16) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t item = 0; item < n_items; ++item) {
-    const int kv_head = static_cast<int>(item / per_kv);
-    const int64_t in_kv = item % per_kv;
-    const int block = n_row_blocks - 1 - static_cast<int>(in_kv / head_chunks);
-    const int head_begin = kv_head * rep + static_cast<int>(in_kv % head_chunks) * heads_per_item;
-    const int head_end = std::min(head_begin + heads_per_item, (kv_head + 1) * rep);
-    const int t_begin = block * rows_per_item;
-    const int t_end = std::min(a.n_tokens, t_begin + rows_per_item);
-    block_fn(a, head_begin, head_end, t_begin, t_end);
+    for (int64_t item = 0; item < p.per_kv * a.n_head_kv; ++item) {
+      const ItemRange r = item_at(item);
+      kt.attention_block(a, r.head_begin, r.head_end, r.t_begin, r.t_end);
+    }
+    return;
   }
+  // The converted K/V of one phase belongs to the calling thread and grows to the largest call.
+  const size_t head_elems = kt.attention_kv_bytes_bf16(a.head_dim, a.n_tokens) / sizeof(uint16_t);
+  const size_t elems = head_elems * static_cast<size_t>(p.phase_heads);
+  thread_local AlignedPtr<uint16_t> kv16;
+  thread_local size_t kv16_capacity = 0;
+  if (elems > kv16_capacity) {
+    kv16.reset();
+    kv16 = AllocAligned<uint16_t>(elems);
+    kv16_capacity = elems;
+  }
+  uint16_t* const kv = kv16.get();
+  const int kv_blocks = (a.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
+#pragma omp parallel num_threads(threads)
+  for (int h0 = 0; h0 < a.n_head_kv; h0 += p.phase_heads) {
+    const int nh = std::min(p.phase_heads, a.n_head_kv - h0);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < static_cast<int64_t>(nh) * kv_blocks; ++i) {
+      const int h = static_cast<int>(i / kv_blocks);
+      kt.attention_convert_bf16(a, h0 + h, static_cast<int>(i % kv_blocks), kv + h * head_elems);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < p.per_kv * nh; ++i) {
+      const ItemRange r = item_at(h0 * p.per_kv + i);
+      kt.attention_block_bf16(a, kv + (r.kv_head - h0) * head_elems, r.head_begin, r.head_end, r.t_begin, r.t_end);
+    }
+  }
+}
+
+size_t AttentionKvBytes(int head_dim, int n_head, int n_head_kv, int64_t max_tokens, int threads) {
+  const KernelTable& kt = Kernels();
+  if (kt.attention_kv_bytes_bf16 == nullptr || max_tokens <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) return 0;
+  // phase_heads x T is not monotonic in T (phase_heads drops in steps as T grows): the maximum
+  // over every length (a few operations each; called once per engine).
+  size_t most = 0;
+  const int t_max = static_cast<int>(std::min<int64_t>(max_tokens, INT_MAX));
+  for (int t = 1; t <= t_max; ++t) {
+    const AttentionPlan p = PlanAttention(true, kt.attention_rows_bf16, t, n_head, n_head_kv, threads);
+    most = std::max(most, static_cast<size_t>(p.phase_heads) * kt.attention_kv_bytes_bf16(head_dim, t));
+  }
+  return most;
 }
 
 size_t AttentionScratchBytes(int head_dim) {

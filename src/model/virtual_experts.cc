@@ -46,6 +46,8 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   // Attention scratch inside the kernels, per thread: the fast paths' tiles (kernels.h) and the
   // scalar reference's rows of T scores.
   b += static_cast<uint64_t>(n_threads) * (kernels::AttentionScratchBytes(c.head_dim) + T * 4 * 4);
+  // The bf16 attention's K and V, converted for a few kv heads at a time (kernels.h).
+  b += kernels::AttentionKvBytes(c.head_dim, c.n_head, c.n_head_kv, n_tokens, n_threads);
   // The fused operator's plan (expert_op.h): gathered Q8A rows and SwiGLU output of a pass of
   // up to W routes (floats too for float experts), per-thread tiles.
   b += W * (d / 32) * q8 + W * (ff / 32) * q8 + static_cast<uint64_t>(n_threads) * 3 * 512 * 256 * 4;

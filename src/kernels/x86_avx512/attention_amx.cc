@@ -23,7 +23,7 @@ namespace estream::kernels {
 namespace {
 
 constexpr int kQ = kAmxAttnRows;  // queries per tile: two 16-lane halves
-constexpr int kK = 64;            // keys per block
+constexpr int kK = kAmxAttnKeys;  // keys per block
 // Lazy rescaling: the running max moves only when a block's max exceeds it by more than this
 // (log2 units), so P <= 2^8 and l <= 2^8 * T stay far from fp32 overflow.
 constexpr float kRescaleThreshold = 8.0f;
@@ -112,8 +112,6 @@ inline __m512i PackBf16(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_
 
 // Per-thread scratch, grown to the largest (padded head_dim, tiles) seen. bf16 as uint16_t.
 struct AmxAttnScratch {
-  AlignedPtr<uint16_t> k16;  // kK x dp: K block, row j = key kb + j
-  AlignedPtr<uint16_t> vt16; // dp x kK: V block transposed, row = dim
   AlignedPtr<uint16_t> pt16; // kK / 2 x (2 kQ): row r = keys (2r, 2r + 1) interleaved per query
   AlignedPtr<float> st;      // kK x kQ scores / probabilities, lanes = queries
   AlignedPtr<uint16_t> qt16; // per tile: 2 halves x dp / 2 rows x 32 (dim pairs x 16 queries)
@@ -125,7 +123,7 @@ struct AmxAttnScratch {
   // Bytes held after Reserve(dp, tiles) from empty.
   static size_t Bytes(int dp, int tiles) {
     const size_t cdp = static_cast<size_t>(dp), t = static_cast<size_t>(tiles);
-    return sizeof(uint16_t) * (2 * kK * cdp + static_cast<size_t>(kK) * kQ + cdp * kQ * t) +
+    return sizeof(uint16_t) * (static_cast<size_t>(kK) * kQ + cdp * kQ * t) +
            sizeof(float) * (static_cast<size_t>(kK) * kQ + cdp * kQ * t + static_cast<size_t>(2) * kQ * t);
   }
 
@@ -134,8 +132,6 @@ struct AmxAttnScratch {
     capacity_dp = std::max(dp, capacity_dp);
     capacity_tiles = std::max(tiles, capacity_tiles);
     const size_t cdp = static_cast<size_t>(capacity_dp);
-    k16 = AllocAligned<uint16_t>(kK * cdp);
-    vt16 = AllocAligned<uint16_t>(kK * cdp);
     pt16 = AllocAligned<uint16_t>(static_cast<size_t>(kK) * kQ);
     st = AllocAligned<float>(static_cast<size_t>(kK) * kQ);
     qt16 = AllocAligned<uint16_t>(cdp * kQ * capacity_tiles);
@@ -143,6 +139,10 @@ struct AmxAttnScratch {
     ml = AllocAligned<float>(static_cast<size_t>(2) * kQ * capacity_tiles);
   }
 };
+
+// One key block of the converted K/V buffer: K16 (kK keys x dp dims, A operands as stored), then
+// VT16 (dp dims x kK keys: V transposed, A operands). Elements (bf16 as uint16_t).
+size_t KvBlockElems(int dp) { return static_cast<size_t>(2) * kK * dp; }
 
 // k16 rows [0, n_keys) from K rows (row j at k + j * ldk, d values), rows >= n_valid zero;
 // dims zero-padded to dp.
@@ -210,6 +210,22 @@ size_t AttentionAmxScratchBytes(int head_dim, int tiles) {
   return AmxAttnScratch::Bytes((head_dim + 31) / 32 * 32, tiles);
 }
 
+size_t AttentionAmxKvBytes(int head_dim, int n_tokens) {
+  const size_t blocks = static_cast<size_t>((n_tokens + kK - 1) / kK);
+  return blocks * KvBlockElems((head_dim + 31) / 32 * 32) * sizeof(uint16_t);
+}
+
+void AttentionAmxConvertKv(const AttentionArgs& a, int kv_head, int block, uint16_t* kv16) {
+  const int d = a.head_dim;
+  const int dp = (d + 31) / 32 * 32;
+  const int kb = block * kK;
+  const int n_valid = std::min(kK, a.n_tokens - kb);
+  uint16_t* k16 = kv16 + static_cast<size_t>(block) * KvBlockElems(dp);
+  ConvertK(a.k + kb * a.ldk + static_cast<int64_t>(kv_head) * d, a.ldk, d, dp, n_valid, kK, k16);
+  ConvertVt(a.v + kb * a.ldv + static_cast<int64_t>(kv_head) * d, a.ldv, d, dp, n_valid, kK,
+            k16 + static_cast<size_t>(kK) * dp);
+}
+
 bool AttentionAmxUsable() {
   static const bool usable = HostCpuFeatures().amx_bf16 && AmxUsable();
   return usable;
@@ -223,26 +239,22 @@ bool AttentionAmxSelected() {
   return selected;
 }
 
-void AttentionBlockAmx(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) {
+void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end, int t_begin,
+                       int t_end) {
   constexpr float kLog2e = 1.44269504088896340736f;
   const int d = a.head_dim;
   const int dp = (d + 31) / 32 * 32;
-  const int kv_head = head_begin / (a.n_head / a.n_head_kv);
-  const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
-  const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
   const int row_tiles = (t_end - t_begin + kQ - 1) / kQ;
   const int n_heads = head_end - head_begin;
   const int n_tiles = row_tiles * n_heads;
   thread_local AmxAttnScratch scratch;
   scratch.Reserve(dp, n_tiles);
-  uint16_t* k16 = scratch.k16.get();
-  uint16_t* vt16 = scratch.vt16.get();
   uint16_t* pt16 = scratch.pt16.get();
   float* st = scratch.st.get();
   const float q_scale = a.scale * kLog2e;
   const size_t tile_elems = static_cast<size_t>(dp) * kQ;
-  // Tile x: head head_begin + x % n_heads, rows from the last row tile backwards, so the first
-  // tile visited in a key block sees the most keys (and converts the block for the others).
+  // Tile x: head head_begin + x % n_heads, rows from the last row tile backwards (the order in
+  // which they stop needing key blocks).
   auto tile_head = [&](int x) { return head_begin + x % n_heads; };
   auto tile_q0 = [&](int x) { return t_begin + (row_tiles - 1 - x / n_heads) * kQ; };
   auto tile_qt = [&](int x) { return scratch.qt16.get() + x * tile_elems; };
@@ -290,20 +302,14 @@ void AttentionBlockAmx(const AttentionArgs& a, int head_begin, int head_end, int
   const __m512i interleave = _mm512_load_si512(kInterleave);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int kb = 0; kb < t_end; kb += kK) {
-    bool converted = false;
+    const uint16_t* k16 = kv16 + static_cast<size_t>(kb / kK) * KvBlockElems(dp);
+    const uint16_t* vt16 = k16 + static_cast<size_t>(kK) * dp;
     for (int x = 0; x < n_tiles; ++x) {
       const int q0 = tile_q0(x);
       const int q1 = std::min(t_end, q0 + kQ);
       if (kb >= q1) continue;
       const int nk = std::min(kK, q1 - kb);
       const int nk32 = (nk + 31) / 32 * 32;
-      if (!converted) {
-        // The first tile visited has the largest q1, so it needs the most keys.
-        const int n_valid = std::min(nk32, t_end - kb);
-        ConvertK(k_head + static_cast<int64_t>(kb) * a.ldk, a.ldk, d, dp, n_valid, nk32, k16);
-        ConvertVt(v_head + static_cast<int64_t>(kb) * a.ldv, a.ldv, d, dp, n_valid, nk32, vt16);
-        converted = true;
-      }
       if (kb == 0) start_tile(x);
       const uint16_t* qt = tile_qt(x);
       float* ot = tile_ot(x);

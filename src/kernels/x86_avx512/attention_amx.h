@@ -2,13 +2,17 @@
 // where the CPU has AMX-BF16 (Sapphire Rapids and later). Internal to src/kernels and its tests.
 //
 // Same contract as KernelTable::attention_block (dispatch.h): query heads [head_begin, head_end)
-// sharing one kv head, query rows [t_begin, t_end), keys 0 .. t_end - 1; any range works.
+// sharing one kv head, query rows [t_begin, t_end), keys 0 .. t_end - 1; any range works; except
+// that K and V are read from the bf16 buffer of their kv head, which AttentionAmxConvertKv filled
+// for every key block of the sequence beforehand (KernelTable::attention_convert_bf16).
 //
 // Algorithm: flash-attention style online softmax with queries in the lanes, as the fp32 kernel
 // (attention_x86_impl.h), but both products run on the tile unit in bf16 with fp32 accumulation:
 //   per tile of kAmxAttnRows = 32 queries (two 16-lane halves) of one head:
 //     QT  = bf16(q * scale * log2 e), packed as tdpbf16ps B operands (dim pairs x queries)
-//   per key block of 64 keys (converted once per call, shared by all tiles of the call):
+//   per key block of 64 keys, converted once per AttentionPrefill call (AttentionAmxConvertKv,
+//   in parallel before the work items; converting per work item instead cost 31% of the kernel's
+//   time with 8 tiles per item, docs/PERFORMANCE.md "Attention"):
 //     K16 = bf16(K) (keys x dims: A operands as stored), VT16 = bf16(V)^T (dims x keys: A operands)
 //   per tile and key block:
 //     ST[j][i] = K16[j] . QT[i]                       tiles: 2 x 2 C tiles per 32 keys
@@ -48,7 +52,18 @@ bool AttentionAmxSelected();
 // Per-thread scratch bytes after calls of at most `tiles` tiles (KernelTable::attention_scratch_bytes_bf16).
 size_t AttentionAmxScratchBytes(int head_dim, int tiles);
 
-// REQUIRES: AttentionAmxUsable().
-void AttentionBlockAmx(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end);
+// Bytes of one kv head's converted K/V for a sequence of n_tokens (KernelTable::attention_kv_bytes_bf16).
+size_t AttentionAmxKvBytes(int head_dim, int n_tokens);
+
+// Converts key block `block` (keys [64 block, 64 block + 64), those >= n_tokens zero) of kv head
+// `kv_head` into kv16, that head's buffer of AttentionAmxKvBytes(head_dim, n_tokens) bytes.
+void AttentionAmxConvertKv(const AttentionArgs& a, int kv_head, int block, uint16_t* kv16);
+
+// Keys per block of AttentionAmxConvertKv (KernelTable::attention_kv_block_bf16).
+constexpr int kAmxAttnKeys = 64;
+
+// REQUIRES: AttentionAmxUsable(); kv16 holds every block of the kv head of these heads up to t_end.
+void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end, int t_begin,
+                       int t_end);
 
 }  // namespace estream::kernels
