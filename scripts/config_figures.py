@@ -22,7 +22,11 @@ Steps (everything is run through the `estream` binary, build/tools/estream/estre
      run is a fresh process (`estream sweep` restricted to that one point: a fresh engine, its own
      peak RSS). Then
          regret = median(chosen) / min over the top-K of median(point) - 1
-     (negative when the chosen point, outside the top K, measures faster than all of them). Per
+     (negative when the chosen point, outside the top K, measures faster than all of them), and
+     beside it the paired regret: the median over rounds of chosen / that best point - 1, each
+     ratio of two runs from the same round (minutes apart), which cancels the machine's slower
+     drifts that the ratio of medians keeps (on this VM identical configurations measured in two
+     8-round sessions came out up to 4% apart in their medians). Per
      point the JSON and the table give the median, the min and max, and the spread
      (max - min) / median. The raw regret from the sweep's single measurements is kept beside it.
      The runs are stored in DIR/remeasure-Bi.json; --reuse-measurements uses that file when it
@@ -148,6 +152,8 @@ def analyse(budget, prof, prof_wall, sweep, runs, keys, top, repeat):
     if chosen in by_key and sweep.get("best"):
         raw = by_key[chosen]["seconds"] / sweep["best"]["seconds"] - 1
     c = stats[chosen]
+    by_round = {k: {r["round"]: r["seconds"] for r in runs[point_name(k)][:repeat]} for k in (chosen, best_top)}
+    pairs = [by_round[chosen][r] / by_round[best_top][r] for r in by_round[chosen] if r in by_round[best_top]]
     return {
         "budget": budget, "budget_bytes": prof["budget_bytes"],
         "chosen": dict(zip(KEYS, chosen)), "predicted_seconds": prof["predicted_seconds"],
@@ -158,6 +164,7 @@ def analyse(budget, prof, prof_wall, sweep, runs, keys, top, repeat):
         "top_k": len(top), "repeat": repeat,
         "raw_regret": raw,
         "regret": c["median_seconds"] / stats[best_top]["median_seconds"] - 1,
+        "paired_regret": statistics.median(pairs) - 1 if pairs else None,
         "remeasured_best_of_top_k": dict(zip(KEYS, best_top)),
         "remeasured_best": dict(zip(KEYS, best_all)),
         "chosen_median_seconds": c["median_seconds"], "chosen_spread": c["spread"],
@@ -238,15 +245,16 @@ def main():
         write_json(os.path.join(a.out, "summary.json"), summary)
 
     print(f"| budget | chosen G/B/Q | predicted s | chosen median s (spread) | best of top-{a.top_k} G/B/Q | "
-          "its median s | regret | raw regret | sweep points | sweep s | chosen peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "its median s | regret | paired regret | raw regret | sweep points | sweep s | chosen peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in summary["budgets"]:
         c, s = r["chosen"], r["remeasured_best_of_top_k"]
         raw = "-" if r["raw_regret"] is None else f"{100 * r['raw_regret']:+.1f}%"
+        paired = "-" if r.get("paired_regret") is None else f"{100 * r['paired_regret']:+.1f}%"
         rss = f"{r['chosen_peak_rss_bytes'] / 2**20:.0f} MiB" + ("" if r["chosen_peak_rss_exact"] else " (cumulative)")
         print(f"| {r['budget']} | {point_name(point_key(c))} | {fmt_s(r['predicted_seconds'])} | "
               f"{fmt_s(r['chosen_median_seconds'])} ({100 * r['chosen_spread']:.0f}%) | {point_name(point_key(s))} | "
-              f"{fmt_s(r['best_top_k_median_seconds'])} | {100 * r['regret']:+.1f}% | {raw} | {r['sweep_points']} | "
+              f"{fmt_s(r['best_top_k_median_seconds'])} | {100 * r['regret']:+.1f}% | {paired} | {raw} | {r['sweep_points']} | "
               f"{fmt_s(r['sweep_seconds'])} | {rss} |")
     for r in summary["budgets"]:
         print(f"\nbudget {r['budget']}: re-measured points ({r['repeat']} runs each, round-robin)")
