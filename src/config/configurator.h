@@ -41,9 +41,10 @@
 // slower than the best Q of the same (G, B) in the median, Q = 8, 16, 32 within 0.5-6%). With
 // the bandwidth envelope (DiskProfile::Bandwidth) and groups in flight from Q, the prediction is
 // non-increasing in Q as well, so the deepest measured depth within the band wins. Measured
-// regret of that choice: Qwen3 -0.5 to +0.9% at three budgets; OLMoE -2.6 to +4.1%, where
-// Q = 32 ran 2-4% slower than Q = 8-16 on the same arena with no bubble at any depth (a CPU-side
-// effect of reads in flight that the model does not have).
+// regret of that choice (docs/PERFORMANCE.md "Configurator", fourth and fifth sessions): Qwen3
+// -0.5 to +0.9% at three budgets, OLMoE -4.6 to +2.8% (one build end to end, 20 runs per point);
+// on OLMoE, compute-bound, Q = 32 is ~1% slower than Q = 8 on the same arena (median of 43 paired
+// rounds), below the VM's run-to-run noise.
 // Why a 2% tie band between (g, q): the model ranks group sizes less finely than
 // that. On Qwen3-30B-A3B at 3800M it predicted G = 4 / B = 64 / Q = 2 at 9.613 s and
 // G = 1 / B = 256 / Q = 4 at 9.666 s (0.55% apart); measured (5 runs each, docs/PERFORMANCE.md
