@@ -13,6 +13,11 @@
 #include "kernels/dispatch.h"
 #include "kernels/ops_internal.h"
 
+// GCC 12 reports the _mm512_undefined_* operand inside some intrinsics (_mm512_reduce_add_ps,
+// unpack/shuffle) as uninitialised: a false positive, as in gemm_amx.cc.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace estream::kernels {
 namespace {
 
