@@ -631,11 +631,15 @@ TEST(TokenizerErrors, InconsistentMetadata) {
   EXPECT_EQ(Tokenizer::FromVocab(v).status().code(), StatusCode::kCorruption);
 }
 
+// The file is removed once open (the open file stays readable), so runs leave nothing behind.
 Result<std::unique_ptr<GgufFile>> WriteAndOpen(GgufWriter& w, const std::string& name) {
   const std::string path = (fs::path(ESTREAM_BINARY_DIR) / name).string();
   ESTREAM_RETURN_IF_ERROR(w.Begin(path));
   ESTREAM_RETURN_IF_ERROR(w.Finish());
-  return GgufFile::Open(path);
+  auto file = GgufFile::Open(path);
+  std::error_code ec;
+  fs::remove(path, ec);
+  return file;
 }
 
 TEST(TokenizerErrors, GgufWithoutTokenizerKeys) {
