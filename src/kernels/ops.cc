@@ -57,7 +57,7 @@ AttentionPlan PlanAttention(bool bf16, int tile_rows, int n_tokens, int n_head, 
   p.heads_per_item = std::min(rep, max_tiles);
   p.head_chunks = (rep + p.heads_per_item - 1) / p.heads_per_item;
   const int row_tiles = (n_tokens + tile_rows - 1) / tile_rows;
-  const int64_t want = 8 * static_cast<int64_t>(threads);
+  const int64_t want = 8 * static_cast<int64_t>(std::max(1, threads));
   auto per_head = [&](int tpi) { return static_cast<int64_t>(p.head_chunks) * ((row_tiles + tpi - 1) / tpi); };
   int tiles_per_item = std::max(1, max_tiles / p.heads_per_item);
   p.phase_heads = bf16 ? static_cast<int>(std::min<int64_t>(n_head_kv, (want + per_head(tiles_per_item) - 1) /

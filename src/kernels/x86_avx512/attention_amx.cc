@@ -140,6 +140,9 @@ struct AmxAttnScratch {
   }
 };
 
+// Head dims padded to whole tile rows of bf16 pairs (the scratch and the K/V blocks are zero there).
+int PaddedDim(int head_dim) { return (head_dim + 31) / 32 * 32; }
+
 // One key block of the converted K/V buffer: K16 (kK keys x dp dims, A operands as stored), then
 // VT16 (dp dims x kK keys: V transposed, A operands). Elements (bf16 as uint16_t).
 size_t KvBlockElems(int dp) { return static_cast<size_t>(2) * kK * dp; }
@@ -207,17 +210,17 @@ void ConvertQt(const float* q, int64_t ldq, int d, int dp, int n_rows, float sca
 }  // namespace
 
 size_t AttentionAmxScratchBytes(int head_dim, int tiles) {
-  return AmxAttnScratch::Bytes((head_dim + 31) / 32 * 32, tiles);
+  return AmxAttnScratch::Bytes(PaddedDim(head_dim), tiles);
 }
 
 size_t AttentionAmxKvBytes(int head_dim, int n_tokens) {
   const size_t blocks = static_cast<size_t>((n_tokens + kK - 1) / kK);
-  return blocks * KvBlockElems((head_dim + 31) / 32 * 32) * sizeof(uint16_t);
+  return blocks * KvBlockElems(PaddedDim(head_dim)) * sizeof(uint16_t);
 }
 
 void AttentionAmxConvertKv(const AttentionArgs& a, int kv_head, int block, uint16_t* kv16) {
   const int d = a.head_dim;
-  const int dp = (d + 31) / 32 * 32;
+  const int dp = PaddedDim(d);
   const int kb = block * kK;
   const int n_valid = std::min(kK, a.n_tokens - kb);
   uint16_t* k16 = kv16 + static_cast<size_t>(block) * KvBlockElems(dp);
@@ -243,7 +246,7 @@ void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_be
                        int t_end) {
   constexpr float kLog2e = 1.44269504088896340736f;
   const int d = a.head_dim;
-  const int dp = (d + 31) / 32 * 32;
+  const int dp = PaddedDim(d);
   const int row_tiles = (t_end - t_begin + kQ - 1) / kQ;
   const int n_heads = head_end - head_begin;
   const int n_tiles = row_tiles * n_heads;
