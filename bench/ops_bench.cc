@@ -26,6 +26,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#include "kernels/x86_avx512/attention_amx.h"
 
 namespace estream::kernels {
 namespace {
@@ -187,6 +188,38 @@ void AttentionShapes(benchmark::internal::Benchmark* b) {
 // Real time is the figure of record; the process CPU time (all threads) is reported beside it so
 // that runs on a loaded machine can be judged (CPU time excludes time spent descheduled).
 BENCHMARK(BM_Attention)->Apply(AttentionShapes)->UseRealTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+
+// The AMX-BF16 attention kernel's own steps for one 32-query tile and one full 64-key block, in L1,
+// 1 thread (AttentionAmxProbeSeconds): the ceiling of the kernel on a long prompt, where almost
+// every block is full. Each iteration times the two tile steps alone (Q.K^T and P.V), the online
+// softmax alone, and all three in order. Counters: ns per block of each; % of the tile unit's peak
+// of the tile steps alone and of the whole step; overlap = the part of the softmax time hidden
+// behind the tile steps ((tiles + softmax - all) / softmax; 0 = serial, 1 = hidden).
+void BM_AttentionAmxSteps(benchmark::State& state) {
+  if (HostIsa() != Isa::kAvx512 || !AttentionAmxUsable()) {
+    state.SkipWithError("no AMX-BF16 (or ESTREAM_AMX=0)");
+    return;
+  }
+  const int d = static_cast<int>(state.range(0));
+  constexpr int64_t kBlocks = 20000;
+  double tiles = 0, softmax = 0, all = 0;
+  for (auto _ : state) {
+    tiles += AttentionAmxProbeSeconds(d, 1 | 4, kBlocks);
+    softmax += AttentionAmxProbeSeconds(d, 2, kBlocks);
+    all += AttentionAmxProbeSeconds(d, 1 | 2 | 4, kBlocks);
+  }
+  const double blocks = static_cast<double>(kBlocks) * state.iterations();
+  // Two products of 2 flops per multiply-add (d a multiple of 32: no padding).
+  const double flops = 4.0 * kAmxAttnRows * kAmxAttnKeys * d * blocks;
+  const double peak = AmxPeakPerCoreGflops() * 1e9;
+  state.counters["tiles_ns"] = tiles / blocks * 1e9;
+  state.counters["softmax_ns"] = softmax / blocks * 1e9;
+  state.counters["all_ns"] = all / blocks * 1e9;
+  state.counters["tiles_pct_peak"] = 100.0 * flops / tiles / peak;
+  state.counters["all_pct_peak"] = 100.0 * flops / all / peak;
+  state.counters["overlap"] = (tiles + softmax - all) / softmax;
+}
+BENCHMARK(BM_AttentionAmxSteps)->ArgNames({"d"})->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond);
 
 // Row kernels, single thread, one table entry over `rows` rows of n (isa as above).
 void BM_RmsNorm(benchmark::State& state) {

@@ -4,10 +4,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "base/cpu.h"
 #include "base/memory.h"
@@ -22,11 +25,13 @@
 namespace estream::kernels {
 namespace {
 
-constexpr int kQ = kAmxAttnRows;  // queries per tile: two 16-lane halves
+constexpr int kQ = kAmxAttnRows;  // queries per tile: two 16-row halves (C tile rows)
 constexpr int kK = kAmxAttnKeys;  // keys per block
 // Lazy rescaling: the running max moves only when a block's max exceeds it by more than this
-// (log2 units), so P <= 2^8 and l <= 2^8 * T stay far from fp32 overflow.
+// (log2 units); with the fast path's check, P <= kSumCheck = 2^10 and l <= 2^10 * T stay far from
+// fp32 overflow.
 constexpr float kRescaleThreshold = 8.0f;
+constexpr float kSumCheck = 1024.0f;  // 2^(kRescaleThreshold + 2): see TileSteps::Softmax
 
 // All eight tiles 16 rows x 64 bytes: C = tmm0..3 (16 x 16 fp32), A = tmm4, 5, B = tmm6, 7
 // (16 x 32 bf16).
@@ -51,24 +56,21 @@ void LoadTileConfig() {
   _tile_loadconfig(&cfg);
 }
 
-// 2^f for f in [-0.5, 0.5]: Taylor polynomial of degree 5 in f ln2 (truncation < 5e-6 relative,
-// < 2^-17; P is rounded to bf16 (2^-8) right after, so more terms would buy nothing).
-inline __m512 Exp2Poly5(__m512 f) {
-  __m512 p = _mm512_set1_ps(1.3333558146428443e-03f);                   // ln2^5 / 5!
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));  // ln2^4 / 4!
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));  // ln2^3 / 3!
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));  // ln2^2 / 2!
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));  // ln2
-  return _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+// 2^f for f in [-0.5, 0.5]: degree-3 polynomial fitted for relative error (< 7.5e-5 = 2^-13.7
+// with these fp32 coefficients; P is rounded to bf16, 2^-9 relative, right after, and the same
+// fp32 value enters numerator and denominator).
+inline __m512 Exp2Poly3(__m512 f) {
+  __m512 p = _mm512_set1_ps(0.0551716723f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24261117f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693260968f));
+  return _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.999928057f));
 }
 
-// 2^x for x <= kRescaleThreshold (or -inf); results below 2^-125 become exactly 0 (masked keys
-// give 0, no denormals reach the tiles, which would flush them anyway).
-inline __m512 Exp2(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_maskz_scalef_ps(keep, Exp2Poly5(_mm512_sub_ps(x, n)), n);
+// 2^x in the lanes of `keep` (others 0). Results below 2^-126 (scores more than 126 log2 units
+// under the running max) come out denormal or 0; the bf16 rounding of P flushes them.
+inline __m512 Exp2(__m512 x, __mmask16 keep = 0xFFFF) {
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // x - round(x)
+  return _mm512_maskz_scalef_ps(keep, Exp2Poly3(f), _mm512_sub_ps(x, f));
 }
 
 inline __mmask16 TailMask(int rest) {
@@ -110,101 +112,248 @@ inline void Transpose16(__m512 r[16]) {
 // 32 fp32 -> 32 bf16 (round to nearest even): lo in elements 0..15, hi in 16..31.
 inline __m512i PackBf16(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
 
+// Interleaves two rows of 16 bf16 (elements 0..15 and 16..31) into dword pairs per lane.
+alignas(64) constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+// Head dims padded to whole tile rows of bf16 pairs (the scratch and the K/V blocks are zero there).
+int PaddedDim(int head_dim) { return (head_dim + 31) / 32 * 32; }
+
 // Per-thread scratch, grown to the largest (padded head_dim, tiles) seen. bf16 as uint16_t.
 struct AmxAttnScratch {
-  AlignedPtr<uint16_t> pt16; // kK / 2 x (2 kQ): row r = keys (2r, 2r + 1) interleaved per query
-  AlignedPtr<float> st;      // kK x kQ scores / probabilities, lanes = queries
-  AlignedPtr<uint16_t> qt16; // per tile: 2 halves x dp / 2 rows x 32 (dim pairs x 16 queries)
-  AlignedPtr<float> ot;      // per tile: dp x kQ
-  AlignedPtr<float> ml;      // per tile: m, l (kQ each)
+  AlignedPtr<float> s;       // kQ x kK scores of the current block, row = query
+  AlignedPtr<uint16_t> p16;  // kQ x kK bf16 probabilities, row = query (A operands of P.V)
+  AlignedPtr<uint16_t> q16;  // per tile: kQ x dp bf16 scaled queries (A operands of Q.K^T)
+  AlignedPtr<float> o;       // per tile: kQ x dp unnormalised outputs
+  AlignedPtr<float> ml;      // per tile: m (kQ), then l as 16 partial sums per query (kQ x 16)
   int capacity_dp = 0;
   int capacity_tiles = 0;
 
+  static constexpr size_t kMlFloats = static_cast<size_t>(17) * kQ;
+
   // Bytes held after Reserve(dp, tiles) from empty.
   static size_t Bytes(int dp, int tiles) {
-    const size_t cdp = static_cast<size_t>(dp), t = static_cast<size_t>(tiles);
-    return sizeof(uint16_t) * (static_cast<size_t>(kK) * kQ + cdp * kQ * t) +
-           sizeof(float) * (static_cast<size_t>(kK) * kQ + cdp * kQ * t + static_cast<size_t>(2) * kQ * t);
+    const size_t cdp = static_cast<size_t>(dp), t = static_cast<size_t>(tiles), sp = static_cast<size_t>(kQ) * kK;
+    return (sizeof(float) + sizeof(uint16_t)) * sp +
+           t * (sizeof(uint16_t) * cdp * kQ + sizeof(float) * (cdp * kQ + kMlFloats));
   }
 
   void Reserve(int dp, int tiles) {
     if (dp <= capacity_dp && tiles <= capacity_tiles) return;
     capacity_dp = std::max(dp, capacity_dp);
     capacity_tiles = std::max(tiles, capacity_tiles);
-    const size_t cdp = static_cast<size_t>(capacity_dp);
-    pt16 = AllocAligned<uint16_t>(static_cast<size_t>(kK) * kQ);
-    st = AllocAligned<float>(static_cast<size_t>(kK) * kQ);
-    qt16 = AllocAligned<uint16_t>(cdp * kQ * capacity_tiles);
-    ot = AllocAligned<float>(cdp * kQ * capacity_tiles);
-    ml = AllocAligned<float>(static_cast<size_t>(2) * kQ * capacity_tiles);
+    const size_t cdp = static_cast<size_t>(capacity_dp), t = static_cast<size_t>(capacity_tiles);
+    s = AllocAligned<float>(static_cast<size_t>(kQ) * kK);
+    p16 = AllocAligned<uint16_t>(static_cast<size_t>(kQ) * kK);
+    q16 = AllocAligned<uint16_t>(cdp * kQ * t);
+    o = AllocAligned<float>(cdp * kQ * t);
+    ml = AllocAligned<float>(kMlFloats * t);
   }
 };
 
-// Head dims padded to whole tile rows of bf16 pairs (the scratch and the K/V blocks are zero there).
-int PaddedDim(int head_dim) { return (head_dim + 31) / 32 * 32; }
-
-// One key block of the converted K/V buffer: K16 (kK keys x dp dims, A operands as stored), then
-// VT16 (dp dims x kK keys: V transposed, A operands). Elements (bf16 as uint16_t).
+// One key block of the converted K/V buffer, both as tdpbf16ps B operands (bf16 pairs per dword):
+// KB16 (dp / 2 rows of dim pairs x kK keys: KB16[r][2j + e] = K[j][2r + e]), then VB16 (kK / 2
+// rows of key pairs x dp dims: VB16[r][2c + e] = V[2r + e][c]). Elements (bf16 as uint16_t).
 size_t KvBlockElems(int dp) { return static_cast<size_t>(2) * kK * dp; }
 
-// k16 rows [0, n_keys) from K rows (row j at k + j * ldk, d values), rows >= n_valid zero;
-// dims zero-padded to dp.
-void ConvertK(const float* k, int64_t ldk, int d, int dp, int n_valid, int n_keys, uint16_t* k16) {
-  for (int j = 0; j < n_keys; ++j) {
-    uint16_t* dst = k16 + static_cast<int64_t>(j) * dp;
-    if (j >= n_valid) {
-      std::memset(dst, 0, sizeof(uint16_t) * dp);
-      continue;
-    }
-    const float* src = k + j * ldk;
+// KB16 from K rows [0, kK) (row j at k + j * ldk, d values; rows >= n_valid zero, dims >= d zero):
+// per 16 keys and 32 dims, 16 rows of bf16 pairs transposed to dim-pair rows with key lanes.
+void ConvertK(const float* k, int64_t ldk, int d, int dp, int n_valid, uint16_t* kb16) {
+  for (int j0 = 0; j0 < kK; j0 += 16)
     for (int c = 0; c < dp; c += 32) {
-      const __m512 lo = _mm512_maskz_loadu_ps(TailMask(d - c), src + c);
-      const __m512 hi = _mm512_maskz_loadu_ps(TailMask(d - c - 16), src + c + 16);
-      _mm512_store_si512(dst + c, PackBf16(lo, hi));
-    }
-  }
-}
-
-// vt16[dim][j] = bf16(V[j][dim]) for keys [0, n_keys) (a multiple of 32; keys >= n_valid zero),
-// dims [0, dp) (dims >= d zero); row stride kK.
-void ConvertVt(const float* v, int64_t ldv, int d, int dp, int n_valid, int n_keys, uint16_t* vt16) {
-  for (int j0 = 0; j0 < n_keys; j0 += 32)
-    for (int e = 0; e < dp; e += 16) {
-      const __mmask16 dm = TailMask(d - e);
-      __m512 a[16], b[16];
+      __m512 r[16];
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) {
-        a[r] = j0 + r < n_valid ? _mm512_maskz_loadu_ps(dm, v + (j0 + r) * ldv + e) : _mm512_setzero_ps();
-        b[r] = j0 + 16 + r < n_valid ? _mm512_maskz_loadu_ps(dm, v + (j0 + 16 + r) * ldv + e) : _mm512_setzero_ps();
+      for (int n = 0; n < 16; ++n) {
+        if (j0 + n < n_valid) {
+          const float* src = k + (j0 + n) * ldk + c;
+          r[n] = _mm512_castsi512_ps(PackBf16(_mm512_maskz_loadu_ps(TailMask(d - c), src),
+                                              _mm512_maskz_loadu_ps(TailMask(d - c - 16), src + 16)));
+        } else {
+          r[n] = _mm512_setzero_ps();
+        }
       }
-      Transpose16(a);
-      Transpose16(b);
+      Transpose16(r);
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) _mm512_store_si512(vt16 + (e + r) * kK + j0, PackBf16(a[r], b[r]));
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(kb16 + (c / 2 + i) * (2 * kK) + 2 * j0, r[i]);
     }
 }
 
-// Queries of one half tile (n_rows <= 16 rows at q, ldq apart; missing rows zero), scaled by
-// `scale` and rounded to bf16, as B operands: qt16[r][2n + e] = q[n][2r + e], r < dp / 2.
-void ConvertQt(const float* q, int64_t ldq, int d, int dp, int n_rows, float scale, uint16_t* qt16) {
-  const __m512 sc = _mm512_set1_ps(scale);
-  for (int c = 0; c < dp; c += 32) {
-    __m512 r[16];
-#pragma GCC unroll 16
-    for (int n = 0; n < 16; ++n) {
-      if (n < n_rows) {
-        const float* src = q + n * ldq + c;
-        const __m512 lo = _mm512_mul_ps(_mm512_maskz_loadu_ps(TailMask(d - c), src), sc);
-        const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(TailMask(d - c - 16), src + 16), sc);
-        r[n] = _mm512_castsi512_ps(PackBf16(lo, hi));
-      } else {
-        r[n] = _mm512_setzero_ps();
-      }
+// VB16 from V rows [0, kK) (row j at v + j * ldv; rows >= n_valid zero, dims >= d zero).
+void ConvertV(const float* v, int64_t ldv, int d, int dp, int n_valid, uint16_t* vb16) {
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  for (int r = 0; r < kK / 2; ++r)
+    for (int c = 0; c < dp; c += 16) {
+      const __mmask16 dm = TailMask(d - c);
+      const __m512 lo = 2 * r < n_valid ? _mm512_maskz_loadu_ps(dm, v + 2 * r * ldv + c) : _mm512_setzero_ps();
+      const __m512 hi = 2 * r + 1 < n_valid ? _mm512_maskz_loadu_ps(dm, v + (2 * r + 1) * ldv + c) : _mm512_setzero_ps();
+      _mm512_store_si512(vb16 + r * (2 * dp) + 2 * c, _mm512_permutexvar_epi16(interleave, PackBf16(lo, hi)));
     }
-    Transpose16(r);  // dword transpose: row = dim pair c / 2 + i, lane = query
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) _mm512_store_ps(qt16 + (c / 2 + i) * 32, r[i]);
+}
+
+// One tile of kQ queries (q0 .. q0 + nq - 1 of one head) and the three steps of each key block.
+struct TileSteps {
+  int d = 0, dp = 0;
+  uint16_t* q16 = nullptr;  // kQ x dp, A operands
+  float* o = nullptr;       // kQ x dp
+  float* m = nullptr;       // kQ running maxima (log2 units)
+  float* l = nullptr;       // kQ x 16 partial sums
+  float* s = nullptr;       // kQ x kK scores of the block
+  uint16_t* p16 = nullptr;  // kQ x kK bf16 probabilities
+
+  // q16[i] = bf16(q[i] * scale) for rows i < nq (rows ldq apart, d values), other rows and dims
+  // zero; O, m and l reset.
+  void Start(const float* q, int64_t ldq, int nq, float scale) const {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int i = 0; i < kQ; ++i)
+      for (int c = 0; c < dp; c += 32) {
+        __m512i packed = _mm512_setzero_si512();
+        if (i < nq) {
+          const float* src = q + i * ldq + c;
+          packed = PackBf16(_mm512_mul_ps(_mm512_maskz_loadu_ps(TailMask(d - c), src), sc),
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(TailMask(d - c - 16), src + 16), sc));
+        }
+        _mm512_store_si512(q16 + i * dp + c, packed);
+      }
+    std::memset(o, 0, sizeof(float) * kQ * dp);
+    std::fill(m, m + kQ, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + 16 * kQ, 0.0f);
   }
+
+  // S = Q16 x KB16 for keys [0, nk32) of the block: per 32 keys, C tiles (queries 0-15 | 16-31)
+  // x (keys 0-15 | 16-31).
+  void Scores(const uint16_t* kb16, int nk32) const {
+    for (int kc = 0; kc < nk32; kc += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int c = 0; c < dp; c += 32) {
+        _tile_loadd(4, q16 + c, dp * 2);
+        _tile_loadd(5, q16 + 16 * dp + c, dp * 2);
+        _tile_loadd(6, kb16 + (c / 2) * (2 * kK) + 2 * kc, 4 * kK);
+        _tile_loadd(7, kb16 + (c / 2) * (2 * kK) + 2 * (kc + 16), 4 * kK);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, s + kc, kK * 4);
+      _tile_stored(1, s + kc + 16, kK * 4);
+      _tile_stored(2, s + 16 * kK + kc, kK * 4);
+      _tile_stored(3, s + 16 * kK + kc + 16, kK * 4);
+    }
+  }
+
+  // Online softmax of the block, row by row, with lazy rescaling (attention_amx.h): P16 rows of
+  // bf16(2^(S - m)) for keys [0, nk32), l += P. Row i sees keys j < visible0 + i of the block
+  // (causal mask); rows >= nq get zeros.
+  void Softmax(int visible0, int nq, int nk32) const {
+    const int nv = nk32 / 16;
+    for (int i = 0; i < nq; ++i) {
+      const float* si = s + i * kK;
+      float* li = l + 16 * i;
+      uint16_t* pi = p16 + i * kK;
+      const int visible = visible0 + i;
+      // Fast path (every key visible, m set): P against the running max. While P <= 2^8 (the
+      // lazy-rescaling invariant) a lane's sum over the block's <= 4 vectors is <= kSumCheck, so
+      // the row is accepted; a larger sum (some P > 2^8, or inf) sends it to the general path,
+      // which redoes it. So accepted rows have P <= kSumCheck.
+      if (visible >= nk32 && m[i] != -std::numeric_limits<float>::infinity()) {
+        const __m512 mv = _mm512_set1_ps(m[i]);
+        __m512 pv[4], bs = _mm512_setzero_ps();
+        for (int z = 0; z < nv; ++z) {
+          pv[z] = Exp2(_mm512_sub_ps(_mm512_load_ps(si + 16 * z), mv));
+          bs = _mm512_add_ps(bs, pv[z]);
+        }
+        if (_mm512_cmp_ps_mask(bs, _mm512_set1_ps(kSumCheck), _CMP_NLE_UQ) == 0) {
+          _mm512_store_ps(li, _mm512_add_ps(_mm512_load_ps(li), bs));
+          for (int z = 0; z < nv; z += 2) _mm512_store_si512(pi + 16 * z, PackBf16(pv[z], pv[z + 1]));
+          continue;
+        }
+      }
+      // General path: the block's row max over visible keys; m is raised to it where it exceeds
+      // m by more than kRescaleThreshold (O and l rescaled by 2^(m_old - m_new)).
+      __m512 sv[4];
+      __mmask16 vis[4];
+      __m512 bm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int z = 0; z < nv; ++z) {
+        sv[z] = _mm512_load_ps(si + 16 * z);
+        vis[z] = TailMask(visible - 16 * z);
+        bm = _mm512_mask_max_ps(bm, vis[z], bm, sv[z]);
+      }
+      if (_mm512_cmp_ps_mask(bm, _mm512_set1_ps(m[i] + kRescaleThreshold), _CMP_GT_OQ) != 0) {
+        const float m_new = _mm512_reduce_max_ps(bm);
+        if (m[i] != -std::numeric_limits<float>::infinity()) {
+          const __m512 alpha = _mm512_set1_ps(std::exp2(m[i] - m_new));
+          float* oi = o + i * dp;
+          for (int c = 0; c < dp; c += 16) _mm512_store_ps(oi + c, _mm512_mul_ps(_mm512_load_ps(oi + c), alpha));
+          _mm512_store_ps(li, _mm512_mul_ps(_mm512_load_ps(li), alpha));
+        }
+        m[i] = m_new;
+      }
+      const __m512 mv = _mm512_set1_ps(m[i]);
+      __m512 sum = _mm512_load_ps(li);
+      for (int z = 0; z < nv; z += 2) {
+        const __m512 p0 = Exp2(_mm512_sub_ps(sv[z], mv), vis[z]);
+        const __m512 p1 = Exp2(_mm512_sub_ps(sv[z + 1], mv), vis[z + 1]);
+        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        _mm512_store_si512(pi + 16 * z, PackBf16(p0, p1));
+      }
+      _mm512_store_ps(li, sum);
+    }
+    for (int i = nq; i < kQ; ++i)  // rows past the queries: zeros (their O rows are never read)
+      for (int z = 0; z < nv; z += 2) _mm512_store_si512(p16 + i * kK + 16 * z, _mm512_setzero_si512());
+  }
+
+  // O += P16 x VB16: per 32 dims, C tiles (queries 0-15 | 16-31) x (dims 0-15 | 16-31).
+  void Accumulate(const uint16_t* vb16, int nk32) const {
+    for (int c = 0; c < dp; c += 32) {
+      _tile_loadd(0, o + c, dp * 4);
+      _tile_loadd(1, o + c + 16, dp * 4);
+      _tile_loadd(2, o + 16 * dp + c, dp * 4);
+      _tile_loadd(3, o + 16 * dp + c + 16, dp * 4);
+      for (int kc = 0; kc < nk32; kc += 32) {
+        _tile_loadd(4, p16 + kc, kK * 2);
+        _tile_loadd(5, p16 + 16 * kK + kc, kK * 2);
+        _tile_loadd(6, vb16 + (kc / 2) * (2 * dp) + 2 * c, dp * 4);
+        _tile_loadd(7, vb16 + (kc / 2) * (2 * dp) + 2 * (c + 16), dp * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, o + c, dp * 4);
+      _tile_stored(1, o + c + 16, dp * 4);
+      _tile_stored(2, o + 16 * dp + c, dp * 4);
+      _tile_stored(3, o + 16 * dp + c + 16, dp * 4);
+    }
+  }
+
+  // out[i] = O[i] / l[i] for rows i < nq (rows ldo apart).
+  void Finish(float* out, int64_t ldo, int nq) const {
+    for (int i = 0; i < nq; ++i) {
+      const __m512 inv_l = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_load_ps(l + 16 * i)));
+      for (int c = 0; c < d; c += 16)
+        _mm512_mask_storeu_ps(out + i * ldo + c, TailMask(d - c), _mm512_mul_ps(_mm512_load_ps(o + i * dp + c), inv_l));
+    }
+  }
+};
+
+constexpr float kLog2e = 1.44269504088896340736f;
+
+// The steps of tile x of the scratch (head_dim d).
+TileSteps TileOf(AmxAttnScratch& scratch, int d, int x) {
+  TileSteps t;
+  t.d = d;
+  t.dp = PaddedDim(d);
+  const size_t tile_elems = static_cast<size_t>(t.dp) * kQ;
+  t.q16 = scratch.q16.get() + x * tile_elems;
+  t.o = scratch.o.get() + x * tile_elems;
+  t.m = scratch.ml.get() + x * AmxAttnScratch::kMlFloats;
+  t.l = t.m + kQ;
+  t.s = scratch.s.get();
+  t.p16 = scratch.p16.get();
+  return t;
 }
 
 }  // namespace
@@ -224,9 +373,9 @@ void AttentionAmxConvertKv(const AttentionArgs& a, int kv_head, int block, uint1
   const int kb = block * kK;
   const int n_valid = std::min(kK, a.n_tokens - kb);
   uint16_t* k16 = kv16 + static_cast<size_t>(block) * KvBlockElems(dp);
-  ConvertK(a.k + kb * a.ldk + static_cast<int64_t>(kv_head) * d, a.ldk, d, dp, n_valid, kK, k16);
-  ConvertVt(a.v + kb * a.ldv + static_cast<int64_t>(kv_head) * d, a.ldv, d, dp, n_valid, kK,
-            k16 + static_cast<size_t>(kK) * dp);
+  ConvertK(a.k + kb * a.ldk + static_cast<int64_t>(kv_head) * d, a.ldk, d, dp, n_valid, k16);
+  ConvertV(a.v + kb * a.ldv + static_cast<int64_t>(kv_head) * d, a.ldv, d, dp, n_valid,
+           k16 + static_cast<size_t>(kK) * dp);
 }
 
 bool AttentionAmxUsable() {
@@ -244,7 +393,6 @@ bool AttentionAmxSelected() {
 
 void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end, int t_begin,
                        int t_end) {
-  constexpr float kLog2e = 1.44269504088896340736f;
   const int d = a.head_dim;
   const int dp = PaddedDim(d);
   const int row_tiles = (t_end - t_begin + kQ - 1) / kQ;
@@ -252,159 +400,70 @@ void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_be
   const int n_tiles = row_tiles * n_heads;
   thread_local AmxAttnScratch scratch;
   scratch.Reserve(dp, n_tiles);
-  uint16_t* pt16 = scratch.pt16.get();
-  float* st = scratch.st.get();
-  const float q_scale = a.scale * kLog2e;
-  const size_t tile_elems = static_cast<size_t>(dp) * kQ;
   // Tile x: head head_begin + x % n_heads, rows from the last row tile backwards (the order in
   // which they stop needing key blocks).
-  auto tile_head = [&](int x) { return head_begin + x % n_heads; };
-  auto tile_q0 = [&](int x) { return t_begin + (row_tiles - 1 - x / n_heads) * kQ; };
-  auto tile_qt = [&](int x) { return scratch.qt16.get() + x * tile_elems; };
-  auto tile_ot = [&](int x) { return scratch.ot.get() + x * tile_elems; };
-  auto tile_m = [&](int x) { return scratch.ml.get() + static_cast<size_t>(2 * x) * kQ; };
-  auto tile_l = [&](int x) { return scratch.ml.get() + static_cast<size_t>(2 * x + 1) * kQ; };
-
-  auto start_tile = [&](int x) {
-    const int q0 = tile_q0(x);
-    const int nq = std::min(kQ, t_end - q0);
-    const float* q = a.q + static_cast<int64_t>(q0) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
-    uint16_t* qt = tile_qt(x);
-    ConvertQt(q, a.ldq, d, dp, std::min(16, nq), q_scale, qt);
-    ConvertQt(nq > 16 ? q + 16 * a.ldq : q, a.ldq, d, dp, nq - 16, q_scale, qt + tile_elems / 2);
-    std::memset(tile_ot(x), 0, sizeof(float) * tile_elems);
-    std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
-    std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
-  };
-  // out[q0 + i][c] = OT[c][i] / l[i]: 16 x 16 blocks scaled (lanes = queries), transposed, stored.
-  auto finish_tile = [&](int x) {
-    const int q0 = tile_q0(x);
-    const int nq = std::min(kQ, t_end - q0);
-    const float* ot = tile_ot(x);
-    float* out = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
-    for (int h = 0; h < 2 && 16 * h < nq; ++h) {
-      const __m512 inv_l = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(tile_l(x) + 16 * h));
-      for (int e = 0; e < d; e += 16) {
-        __m512 r[16];
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(_mm512_loadu_ps(ot + (e + i) * kQ + 16 * h), inv_l);
-        Transpose16(r);
-        const __mmask16 dm = TailMask(d - e);
-        for (int n = 0; n < 16 && 16 * h + n < nq; ++n)
-          _mm512_mask_storeu_ps(out + (16 * h + n) * a.ldo + e, dm, r[n]);
-      }
-    }
-  };
+  std::vector<TileSteps> tiles(n_tiles);
+  std::vector<int> q0(n_tiles), q1(n_tiles);
+  for (int x = 0; x < n_tiles; ++x) {
+    tiles[x] = TileOf(scratch, d, x);
+    q0[x] = t_begin + (row_tiles - 1 - x / n_heads) * kQ;
+    q1[x] = std::min(t_end, q0[x] + kQ);
+  }
+  auto head_offset = [&](int x) { return static_cast<int64_t>(head_begin + x % n_heads) * d; };
 
   LoadTileConfig();
-  const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  // Interleaves two rows of 16 bf16 (elements 0..15 and 16..31) into dword pairs per lane.
-  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                          21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
-                                                          11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i interleave = _mm512_load_si512(kInterleave);
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int kb = 0; kb < t_end; kb += kK) {
-    const uint16_t* k16 = kv16 + static_cast<size_t>(kb / kK) * KvBlockElems(dp);
-    const uint16_t* vt16 = k16 + static_cast<size_t>(kK) * dp;
+    const uint16_t* kb16 = kv16 + static_cast<size_t>(kb / kK) * KvBlockElems(dp);
+    const uint16_t* vb16 = kb16 + static_cast<size_t>(kK) * dp;
     for (int x = 0; x < n_tiles; ++x) {
-      const int q0 = tile_q0(x);
-      const int q1 = std::min(t_end, q0 + kQ);
-      if (kb >= q1) continue;
-      const int nk = std::min(kK, q1 - kb);
-      const int nk32 = (nk + 31) / 32 * 32;
-      if (kb == 0) start_tile(x);
-      const uint16_t* qt = tile_qt(x);
-      float* ot = tile_ot(x);
-
-      // ST[j][i] = K16[j] . QT[i]: per 32 keys, C tiles (keys 0-15 | 16-31) x (queries 0-15 | 16-31).
-      for (int kc = 0; kc < nk32; kc += 32) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int c = 0; c < dp; c += 32) {
-          _tile_loadd(4, k16 + kc * dp + c, dp * 2);
-          _tile_loadd(5, k16 + (kc + 16) * dp + c, dp * 2);
-          _tile_loadd(6, qt + (c / 2) * 32, 64);
-          _tile_loadd(7, qt + tile_elems / 2 + (c / 2) * 32, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, st + kc * kQ, kQ * 4);
-        _tile_stored(1, st + kc * kQ + 16, kQ * 4);
-        _tile_stored(2, st + (kc + 16) * kQ, kQ * 4);
-        _tile_stored(3, st + (kc + 16) * kQ + 16, kQ * 4);
-      }
-      // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i; rows past the
-      // keys of this tile (j >= nk, up to nk32) are masked for every real query the same way.
-      for (int j = std::max(0, q0 - kb + 1); j < nk32; ++j)
-        for (int h = 0; h < 2; ++h) {
-          const __mmask16 below = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane_ids, _mm512_set1_epi32(16 * h)),
-                                                          _mm512_set1_epi32(kb + j - q0));
-          float* s = st + j * kQ + 16 * h;
-          _mm512_store_ps(s, _mm512_mask_mov_ps(_mm512_load_ps(s), below, neg_inf));
-        }
-      // Online softmax with lazy rescaling (attention_amx.h).
-      float* m_mem = tile_m(x);
-      float* l_mem = tile_l(x);
-      __m512 m_new[2], alpha[2], sum[2];
-      __mmask16 raised[2];
-      for (int h = 0; h < 2; ++h) {
-        __m512 bm = neg_inf;
-        for (int j = 0; j < nk32; ++j) bm = _mm512_max_ps(bm, _mm512_load_ps(st + j * kQ + 16 * h));
-        const __m512 m_old = _mm512_loadu_ps(m_mem + 16 * h);
-        raised[h] = _mm512_cmp_ps_mask(bm, _mm512_add_ps(m_old, _mm512_set1_ps(kRescaleThreshold)), _CMP_GT_OQ);
-        m_new[h] = _mm512_mask_mov_ps(m_old, raised[h], bm);
-        alpha[h] = Exp2(_mm512_sub_ps(m_old, m_new[h]));  // 1 where not raised, 0 where m_old = -inf
-        _mm512_storeu_ps(m_mem + 16 * h, m_new[h]);
-        sum[h] = _mm512_setzero_ps();
-      }
-      for (int j = 0; j < nk32; j += 2)
-        for (int h = 0; h < 2; ++h) {
-          const __m512 p0 = Exp2(_mm512_sub_ps(_mm512_load_ps(st + j * kQ + 16 * h), m_new[h]));
-          const __m512 p1 = Exp2(_mm512_sub_ps(_mm512_load_ps(st + (j + 1) * kQ + 16 * h), m_new[h]));
-          sum[h] = _mm512_add_ps(sum[h], _mm512_add_ps(p0, p1));
-          _mm512_store_si512(pt16 + (j / 2) * (2 * kQ) + 32 * h,
-                             _mm512_permutexvar_epi16(interleave, PackBf16(p0, p1)));
-        }
-      for (int h = 0; h < 2; ++h) {
-        const __m512 l_old = _mm512_loadu_ps(l_mem + 16 * h);
-        _mm512_storeu_ps(l_mem + 16 * h, _mm512_add_ps(_mm512_mul_ps(l_old, alpha[h]), sum[h]));
-      }
-      if (kb > 0 && (raised[0] | raised[1]) != 0)
-        for (int r = 0; r < dp; ++r)
-          for (int h = 0; h < 2; ++h) {
-            float* o = ot + r * kQ + 16 * h;
-            _mm512_store_ps(o, _mm512_mul_ps(_mm512_load_ps(o), alpha[h]));
-          }
-      // OT += VT16 x PT16: per 32 dims, C tiles (dims 0-15 | 16-31) x (queries 0-15 | 16-31).
-      for (int c = 0; c < dp; c += 32) {
-        _tile_loadd(0, ot + c * kQ, kQ * 4);
-        _tile_loadd(1, ot + c * kQ + 16, kQ * 4);
-        _tile_loadd(2, ot + (c + 16) * kQ, kQ * 4);
-        _tile_loadd(3, ot + (c + 16) * kQ + 16, kQ * 4);
-        for (int kc = 0; kc < nk32; kc += 32) {
-          _tile_loadd(4, vt16 + c * kK + kc, kK * 2);
-          _tile_loadd(5, vt16 + (c + 16) * kK + kc, kK * 2);
-          _tile_loadd(6, pt16 + (kc / 2) * (2 * kQ), 4 * kQ);
-          _tile_loadd(7, pt16 + (kc / 2) * (2 * kQ) + 32, 4 * kQ);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, ot + c * kQ, kQ * 4);
-        _tile_stored(1, ot + c * kQ + 16, kQ * 4);
-        _tile_stored(2, ot + (c + 16) * kQ, kQ * 4);
-        _tile_stored(3, ot + (c + 16) * kQ + 16, kQ * 4);
-      }
-      if (kb + kK >= q1) finish_tile(x);
+      if (kb >= q1[x]) continue;
+      const TileSteps& t = tiles[x];
+      if (kb == 0) t.Start(a.q + q0[x] * a.ldq + head_offset(x), a.ldq, q1[x] - q0[x], a.scale * kLog2e);
+      const int nk32 = (std::min(kK, q1[x] - kb) + 31) / 32 * 32;
+      t.Scores(kb16, nk32);
+      t.Softmax(q0[x] - kb + 1, q1[x] - q0[x], nk32);
+      t.Accumulate(vb16, nk32);
+      if (kb + kK >= q1[x]) t.Finish(a.out + q0[x] * a.ldo + head_offset(x), a.ldo, q1[x] - q0[x]);
     }
   }
   _tile_release();
+}
+
+double AttentionAmxProbeSeconds(int head_dim, int steps_mask, int64_t n) {
+  const int dp = PaddedDim(head_dim);
+  AmxAttnScratch scratch;
+  scratch.Reserve(dp, 1);
+  const TileSteps t = TileOf(scratch, head_dim, 0);
+  // Inputs like a prompt's: q, k, v uniform in [-1, 1) (fixed seed), scores of sd ~ sqrt(d / 9).
+  std::vector<float> q(static_cast<size_t>(kQ) * head_dim), kv(static_cast<size_t>(kK) * head_dim);
+  uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) * 0x1p-23f - 1.0f;
+  };
+  for (float& x : q) x = next();
+  for (float& x : kv) x = next();
+  AttentionArgs a;
+  a.k = a.v = kv.data();
+  a.ldk = a.ldv = head_dim;
+  a.head_dim = head_dim;
+  a.n_tokens = kK;
+  AlignedPtr<uint16_t> block = AllocAligned<uint16_t>(KvBlockElems(dp));
+  AttentionAmxConvertKv(a, 0, 0, block.get());
+  const uint16_t* vb16 = block.get() + static_cast<size_t>(kK) * dp;
+  LoadTileConfig();
+  t.Start(q.data(), head_dim, kQ, kLog2e / std::sqrt(static_cast<float>(head_dim)));
+  t.Scores(block.get(), kK);   // S and m of a block every query sees whole, as in most of a
+  t.Softmax(kK, kQ, kK);       // long prompt's blocks
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < n; ++r) {
+    if (steps_mask & 1) t.Scores(block.get(), kK);
+    if (steps_mask & 2) t.Softmax(kK, kQ, kK);
+    if (steps_mask & 4) t.Accumulate(vb16, kK);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  _tile_release();
+  return seconds;
 }
 
 }  // namespace estream::kernels

@@ -6,23 +6,27 @@
 // that K and V are read from the bf16 buffer of their kv head, which AttentionAmxConvertKv filled
 // for every key block of the sequence beforehand (KernelTable::attention_convert_bf16).
 //
-// Algorithm: flash-attention style online softmax with queries in the lanes, as the fp32 kernel
-// (attention_x86_impl.h), but both products run on the tile unit in bf16 with fp32 accumulation:
-//   per tile of kAmxAttnRows = 32 queries (two 16-lane halves) of one head:
-//     QT  = bf16(q * scale * log2 e), packed as tdpbf16ps B operands (dim pairs x queries)
+// Algorithm: flash-attention style online softmax, both products on the tile unit in bf16 with
+// fp32 accumulation (tdpbf16ps), every operand in its natural row layout:
+//   per tile of kAmxAttnRows = 32 queries of one head:
+//     Q16 = bf16(q * scale * log2 e), rows = queries (A operands)
 //   per key block of 64 keys, converted once per AttentionPrefill call (AttentionAmxConvertKv,
 //   in parallel before the work items; converting per work item instead cost 31% of the kernel's
-//   time with 8 tiles per item, docs/PERFORMANCE.md "Attention"):
-//     K16 = bf16(K) (keys x dims: A operands as stored), VT16 = bf16(V)^T (dims x keys: A operands)
+//   time with 8 tiles per item, docs/PERFORMANCE.md "Attention"), both as B operands (bf16 pairs):
+//     KB16 = bf16(K)^T (dim pairs x keys), VB16 = bf16(V) (key pairs x dims)
 //   per tile and key block:
-//     ST[j][i] = K16[j] . QT[i]                       tiles: 2 x 2 C tiles per 32 keys
-//     causal mask, row max; the running max m is raised only where the block max exceeds it by
-//     more than 8 (log2 units) ("lazy rescaling": exact, since numerator and denominator share m;
-//     it keeps P <= 2^8 and spares rescaling O in most blocks)
-//     P = 2^(ST - m) in fp32 (degree-5 polynomial, relative error < 2^-17), l += sum_j P
-//     PT16 = bf16(P) packed as B operands (key pairs x queries)
-//     OT[d][i] (fp32, in memory) is loaded into C tiles, += VT16 x PT16, stored back
-//   out[t_i][d] = OT[d][i] / l[i]
+//     S = Q16 x KB16 (rows = queries)                 tiles: 2 x 2 C tiles per 32 keys
+//     per query row: P = 2^(S - m) in fp32 (degree-3 polynomial, relative error < 7.5e-5),
+//     causal mask on the diagonal block, l += P (16 partial sums per row), P16 = bf16(P) (the
+//     A operands of P.V as stored); lazy rescaling: the running max m is raised only where the
+//     block's max exceeds it by more than 8 (log2 units), exact, since numerator and denominator
+//     share m; a row whose P against the current m stays small (every lane's block sum <= 2^10)
+//     skips the max pass altogether, and O is rescaled in few blocks
+//     O (fp32, in memory) is loaded into C tiles, += P16 x VB16, stored back
+//   out[t_i] = O[i] / l[i]
+// The vector work (softmax) and the tile work do not overlap on the machine of record, and the
+// tile steps alone reach ~45-50% of the tile unit's peak: BM_AttentionAmxSteps in bench/ measures
+// both on the kernel's own steps (docs/PERFORMANCE.md).
 // Head dims are zero-padded to a multiple of 32 inside the scratch, so any head_dim works.
 // Error: see the AMX tolerance derivation in tests/kernels_ops_test.cc (bf16 inputs: relative
 // 2^-8 per operand; fp32 accumulation).
@@ -65,5 +69,11 @@ constexpr int kAmxAttnKeys = 64;
 // REQUIRES: AttentionAmxUsable(); kv16 holds every block of the kv head of these heads up to t_end.
 void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end, int t_begin,
                        int t_end);
+
+// For bench/ (BM_AttentionAmxSteps): wall seconds of n repetitions of the kernel's steps of one
+// 32-query tile and one full 64-key block, data in L1: steps_mask 1 = Q.K^T (tile unit), 2 = online
+// softmax (vector units), 4 = P.V (tile unit), any combination in that order.
+// REQUIRES: AttentionAmxUsable().
+double AttentionAmxProbeSeconds(int head_dim, int steps_mask, int64_t n);
 
 }  // namespace estream::kernels
