@@ -540,6 +540,20 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
     double ignored_exact = 0, ignored_ratio = 0;  // scores of hundreds: not the typical error
     CheckAmxRows(p, out, 0, s.n_tokens, "amx rising keys", &ignored_exact, &ignored_ratio);
   }
+  // A jump of hundreds of log2 units: keys from 70 on (inside the second block) scaled by 100, so
+  // the second block's scores exceed the first block's maximum far beyond 2^128. The kernel's fast
+  // path computes P against the old maximum first; without its overflow check (kSumCheck) P = inf
+  // (checked by mutation).
+  for (const AttnShape& s : {AttnShape{150, 4, 2, 64}, AttnShape{140, 8, 2, 128}}) {
+    AttnProblem p(s, salt++);
+    for (int t = 70; t < s.n_tokens; ++t)
+      for (int64_t i = 0; i < p.ldk; ++i) p.k[t * p.ldk + i] *= 100.0f;
+    std::vector<float> out = p.PoisonedOut();
+    omp_set_num_threads(2);
+    AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
+    double ignored_exact = 0, ignored_ratio = 0;
+    CheckAmxRows(p, out, 0, s.n_tokens, "amx jumping keys", &ignored_exact, &ignored_ratio);
+  }
   // Long prompt on few heads: the last rows (most keys) and one early block.
   {
     const AttnProblem p({4096, 2, 1, 128}, salt++);
