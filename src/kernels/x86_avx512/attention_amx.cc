@@ -190,6 +190,25 @@ void ConvertV(const float* v, int64_t ldv, int d, int dp, int n_valid, uint16_t*
     }
 }
 
+// The softmax's fast path for one query row of NV x 16 scores at si, all visible: P = 2^(S - m)
+// against the running max m; accepted (P16 row at pi, l row += P) unless a lane's sum exceeds
+// kSumCheck. Unrolled over the row, so P stays in registers.
+template <int NV>
+inline bool FastRow(const float* si, float m, float* li, uint16_t* pi) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 pv[NV], bs = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int z = 0; z < NV; ++z) {
+    pv[z] = Exp2(_mm512_sub_ps(_mm512_load_ps(si + 16 * z), mv));
+    bs = _mm512_add_ps(bs, pv[z]);
+  }
+  if (_mm512_cmp_ps_mask(bs, _mm512_set1_ps(kSumCheck), _CMP_NLE_UQ) != 0) return false;
+  _mm512_store_ps(li, _mm512_add_ps(_mm512_load_ps(li), bs));
+#pragma GCC unroll 2
+  for (int z = 0; z < NV; z += 2) _mm512_store_si512(pi + 16 * z, PackBf16(pv[z], pv[z + 1]));
+  return true;
+}
+
 // One tile of kQ queries (q0 .. q0 + nq - 1 of one head) and the three steps of each key block.
 struct TileSteps {
   int d = 0, dp = 0;
@@ -258,19 +277,9 @@ struct TileSteps {
       // lazy-rescaling invariant) a lane's sum over the block's <= 4 vectors is <= kSumCheck, so
       // the row is accepted; a larger sum (some P > 2^8, or inf) sends it to the general path,
       // which redoes it. So accepted rows have P <= kSumCheck.
-      if (visible >= nk32 && m[i] != -std::numeric_limits<float>::infinity()) {
-        const __m512 mv = _mm512_set1_ps(m[i]);
-        __m512 pv[4], bs = _mm512_setzero_ps();
-        for (int z = 0; z < nv; ++z) {
-          pv[z] = Exp2(_mm512_sub_ps(_mm512_load_ps(si + 16 * z), mv));
-          bs = _mm512_add_ps(bs, pv[z]);
-        }
-        if (_mm512_cmp_ps_mask(bs, _mm512_set1_ps(kSumCheck), _CMP_NLE_UQ) == 0) {
-          _mm512_store_ps(li, _mm512_add_ps(_mm512_load_ps(li), bs));
-          for (int z = 0; z < nv; z += 2) _mm512_store_si512(pi + 16 * z, PackBf16(pv[z], pv[z + 1]));
-          continue;
-        }
-      }
+      if (visible >= nk32 && m[i] != -std::numeric_limits<float>::infinity() &&
+          (nv == 4 ? FastRow<4>(si, m[i], li, pi) : FastRow<2>(si, m[i], li, pi)))
+        continue;
       // General path: the block's row max over visible keys; m is raised to it where it exceeds
       // m by more than kRescaleThreshold (O and l rescaled by 2^(m_old - m_new)).
       __m512 sv[4];
