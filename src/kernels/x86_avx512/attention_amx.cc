@@ -190,6 +190,34 @@ void ConvertV(const float* v, int64_t ldv, int d, int dp, int n_valid, uint16_t*
     }
 }
 
+// C tiles 0..3 (rows 0-15 | 16-31) x (columns 0-15 | 16-31) += A (tiles 4, 5: the 16-row halves
+// at a, lda bytes per row) x B (tiles 6, 7: 16 rows of bf16 pairs at b and b + 32 elements, ldb
+// bytes per row): the 2 x 2 step of both products.
+inline void Dot2x2(const uint16_t* a, int lda, const uint16_t* b, int ldb) {
+  _tile_loadd(4, a, lda);
+  _tile_loadd(5, reinterpret_cast<const char*>(a) + 16 * lda, lda);
+  _tile_loadd(6, b, ldb);
+  _tile_loadd(7, b + 32, ldb);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
+// Loads / stores C tiles 0..3 as the 32 x 32 fp32 block at c (ldc floats per row).
+inline void LoadC2x2(const float* c, int ldc) {
+  _tile_loadd(0, c, ldc * 4);
+  _tile_loadd(1, c + 16, ldc * 4);
+  _tile_loadd(2, c + 16 * ldc, ldc * 4);
+  _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+}
+inline void StoreC2x2(float* c, int ldc) {
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  _tile_stored(2, c + 16 * ldc, ldc * 4);
+  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
 // The softmax's fast path for one query row of NV x 16 scores at si, all visible: P = 2^(S - m)
 // against the running max m; accepted (P16 row at pi, l row += P) unless a lane's sum exceeds
 // kSumCheck. Unrolled over the row, so P stays in registers.
@@ -246,20 +274,9 @@ struct TileSteps {
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (int c = 0; c < dp; c += 32) {
-        _tile_loadd(4, q16 + c, dp * 2);
-        _tile_loadd(5, q16 + 16 * dp + c, dp * 2);
-        _tile_loadd(6, kb16 + (c / 2) * (2 * kK) + 2 * kc, 4 * kK);
-        _tile_loadd(7, kb16 + (c / 2) * (2 * kK) + 2 * (kc + 16), 4 * kK);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, s + kc, kK * 4);
-      _tile_stored(1, s + kc + 16, kK * 4);
-      _tile_stored(2, s + 16 * kK + kc, kK * 4);
-      _tile_stored(3, s + 16 * kK + kc + 16, kK * 4);
+      for (int c = 0; c < dp; c += 32)
+        Dot2x2(q16 + c, dp * 2, kb16 + (c / 2) * (2 * kK) + 2 * kc, 4 * kK);
+      StoreC2x2(s + kc, kK);
     }
   }
 
@@ -317,24 +334,9 @@ struct TileSteps {
   // O += P16 x VB16: per 32 dims, C tiles (queries 0-15 | 16-31) x (dims 0-15 | 16-31).
   void Accumulate(const uint16_t* vb16, int nk32) const {
     for (int c = 0; c < dp; c += 32) {
-      _tile_loadd(0, o + c, dp * 4);
-      _tile_loadd(1, o + c + 16, dp * 4);
-      _tile_loadd(2, o + 16 * dp + c, dp * 4);
-      _tile_loadd(3, o + 16 * dp + c + 16, dp * 4);
-      for (int kc = 0; kc < nk32; kc += 32) {
-        _tile_loadd(4, p16 + kc, kK * 2);
-        _tile_loadd(5, p16 + 16 * kK + kc, kK * 2);
-        _tile_loadd(6, vb16 + (kc / 2) * (2 * dp) + 2 * c, dp * 4);
-        _tile_loadd(7, vb16 + (kc / 2) * (2 * dp) + 2 * (c + 16), dp * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, o + c, dp * 4);
-      _tile_stored(1, o + c + 16, dp * 4);
-      _tile_stored(2, o + 16 * dp + c, dp * 4);
-      _tile_stored(3, o + 16 * dp + c + 16, dp * 4);
+      LoadC2x2(o + c, dp);
+      for (int kc = 0; kc < nk32; kc += 32) Dot2x2(p16 + kc, kK * 2, vb16 + (kc / 2) * (2 * dp) + 2 * c, dp * 4);
+      StoreC2x2(o + c, dp);
     }
   }
 
