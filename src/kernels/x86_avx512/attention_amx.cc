@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/check.h"
 #include "base/cpu.h"
 #include "base/memory.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
@@ -367,6 +368,14 @@ TileSteps TileOf(AmxAttnScratch& scratch, int d, int x) {
   return t;
 }
 
+// A tile of one AttentionBlockAmx call: its steps, query rows [q0, q1), and its head's offset in
+// a row of q and out.
+struct TileRef {
+  TileSteps steps;
+  int q0 = 0, q1 = 0;
+  int64_t head_offset = 0;
+};
+
 }  // namespace
 
 size_t AttentionAmxScratchBytes(int head_dim, int tiles) {
@@ -412,35 +421,38 @@ void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_be
   thread_local AmxAttnScratch scratch;
   scratch.Reserve(dp, n_tiles);
   // Tile x: head head_begin + x % n_heads, rows from the last row tile backwards (the order in
-  // which they stop needing key blocks).
-  std::vector<TileSteps> tiles(n_tiles);
-  std::vector<int> q0(n_tiles), q1(n_tiles);
+  // which they stop needing key blocks). Per-thread table: no allocation per call once grown.
+  thread_local std::vector<TileRef> tiles;
+  tiles.resize(n_tiles);
   for (int x = 0; x < n_tiles; ++x) {
-    tiles[x] = TileOf(scratch, d, x);
-    q0[x] = t_begin + (row_tiles - 1 - x / n_heads) * kQ;
-    q1[x] = std::min(t_end, q0[x] + kQ);
+    tiles[x].steps = TileOf(scratch, d, x);
+    tiles[x].q0 = t_begin + (row_tiles - 1 - x / n_heads) * kQ;
+    tiles[x].q1 = std::min(t_end, tiles[x].q0 + kQ);
+    tiles[x].head_offset = static_cast<int64_t>(head_begin + x % n_heads) * d;
   }
-  auto head_offset = [&](int x) { return static_cast<int64_t>(head_begin + x % n_heads) * d; };
 
   LoadTileConfig();
   for (int kb = 0; kb < t_end; kb += kK) {
     const uint16_t* kb16 = kv16 + static_cast<size_t>(kb / kK) * KvBlockElems(dp);
     const uint16_t* vb16 = kb16 + static_cast<size_t>(kK) * dp;
-    for (int x = 0; x < n_tiles; ++x) {
-      if (kb >= q1[x]) continue;
-      const TileSteps& t = tiles[x];
-      if (kb == 0) t.Start(a.q + q0[x] * a.ldq + head_offset(x), a.ldq, q1[x] - q0[x], a.scale * kLog2e);
-      const int nk32 = (std::min(kK, q1[x] - kb) + 31) / 32 * 32;
+    for (const TileRef& x : tiles) {
+      if (kb >= x.q1) continue;
+      const TileSteps& t = x.steps;
+      const int nq = x.q1 - x.q0;
+      if (kb == 0) t.Start(a.q + x.q0 * a.ldq + x.head_offset, a.ldq, nq, a.scale * kLog2e);
+      const int nk32 = (std::min(kK, x.q1 - kb) + 31) / 32 * 32;
       t.Scores(kb16, nk32);
-      t.Softmax(q0[x] - kb + 1, q1[x] - q0[x], nk32);
+      t.Softmax(x.q0 - kb + 1, nq, nk32);
       t.Accumulate(vb16, nk32);
-      if (kb + kK >= q1[x]) t.Finish(a.out + q0[x] * a.ldo + head_offset(x), a.ldo, q1[x] - q0[x]);
+      if (kb + kK >= x.q1) t.Finish(a.out + x.q0 * a.ldo + x.head_offset, a.ldo, nq);
     }
   }
   _tile_release();
 }
 
 double AttentionAmxProbeSeconds(int head_dim, int steps_mask, int64_t n) {
+  ESTREAM_CHECK(head_dim >= 1 && head_dim <= 512 && steps_mask >= 0 && steps_mask <= 7 && n >= 0,
+                "AttentionAmxProbeSeconds: head_dim in [1, 512], steps_mask in [0, 7], n >= 0");
   const int dp = PaddedDim(head_dim);
   AmxAttnScratch scratch;
   scratch.Reserve(dp, 1);

@@ -73,7 +73,7 @@ void AttentionBlockAmx(const AttentionArgs& a, const uint16_t* kv16, int head_be
 // For bench/ (BM_AttentionAmxSteps): wall seconds of n repetitions of the kernel's steps of one
 // 32-query tile and one full 64-key block, data in L1: steps_mask 1 = Q.K^T (tile unit), 2 = online
 // softmax (vector units), 4 = P.V (tile unit), any combination in that order.
-// REQUIRES: AttentionAmxUsable().
+// REQUIRES: AttentionAmxUsable(); head_dim in [1, 512], steps_mask in [0, 7], n >= 0 (checked).
 double AttentionAmxProbeSeconds(int head_dim, int steps_mask, int64_t n);
 
 }  // namespace estream::kernels
