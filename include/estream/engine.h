@@ -47,7 +47,7 @@ struct EngineOptions {
   // the first request fault them in. Makes the first request's time representative.
   bool prefault = true;
 
-  // ---- packed models (`estream pack`): expert virtualization (DESIGN.md sections 4-6) ----
+  // ---- packed models (`estream pack`): expert virtualization (docs/DESIGN.md sections 4-6) ----
   // With budget_bytes == 0 and no group_size/banks, the experts are read once into memory (the
   // resident baseline). Otherwise they are streamed from the file into a bounded arena of
   // banks x group_size expert slots, and the process's peak RSS stays within budget_bytes (dense

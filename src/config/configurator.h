@@ -1,5 +1,5 @@
 // Configurator: chooses group size G, queue depth Q and bank count B under a memory budget from
-// a stored Profile (profile.h), with the max-plus model of maxplus.h (DESIGN.md section 7).
+// a stored Profile (profile.h), with the max-plus model of maxplus.h (docs/DESIGN.md section 7).
 //
 // ---- Service-time models --------------------------------------------------------------------
 // For candidate group size g at queue depth Q (ServiceModel):

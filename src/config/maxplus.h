@@ -1,4 +1,4 @@
-// Max-plus model of the expert pipeline (DESIGN.md sections 6 and 7).
+// Max-plus model of the expert pipeline (docs/DESIGN.md sections 6 and 7).
 //
 // Predicts the latency of one prefill request, for one choice of group size G, queue depth Q,
 // bank count B and schedule, from per-group service times. The configurator (configurator.h)
@@ -26,18 +26,20 @@
 // X_j = execution time of the group's fused expert operator, T_other = compute outside the MoE
 // layers (embeddings, dense layers, final norm, LM head), modelled as plain added time.
 //
-// Relation to DESIGN.md section 7: with T_j = 0 and per-layer release (below) this is the
-// design's recurrence word for word, with one difference: d_j >= d_{j-1}, i.e. reads complete in
-// submission order. The loader serves the oldest job first (io/loader.h) and the executor
-// consumes groups in order anyway (s_j >= f_{j-1} >= d_{j-1}), so this changes no exec time of
-// the design's form; it only makes the model monotone in q (below). The T_j term says the device
-// delivers bytes at one bandwidth in FIFO order: a read cannot finish sooner than T_j after the
-// read before it, however many are in flight. The configurator sets L_j = lat + bytes/bw(Q),
-// T_j = bytes/bw(Q) and q = Q: the loader keeps Q chunk reads in flight, so at most Q groups are
-// in flight, they share the bandwidth bw(Q) measured at that depth, and the per-read latency of
-// a read issued while the device is busy is hidden behind the reads ahead of it.
+// Relation to the original form of the design (a_j = max(d_{j-q}, f_{j-b}), d_j = a_j + L_j;
+// docs/DESIGN.md section 7 gives the form implemented here): with T_j = 0 and per-layer release
+// (below) this is that recurrence word for word, with one difference: d_j >= d_{j-1}, i.e. reads
+// complete in submission order. The loader serves the oldest job first (io/loader.h) and the
+// executor consumes groups in order anyway (s_j >= f_{j-1} >= d_{j-1}), so this changes no exec
+// time of the original form; it only makes the model monotone in q (below). The T_j term says
+// the device delivers bytes at one bandwidth in FIFO order: a read cannot finish sooner than T_j
+// after the read before it, however many are in flight. The configurator sets
+// L_j = lat + bytes/bw(Q), T_j = bytes/bw(Q) and q = GroupsInFlight(Q, chunk, group bytes)
+// (configurator.h): the loader keeps Q chunk reads in flight, the groups in flight share the
+// bandwidth bw(Q) measured at that depth, and the per-read latency of a read issued while the
+// device is busy is hidden behind the reads ahead of it.
 //
-// Schedules (DESIGN.md section 6) only change the release time R_j of group j of layer w:
+// Schedules (docs/DESIGN.md section 6) only change the release time R_j of group j of layer w:
 //   kEarly          R_j = 0 with cross_layer (reads run ahead into later layers as soon as a
 //                   bank frees, overlapping non-expert AND expert compute of earlier layers);
 //                   R_j = t0_w without it (reads of layer w start when layer w starts, banks
@@ -61,7 +63,7 @@
 // bisection (configurator.h). Banks beyond the number of groups that could ever be in flight
 // change nothing: b >= N (cross-layer) or b >= max_w K_w (per layer) gives the minimum.
 //
-// Bubble (DESIGN.md section 6): wait_s = sum_j max(0, d_j - max(e_w, f_{j-1})), the time the
+// Bubble (docs/DESIGN.md section 6): wait_s = sum_j max(0, d_j - max(e_w, f_{j-1})), the time the
 // compute cores sit idle waiting for expert data; bubble rate = wait_s / total_s.
 //
 // Cost: O(N) time per evaluation, N = active groups over all layers (6,144 for 48 layers of

@@ -1,13 +1,14 @@
 // The configurator's stored profile and chosen configuration, and their GGUF metadata form
-// (DESIGN.md section 7, issue #8).
+// (docs/DESIGN.md section 7, issue #8).
 //
 // A Profile holds everything the configurator needs to re-solve (G, Q, B) for a new memory
 // budget without running the model: the device's grouped-read bandwidth table, and what one
 // calibration request per candidate group size measured. It is compact by construction:
 //   - route counts are stored once, per expert in PACKED (physical) order: the routing of the
-//     calibration request does not depend on G, Q, B or the schedule (DESIGN.md section 6), and
-//     group k of size g holds physical experts [k*g, k*g + g), so every g's per-group route
-//     vector rho_k = sum of its experts' counts is derived from them (configurator.h);
+//     calibration request does not depend on G, Q, B or the schedule (docs/DESIGN.md
+//     section 6), and group k of size g holds physical experts [k*g, k*g + g), so every g's
+//     per-group route vector rho_k = sum of its experts' counts is derived from them
+//     (configurator.h);
 //   - non-expert times are pooled across g (one T_ne per MoE layer), as the design says;
 //   - per candidate g only M_other(g) and the pooled load and execution samples are kept (the
 //     profiler may thin the execution samples with CompactExecSamples: the fit is affine).

@@ -1,4 +1,4 @@
-// Loader: reads whole expert groups from a File into arena banks (DESIGN.md section 5).
+// Loader: reads whole expert groups from a File into arena banks (docs/DESIGN.md section 5).
 //
 // A read job is one contiguous byte range of a file (one group of G expert records = one bank)
 // copied into one destination buffer. The loader splits each job into chunks of at most

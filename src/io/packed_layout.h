@@ -1,4 +1,4 @@
-// The packed model layout ("estream pack", DESIGN.md sections 4-5) and its reader.
+// The packed model layout ("estream pack", docs/DESIGN.md sections 4-5) and its reader.
 //
 // ---- What a packed model is -----------------------------------------------------------------
 // A packed model is an ordinary GGUF file (v3), so every GGUF tool still opens it:
@@ -15,7 +15,7 @@
 //     i.e. n_expert records of record_bytes each, back to back. With general.alignment = 4096
 //     the region starts 4096-aligned in the file, and record_bytes is a multiple of 4096, so
 //     every record starts 4096-aligned and any run of consecutive records (a group of G
-//     experts, DESIGN.md section 4) is one contiguous range that O_DIRECT can read as it is.
+//     experts, docs/DESIGN.md section 4) is one contiguous range that O_DIRECT can read as it is.
 //
 // ---- One record (one expert) ----------------------------------------------------------------
 //   offset 0                  gate   n = n_ff rows,   k = n_embd columns  (W_g of the expert)
@@ -63,7 +63,7 @@
 // Later versions may add keys (a reader of version 1 ignores estream.* keys it does not know);
 // any change to the meaning of the keys above bumps estream.layout_version. The prefix
 // estream.config.* is reserved for the configurator's result (group size, queue depth, banks;
-// DESIGN.md section 7), which does not change the layout.
+// docs/DESIGN.md section 7), which does not change the layout.
 //
 // ---- Reader ---------------------------------------------------------------------------------
 // ReadPackedLayout validates all of the above against the file (tensor present with the right

@@ -1,7 +1,7 @@
 // The architectures estream runs, as data: what differs between OLMoE, Qwen3-MoE and Mixtral is
 // small enough to be a handful of flags read by the shared blocks (blocks.h). Each architecture's
 // conventions are described, with the reasons, in its own file (arch_olmoe.cc, arch_qwen3moe.cc,
-// arch_llama.cc). DESIGN.md section 8 is the summary table.
+// arch_llama.cc). docs/DESIGN.md section 8 is the summary table.
 //
 // Thread safety: the traits are immutable statics.
 #pragma once

@@ -1,5 +1,5 @@
 // Model shape presets for `estream synth`: the hyper-parameters of the reference MoE models of
-// DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B) and a `tiny` model for tests.
+// docs/DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B) and a `tiny` model for tests.
 //
 // A ModelShape is plain data: everything a synthetic GGUF's tensor shapes and metadata follow
 // from. Conventions per architecture (GGUF `general.architecture`):

@@ -7,7 +7,7 @@
 // two chunks of about 16 MiB), generating with OpenMP threads while the previous chunk is
 // written; the file appears atomically (temporary name + rename).
 //
-// ---- Tensors (GGUF conventions, DESIGN.md section 8; dims fastest first) ------------------
+// ---- Tensors (GGUF conventions, docs/DESIGN.md section 8; dims fastest first) -------------
 //   token_embd.weight             [n_embd, n_vocab]                    weight type
 //   blk.N.attn_norm.weight        [n_embd]                             F32
 //   blk.N.attn_q.weight           [n_embd, n_head*head_dim]            weight type

@@ -1,6 +1,6 @@
 // VirtualExperts: the experts of a packed model (`estream pack`, io/packed_layout.h), either
 // all resident (read once from the records into memory) or streamed through a bounded arena
-// within a memory budget (DESIGN.md sections 4-6; pipeline/expert_stream.h does the I/O side).
+// within a memory budget (docs/DESIGN.md sections 4-6; pipeline/expert_stream.h does the I/O side).
 //
 // Resident (budget_bytes == 0 and no explicit group size / banks): Open reads every record with
 // O_DIRECT (no page cache), checks its checksum, and points the model's expert views at it; the

@@ -1,4 +1,4 @@
-// The expert plan and the fused expert operator (DESIGN.md sections 1-3, issue 6).
+// The expert plan and the fused expert operator (docs/DESIGN.md section 3, issue 6).
 //
 // What it computes. For every slot s with routes i in [slot_begin[s], slot_begin[s + 1]):
 //     acc[t_i] += (double) a_i * (double) v_i,   v_i = Wd_s^T ( silu(Wg_s^T x_i) * (Wu_s^T x_i) ) (fp32)

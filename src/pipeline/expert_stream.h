@@ -1,4 +1,4 @@
-// ExpertStreamer: the loader side of expert virtualization (DESIGN.md sections 4-6) for one
+// ExpertStreamer: the loader side of expert virtualization (docs/DESIGN.md sections 4-6) for one
 // packed model: the arena of B banks x G slots, the residency table, the io_uring/pread loader,
 // and a feeder thread that turns the schedule's plan into bank fills.
 //

@@ -1,4 +1,4 @@
-// Calibration runs of the configurator (DESIGN.md section 7, step 2; issue 8 item 1b) and
+// Calibration runs of the configurator (docs/DESIGN.md section 7, step 2; issue 8 item 1b) and
 // storing the result in the packed model (item 1d).
 //
 // One request per candidate group size g, on the calibration tokens (calibration.h): the packed

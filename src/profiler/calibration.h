@@ -1,5 +1,5 @@
 // The calibration request: the prompt that the profiler (`estream profile`) and the exhaustive
-// sweep (`estream sweep`) run end to end to measure a packed model on this machine (DESIGN.md
+// sweep (`estream sweep`) run end to end to measure a packed model on this machine (docs/DESIGN.md
 // section 7, issue 8).
 //
 // The default prompt is a built-in English text of about 1K tokens (original prose written for

@@ -1,4 +1,4 @@
-// Disk characterisation for the configurator (DESIGN.md section 7, step 1; issue 8 item 1a):
+// Disk characterisation for the configurator (docs/DESIGN.md section 7, step 1; issue 8 item 1a):
 // the grouped-read bandwidth of the device holding a packed model, vs queue depth, for each
 // candidate group size, measured by reading REAL groups of the packed file with O_DIRECT
 // through io::Loader (page cache bypassed), as the engine's streamer reads them.

@@ -1,4 +1,4 @@
-// Arena: the bounded, fixed-address memory that holds resident experts (DESIGN.md section 4).
+// Arena: the bounded, fixed-address memory that holds resident experts (docs/DESIGN.md section 4).
 //
 // The arena is P = B x G slots, each able to hold one expert record of `slot_bytes` (W_e) bytes,
 // in ONE aligned allocation made at creation and kept for the life of the engine. Slots are

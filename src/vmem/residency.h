@@ -1,4 +1,4 @@
-// ResidencyTable: the software page table of the expert arena (DESIGN.md section 4).
+// ResidencyTable: the software page table of the expert arena (docs/DESIGN.md section 4).
 //
 // It maps logical (layer, expert) to an arena slot and runs, per bank, the state machine
 //

@@ -3,7 +3,8 @@
 // Architecture, hyper-parameters (the {arch}.* keys), tokenizer summary, other metadata, the
 // tensor table (name, type, shape, bytes), bytes per tensor type, the routed experts (per layer:
 // expert count, bytes, and W_e = bytes of one expert's gate + up + down, the unit the arena of
-// DESIGN.md section 4 is sized in) and totals. --json prints the same content as one JSON object.
+// docs/DESIGN.md section 4 is sized in) and totals. --json prints the same content as one JSON
+// object.
 // Works on any valid GGUF: models with fused expert tensors (blk.N.ffn_gate_exps.weight), older
 // per-expert files (blk.N.ffn_gate.E.weight) and vocab-only files without tensors.
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// estream profile MODEL --budget M: the auto-configurator (DESIGN.md section 7, issue 8).
+// estream profile MODEL --budget M: the auto-configurator (docs/DESIGN.md section 7, issue 8).
 //
 // First time on a packed model: characterise the disk (cached per device), run one calibration
 // request per candidate group size, select (G, Q, B) for the budget with the max-plus model, and

@@ -1,4 +1,4 @@
-// estream sweep MODEL --budget M: the exhaustive oracle of the auto-configurator (DESIGN.md
+// estream sweep MODEL --budget M: the exhaustive oracle of the auto-configurator (docs/DESIGN.md
 // section 7, issue 8). Runs the calibration request end to end for every supported (G, B, Q)
 // that fits the budget and reports the measured constrained minimum, against which the
 // configurator's choice (`estream profile`) is judged (regret).
