@@ -73,6 +73,18 @@ std::vector<uint8_t> RandomWeights(QuantType t, int64_t n, int64_t k) {
     case QuantType::kQ4_K: set(sizeof(BlockQ4_K), 0); set(sizeof(BlockQ4_K), 2); break;
     case QuantType::kQ6_K: set(sizeof(BlockQ6_K), offsetof(BlockQ6_K, d)); break;
     case QuantType::kF16: set(2, 0); break;
+    case QuantType::kQ4_1: case QuantType::kQ5_0: case QuantType::kQ5_1: case QuantType::kQ5_K:
+    case QuantType::kQ3_K: case QuantType::kQ2_K: case QuantType::kIQ4_NL: case QuantType::kIQ4_XS:
+    case QuantType::kMXFP4: {
+      // The other types: quantised random values (their scale fields take every form: f16,
+      // packed 6-bit, E8M0), which the speed does not depend on.
+      std::vector<float> row(static_cast<size_t>(k));
+      for (int64_t r = 0; r < n; ++r) {
+        for (float& v : row) v = static_cast<float>(static_cast<int64_t>(Next(&s) % 2001) - 1000) * 1e-5f;
+        QuantizeRow(t, row.data(), w.data() + r * rb, k);
+      }
+      break;
+    }
     case QuantType::kBF16:
       for (size_t i = 0; i + 2 <= w.size(); i += 2) std::memcpy(&w[i], &hb, 2);
       break;
@@ -196,6 +208,15 @@ int main(int argc, char** argv) {
   Register(QuantType::kQ8_0, false, Mode::kGemmQ8A, "q8_0_gguf");
   Register(QuantType::kQ4_K, false, Mode::kGemmQ8A, "q4_K_gguf");
   Register(QuantType::kQ6_K, false, Mode::kGemmQ8A, "q6_K_gguf");
+  Register(QuantType::kQ4_1, true, Mode::kGemmQ8A, "q4_1_packed");
+  Register(QuantType::kQ5_0, true, Mode::kGemmQ8A, "q5_0_packed");
+  Register(QuantType::kQ5_1, true, Mode::kGemmQ8A, "q5_1_packed");
+  Register(QuantType::kQ5_K, true, Mode::kGemmQ8A, "q5_K_packed");
+  Register(QuantType::kQ3_K, true, Mode::kGemmQ8A, "q3_K_packed");
+  Register(QuantType::kQ2_K, true, Mode::kGemmQ8A, "q2_K_packed");
+  Register(QuantType::kIQ4_NL, true, Mode::kGemmQ8A, "iq4_nl_packed");
+  Register(QuantType::kIQ4_XS, true, Mode::kGemmQ8A, "iq4_xs_packed");
+  Register(QuantType::kMXFP4, true, Mode::kGemmQ8A, "mxfp4_packed");
   Register(QuantType::kQ4_0, true, Mode::kMatMul, "q4_0_packed+quant");
   Register(QuantType::kF32, false, Mode::kMatMul, "f32");
   Register(QuantType::kF16, false, Mode::kMatMul, "f16");

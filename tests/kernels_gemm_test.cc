@@ -7,14 +7,15 @@
 //
 // Tolerance (kernel vs ref). A kernel computes, per 32-value block, an exact int32 dot I of the
 // integer weight and activation values (|I| < 2^21, so its conversion to fp32 is exact), then
-// one or two fp32 terms per block: I * (d_w * d_x) (two roundings) and, for Q4_K, the min term
-// mneg * (d_x * sum) (two roundings); Q6_K has two scaled halves per block. These N <= 2 * k/32
+// one to four fp32 terms per block: I * (d_w * d_x) (two roundings) and, for the types with mins,
+// the min term m * (d_x * sum) (two roundings); Q6_K, Q3_K and Q2_K have two scaled halves (Q2_K
+// also two min terms) per block. These N <= 4 * k/32
 // terms are summed in fp32 in some order (blocks in order within k chunks, chunks added to y):
 // any summation order of N terms has error <= (N - 1) u sum|t| (u = 2^-24, first order), and
 // each term carries <= 2u relative error of its own. DequantizeRow rounds each weight at most
 // once (Q4_K: d1*q - m1, Q6_K: (d*sc)*q), <= u |w x^| per product. Hence
-//     |y - ref| <= (N + 3) u B,   B = sum_k |x^_k| * (|d1 q_k| + |m1|) for Q4_K (the two terms
-// are computed separately and may cancel), B = sum_k |w_k x^_k| otherwise.
+//     |y - ref| <= (N + 3) u B,   B = sum_k |x^_k| * (|d q_k| + |m|) for the types with mins (the
+// two terms are computed separately and may cancel), B = sum_k |w_k x^_k| otherwise.
 // Second check (activation quantisation): |x_k - x^_k| <= d_x (1/2 + 2^8 u) (round to nearest of
 // fl(x * id), with d * id within 2u of 1), so |y - sum_k w_k x_k| <= sum_k |w_k| d_x (1/2 + 2^8 u)
 // + the bound above.
@@ -143,6 +144,58 @@ std::vector<uint8_t> RandomWeights(QuantType t, int64_t n, int64_t k) {
       for (size_t i = 0; i < w.size() / sizeof(BlockQ6_K); ++i) b[i].d = RandomHalf(5e-5f, 2e-4f);
       return w;
     }
+    // The other 256-value types: random bytes (every code, scale and min pattern) with sane f16
+    // super-block scales.
+    case QuantType::kQ5_K: {
+      for (auto& v : w) v = static_cast<uint8_t>(byte(Rng()));
+      auto* b = reinterpret_cast<BlockQ5_K*>(w.data());
+      for (size_t i = 0; i < w.size() / sizeof(BlockQ5_K); ++i) {
+        b[i].d = RandomHalf(1e-4f, 4e-4f);
+        b[i].dmin = RandomHalf(2e-4f, 2e-3f);
+      }
+      return w;
+    }
+    case QuantType::kQ3_K: {
+      for (auto& v : w) v = static_cast<uint8_t>(byte(Rng()));
+      auto* b = reinterpret_cast<BlockQ3_K*>(w.data());
+      for (size_t i = 0; i < w.size() / sizeof(BlockQ3_K); ++i) b[i].d = RandomHalf(2e-4f, 8e-4f);
+      return w;
+    }
+    case QuantType::kQ2_K: {
+      for (auto& v : w) v = static_cast<uint8_t>(byte(Rng()));
+      auto* b = reinterpret_cast<BlockQ2_K*>(w.data());
+      for (size_t i = 0; i < w.size() / sizeof(BlockQ2_K); ++i) {
+        b[i].d = RandomHalf(1e-3f, 4e-3f);
+        b[i].dmin = RandomHalf(1e-3f, 4e-3f);
+      }
+      return w;
+    }
+    case QuantType::kIQ4_XS: {
+      for (auto& v : w) v = static_cast<uint8_t>(byte(Rng()));
+      auto* b = reinterpret_cast<BlockIQ4_XS*>(w.data());
+      for (size_t i = 0; i < w.size() / sizeof(BlockIQ4_XS); ++i) b[i].d = RandomHalf(1e-5f, 4e-5f);
+      return w;
+    }
+    case QuantType::kMXFP4: {  // random codes, exponents around 2^-6 (e = 2^(e-128) x 2 E2M1)
+      for (auto& v : w) v = static_cast<uint8_t>(byte(Rng()));
+      auto* b = reinterpret_cast<BlockMXFP4*>(w.data());
+      std::uniform_int_distribution<int> e(118, 124);
+      for (size_t i = 0; i < w.size() / sizeof(BlockMXFP4); ++i) b[i].e = static_cast<uint8_t>(e(Rng()));
+      return w;
+    }
+    case QuantType::kQ4_1:
+    case QuantType::kQ5_0:
+    case QuantType::kQ5_1:
+    case QuantType::kIQ4_NL: {  // quantised normal values, shifted so that mins are not all ~-max
+      std::normal_distribution<float> nd(0.0f, 0.05f);
+      std::vector<float> row(static_cast<size_t>(k));
+      for (int64_t r = 0; r < n; ++r) {
+        const float shift = nd(Rng());
+        for (float& v : row) v = nd(Rng()) + shift;
+        QuantizeRow(t, row.data(), w.data() + r * rb, k);
+      }
+      return w;
+    }
     default:
       ADD_FAILURE() << "no generator for " << TypeName(t);
       return w;
@@ -150,31 +203,18 @@ std::vector<uint8_t> RandomWeights(QuantType t, int64_t n, int64_t k) {
 }
 
 // Per-value magnitude of the terms a kernel computes for weight value k of a row (see the
-// comment at the top): |w_k| except for Q4_K, where it is |d1 q_k| + |m1|.
-std::vector<double> TermMagnitudes(QuantType t, const uint8_t* row, const float* wdeq, int64_t k) {
+// comment at the top): |d_h (Q - Z)| + |m_h| from the block decoder (repack.h Block32), i.e. |w_k|
+// for the types without mins.
+std::vector<double> TermMagnitudes(QuantType t, const uint8_t* row, int64_t k) {
   std::vector<double> mag(static_cast<size_t>(k));
-  if (t != QuantType::kQ4_K) {
-    for (int64_t j = 0; j < k; ++j) mag[j] = std::fabs(static_cast<double>(wdeq[j]));
-    return mag;
-  }
-  const auto* b = reinterpret_cast<const BlockQ4_K*>(row);
-  for (int64_t sb = 0; sb < k / 256; ++sb) {
-    const uint8_t* s = b[sb].scales;
-    for (int sub = 0; sub < 8; ++sub) {
-      int sc, m;
-      if (sub < 4) {
-        sc = s[sub] & 63;
-        m = s[sub + 4] & 63;
-      } else {
-        sc = (s[sub + 4] & 0x0F) | ((s[sub - 4] >> 6) << 4);
-        m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
-      }
-      const double d1 = Fp16ToFp32(b[sb].d) * sc, m1 = Fp16ToFp32(b[sb].dmin) * m;
-      const uint8_t* q = b[sb].qs + 32 * (sub / 2);
-      for (int l = 0; l < 32; ++l) {
-        const int qv = sub % 2 == 0 ? (q[l] & 0x0F) : (q[l] >> 4);
-        mag[sb * 256 + sub * 32 + l] = std::fabs(d1 * qv) + std::fabs(m1);
-      }
+  const uint8_t* lut = PackedLut(t);
+  const int z = ZeroPoint(t);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    Block32 blk;
+    DecodeBlock32(t, row, b, &blk);
+    for (int v = 0; v < 32; ++v) {
+      const int q = lut ? lut[blk.q[v]] : blk.q[v];
+      mag[b * 32 + v] = std::fabs(static_cast<double>(blk.d[v / 16]) * (q - z)) + std::fabs(blk.m[v / 16]);
     }
   }
   return mag;
@@ -215,11 +255,11 @@ Problem MakeProblem(QuantType t, int64_t m, int64_t n, int64_t k) {
   p.ref_x.assign(p.ref.size(), 0.0);
   p.tol_x.assign(p.ref.size(), 0.0);
   const size_t rb = RowBytes(t, k);
-  const int64_t terms = 2 * kb;
+  const int64_t terms = 4 * kb;  // <= 2 scaled halves and 2 min terms per block
   std::vector<float> wd(static_cast<size_t>(k));
   for (int64_t r = 0; r < n; ++r) {
     DequantizeRow(t, p.w.data() + r * rb, wd.data(), k);
-    const std::vector<double> mag = TermMagnitudes(t, p.w.data() + r * rb, wd.data(), k);
+    const std::vector<double> mag = TermMagnitudes(t, p.w.data() + r * rb, k);
     for (int64_t i = 0; i < m; ++i) {
       double acc = 0, accx = 0, bound = 0, qerr = 0;
       for (int64_t j = 0; j < k; ++j) {
@@ -238,15 +278,9 @@ Problem MakeProblem(QuantType t, int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
-KernelTable::GemmFn Fn(const KernelTable& kt, QuantType t, bool packed) {
-  switch (t) {
-    case QuantType::kQ4_0: return packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0;
-    case QuantType::kQ8_0: return packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0;
-    case QuantType::kQ4_K: return packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k;
-    case QuantType::kQ6_K: return packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k;
-    default: return nullptr;
-  }
-}
+KernelTable::GemmFn Fn(const KernelTable& kt, QuantType t, bool packed) { return kt.Quant(t, packed); }
+
+int64_t BlockOf(QuantType t) { return GetTypeTraits(t)->block_size; }
 
 // Checks y (m x n, leading dimension ldy) against the problem's bounds; returns the count of
 // failures (reporting the first few).
@@ -302,11 +336,20 @@ TEST(GemmQuant, Q4_0EveryIsaAndLayout) { RunQuantTest(QuantType::kQ4_0, 32); }
 TEST(GemmQuant, Q8_0EveryIsaAndLayout) { RunQuantTest(QuantType::kQ8_0, 32); }
 TEST(GemmQuant, Q4_KEveryIsaAndLayout) { RunQuantTest(QuantType::kQ4_K, 256); }
 TEST(GemmQuant, Q6_KEveryIsaAndLayout) { RunQuantTest(QuantType::kQ6_K, 256); }
+TEST(GemmQuant, Q4_1EveryIsaAndLayout) { RunQuantTest(QuantType::kQ4_1, 32); }
+TEST(GemmQuant, Q5_0EveryIsaAndLayout) { RunQuantTest(QuantType::kQ5_0, 32); }
+TEST(GemmQuant, Q5_1EveryIsaAndLayout) { RunQuantTest(QuantType::kQ5_1, 32); }
+TEST(GemmQuant, Q5_KEveryIsaAndLayout) { RunQuantTest(QuantType::kQ5_K, 256); }
+TEST(GemmQuant, Q3_KEveryIsaAndLayout) { RunQuantTest(QuantType::kQ3_K, 256); }
+TEST(GemmQuant, Q2_KEveryIsaAndLayout) { RunQuantTest(QuantType::kQ2_K, 256); }
+TEST(GemmQuant, IQ4_NLEveryIsaAndLayout) { RunQuantTest(QuantType::kIQ4_NL, 32); }
+TEST(GemmQuant, IQ4_XSEveryIsaAndLayout) { RunQuantTest(QuantType::kIQ4_XS, 256); }
+TEST(GemmQuant, MXFP4EveryIsaAndLayout) { RunQuantTest(QuantType::kMXFP4, 32); }
 
 // The packed layout holds exactly the GGUF values: the scalar kernels agree bit for bit.
 TEST(GemmQuant, RepackIsExact) {
-  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
-    const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 96 : 512;
+  for (QuantType t : kGemmQuantTypes) {
+    const int64_t k = BlockOf(t) == 32 ? 96 : 512;
     Problem p = MakeProblem(t, 5, 37, k);
     std::vector<float> a(static_cast<size_t>(p.m * p.n), std::nanf("")), b = a;
     const KernelTable& kt = KernelsFor(Isa::kScalar);
@@ -319,15 +362,15 @@ TEST(GemmQuant, RepackIsExact) {
 // PackPanel against the layout of repack.h, spelled out from DecodeBlock32 (the per-value decoder)
 // for full and partial panels of every type; Q4_0 and Q8_0 have their own byte-copy path.
 TEST(GemmQuant, PackPanelMatchesLayout) {
-  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
-    const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 160 : 512, kb = k / 32;
+  for (QuantType t : kGemmQuantTypes) {
+    const int64_t k = BlockOf(t) == 32 ? 160 : 512, kb = k / 32;
     const size_t row_bytes = RowBytes(t, k);
     for (int rows : {16, 11}) {
       const std::vector<uint8_t> w = RandomWeights(t, rows, k);
       std::vector<uint8_t> got(static_cast<size_t>(PackedPanelBytes(t, k)), 0xA5);
       PackPanel(t, w.data(), row_bytes, rows, k, got.data());
       const uint8_t* quants = got.data() + PackedScaleSection(t, kb);
-      const bool nibbles = t == QuantType::kQ4_0 || t == QuantType::kQ4_K;
+      const bool nibbles = PackedNibbles(t);
       for (int64_t b = 0; b < kb; ++b)
         for (int r = 0; r < kPackRows; ++r) {
           Block32 blk{};
@@ -354,16 +397,30 @@ TEST(GemmQuant, PackedBytes) {
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ6_K, 33, 256), 3u * (320 + 8 * 512));
   EXPECT_FALSE(CanRepack(QuantType::kF16));
   EXPECT_TRUE(GemmSupports(QuantType::kBF16));
-  EXPECT_FALSE(GemmSupports(QuantType::kQ5_K));
+  EXPECT_FALSE(GemmSupports(QuantType::kQ8_K));
+  for (QuantType t : kGemmQuantTypes) {
+    EXPECT_TRUE(GemmSupports(t)) << TypeName(t);
+    EXPECT_TRUE(CanRepack(t)) << TypeName(t);
+  }
+  // The new formats' sizes (repack.h): Q4_1 5.0 bits per weight, Q5_0 as Q8_0, Q5_K 8.625,
+  // Q3_K 4.5625, Q2_K 5.125, IQ4_NL 4.5, IQ4_XS 4.3125, MXFP4 4.25.
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_1, 16, 4096), 16u * 4096 * 5 / 8);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ5_0, 16, 4096), PackedWeightBytes(QuantType::kQ8_0, 16, 4096));
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ5_K, 16, 4096), 16u * 4096 * 8.625 / 8);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ3_K, 16, 4096), 16u * 4096 * 4.5625 / 8);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kQ2_K, 16, 4096), 16u * 4096 * 5.125 / 8);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kIQ4_NL, 16, 4096), 16u * 4096 * 4.5 / 8);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kIQ4_XS, 16, 4096), 16u * 4096 * 4.3125 / 8);
+  EXPECT_EQ(PackedWeightBytes(QuantType::kMXFP4, 16, 4096), 16u * 4096 * 4.25 / 8);
 }
 
 // Public entry points with 1 and 2 threads: bit-identical, and correct. n = 17 (two panels) makes
 // the split go by rows, which moves rows between the AMX tiles and the vpdpbusd tail.
 TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
   const int saved = omp_get_max_threads();
-  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
+  for (QuantType t : kGemmQuantTypes) {
     for (int64_t m : {3, 70}) {
-      const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 320 : 512;
+      const int64_t k = BlockOf(t) == 32 ? 320 : 512;
       for (int64_t n : {101, 17}) {
       Problem p = MakeProblem(t, m, n, k);
       for (bool packed : {false, true}) {
@@ -394,9 +451,9 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
   FillAvx512GemmWith(&amx, true);
   FillAvx512GemmWith(&vnni, false);
   // Row counts with a tail of 6, 5 (both padded AMX tiles, in a pair and alone), 4 (vpdpbusd) and 15.
-  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K})
+  for (QuantType t : kGemmQuantTypes)
     for (int64_t m : {70, 21, 20, 127}) {
-      const int64_t k = t == QuantType::kQ4_0 || t == QuantType::kQ8_0 ? 32 * 37 : 256 * 5;
+      const int64_t k = BlockOf(t) == 32 ? 32 * 37 : 256 * 5;
       Problem p = MakeProblem(t, m, 37, k);
       const std::string what = std::string(TypeName(t)) + " m " + std::to_string(m);
       for (bool packed : {false, true}) {

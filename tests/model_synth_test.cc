@@ -87,10 +87,11 @@ std::vector<int32_t> Prompt(int n, int n_vocab, uint32_t seed) {
 struct Case {
   const char* arch;
   QuantType type;
+  const char* mix = "";  // a llama-quantize mix (synth --type), overriding type
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(info.param.arch) + "_" + TypeName(info.param.type);
+  return std::string(info.param.arch) + "_" + (*info.param.mix ? info.param.mix : TypeName(info.param.type));
 }
 
 class SynthVsReference : public ::testing::TestWithParam<Case> {};
@@ -99,8 +100,8 @@ TEST_P(SynthVsReference, LogitsAndRouting) {
   const Case c = GetParam();
   ScratchDir dir;
   const std::string path = dir.File("model.gguf");
-  auto synth = synth::SynthModel::Create(
-      {.preset = "tiny", .arch = c.arch, .layers = kLayers, .type = c.type, .router_skew = 0.5f, .seed = 7});
+  auto synth = synth::SynthModel::Create({.preset = "tiny", .arch = c.arch, .layers = kLayers, .type = c.type,
+                                          .mix = c.mix, .router_skew = 0.5f, .seed = 7});
   ASSERT_TRUE(synth.ok()) << synth.status().ToString();
   ASSERT_TRUE((*synth)->Write(path, {.threads = 2}).ok());
 
@@ -118,7 +119,8 @@ TEST_P(SynthVsReference, LogitsAndRouting) {
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   ASSERT_EQ(ref->logits.size(), resp->logits.size());
 
-  const bool quantised = c.type != QuantType::kF32;
+  const bool quantised = c.type != QuantType::kF32 || *c.mix;
+  const std::string label = *c.mix ? c.mix : TypeName(c.type);
   const double bound = quantised ? kQuantRelBound : kF32RelBound;
   const double tie_gap = quantised ? kTieGap : 1e-4;
 
@@ -148,7 +150,7 @@ TEST_P(SynthVsReference, LogitsAndRouting) {
     const double* want = ref->logits.data() + t * V;
     const double err = RelErr(row, want, V);
     worst = std::max(worst, err);
-    EXPECT_LT(err, bound) << c.arch << " " << TypeName(c.type) << " position " << t;
+    EXPECT_LT(err, bound) << c.arch << " " << label << " position " << t;
     // Top-1 must agree unless the fp64 top-2 are closer than the error bound allows.
     std::vector<double> sorted(want, want + V);
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
@@ -156,11 +158,11 @@ TEST_P(SynthVsReference, LogitsAndRouting) {
     for (int64_t i = 0; i < V; ++i) rms += want[i] * want[i];
     rms = std::sqrt(rms / V);
     if (sorted[0] - sorted[1] > 2 * bound * rms)
-      EXPECT_EQ(ArgMax(row, V), ArgMax(want, V)) << c.arch << " " << TypeName(c.type) << " position " << t;
+      EXPECT_EQ(ArgMax(row, V), ArgMax(want, V)) << c.arch << " " << label << " position " << t;
   }
-  std::printf("%-9s %-5s worst row rel err %.2e; routing differs at %d of %lld token-layers (worst deficit %.3f; "
+  std::printf("%-9s %-6s worst row rel err %.2e; routing differs at %d of %lld token-layers (worst deficit %.3f; "
               "%d near ties)\n",
-              c.arch, TypeName(c.type), worst, n_diff, static_cast<long long>(T * L), worst_deficit, n_near_ties);
+              c.arch, label.c_str(), worst, n_diff, static_cast<long long>(T * L), worst_deficit, n_near_ties);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SynthVsReference,
@@ -169,6 +171,21 @@ INSTANTIATE_TEST_SUITE_P(All, SynthVsReference,
                                            Case{"qwen3moe", QuantType::kQ8_0}, Case{"qwen3moe", QuantType::kQ4_0},
                                            Case{"llama", QuantType::kF32}, Case{"llama", QuantType::kQ8_0},
                                            Case{"llama", QuantType::kQ4_0}),
+                         CaseName);
+
+// llama-quantize mixes (synth --type): every new weight type appears in one of them on the tiny
+// shapes (n_embd 256, n_ff_exp 128 or 512, 8 experts: attn_k/attn_v become q8_0, attn_output
+// q5_K, and 128-wide rows fall back to q4_0/q5_0/q5_1/iq4_nl as in llama-quantize). The fp64
+// forward runs on the dequantised weights, so the bound is the activation quantisation's, as above.
+INSTANTIATE_TEST_SUITE_P(Mixes, SynthVsReference,
+                         ::testing::Values(Case{"olmoe", QuantType::kQ4_0, "q4_K_M"},
+                                           Case{"olmoe", QuantType::kQ4_0, "q5_K_M"},
+                                           Case{"qwen3moe", QuantType::kQ4_0, "q3_K_M"},
+                                           Case{"llama", QuantType::kQ4_0, "q2_K"},
+                                           Case{"olmoe", QuantType::kQ4_0, "iq4_xs"},
+                                           Case{"qwen3moe", QuantType::kQ4_0, "q4_1"},
+                                           Case{"llama", QuantType::kQ4_0, "q5_1"},
+                                           Case{"olmoe", QuantType::kQ4_0, "mxfp4_moe"}),
                          CaseName);
 
 // ---- Golden file ------------------------------------------------------------------------------

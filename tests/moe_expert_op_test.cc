@@ -534,9 +534,7 @@ TEST_P(ExpertOp, NoAllocationPerInvocation) {
       std::vector<float> my(out.size());
       for (const kernels::WeightView* w : {&b[0].gate, &b[0].up, &b[0].down}) {
         const bool packed = w->layout == kernels::WeightLayout::kPacked;
-        kernels::KernelTable::GemmFn fn = c.type == QuantType::kQ4_0   ? (packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0)
-                                          : c.type == QuantType::kQ8_0 ? (packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0)
-                                                                       : (packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k);
+        kernels::KernelTable::GemmFn fn = kt.Quant(c.type, packed);
         fn(*w, xq.data(), 128, 0, 16, my.data(), 16);
       }
     }
@@ -577,7 +575,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{QuantType::kQ4_0, kernels::WeightLayout::kPacked, 224, 160},
                       Case{QuantType::kQ8_0, kernels::WeightLayout::kGguf, 96, 288},
                       Case{QuantType::kQ4_K, kernels::WeightLayout::kPacked, 256, 512},
-                      Case{QuantType::kF32, kernels::WeightLayout::kGguf, 160, 96}),
+                      Case{QuantType::kF32, kernels::WeightLayout::kGguf, 160, 96},
+                      Case{QuantType::kQ5_K, kernels::WeightLayout::kPacked, 256, 512},
+                      Case{QuantType::kIQ4_XS, kernels::WeightLayout::kPacked, 512, 256},
+                      Case{QuantType::kQ2_K, kernels::WeightLayout::kGguf, 256, 256},
+                      Case{QuantType::kMXFP4, kernels::WeightLayout::kPacked, 224, 160},
+                      Case{QuantType::kQ5_0, kernels::WeightLayout::kPacked, 96, 288}),
     [](const auto& info) {
       return std::string(TypeName(info.param.type)) +
              (info.param.layout == kernels::WeightLayout::kPacked ? "_packed" : "_gguf");

@@ -27,6 +27,7 @@
 #include "io/pack_model.h"
 #include "io/packed_layout.h"
 #include "kernels/kernels.h"
+#include "quant/quant.h"
 
 namespace estream::io {
 namespace {
@@ -86,6 +87,19 @@ std::vector<uint8_t> RandomTensorBytes(QuantType t, uint64_t n_bytes, std::mt199
     case QuantType::kQ6_K:
       for (size_t i = 0; i < b.size(); i += sizeof(BlockQ6_K)) put16(i + offsetof(BlockQ6_K, d), 0.01f * val(*rng));
       break;
+    case QuantType::kQ4_1: case QuantType::kQ5_0: case QuantType::kQ5_1: case QuantType::kQ5_K:
+    case QuantType::kQ3_K: case QuantType::kQ2_K: case QuantType::kIQ4_NL: case QuantType::kIQ4_XS:
+    case QuantType::kMXFP4: {
+      // Quantised random values: every field well-formed (the bytes are all the test compares).
+      const int64_t n = 256;
+      std::vector<float> row(n);
+      const size_t rb = RowBytes(t, n);
+      for (size_t i = 0; i + rb <= b.size(); i += rb) {
+        for (float& v : row) v = val(*rng);
+        QuantizeRow(t, row.data(), &b[i], n);
+      }
+      break;
+    }
     default:
       ADD_FAILURE() << "RandomTensorBytes: add type " << TypeName(t);
   }
@@ -344,6 +358,9 @@ INSTANTIATE_TEST_SUITE_P(
         PackCase{"olmoe_f32", Spec("olmoe", QuantType::kF32, QuantType::kF32, QuantType::kF32)},
         PackCase{"qwen3moe_mixed", Spec("qwen3moe", QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kF16, 96, 64)},
         PackCase{"qwen3moe_k_quants", Spec("qwen3moe", QuantType::kQ4_K, QuantType::kQ4_K, QuantType::kQ6_K, 256, 256)},
+        PackCase{"qwen3moe_k_quants_2", Spec("qwen3moe", QuantType::kQ5_K, QuantType::kQ3_K, QuantType::kQ2_K, 256, 256)},
+        PackCase{"olmoe_iq4_q5", Spec("olmoe", QuantType::kIQ4_NL, QuantType::kIQ4_XS, QuantType::kQ5_0, 256, 256)},
+        PackCase{"olmoe_mxfp4_q41_q51", Spec("olmoe", QuantType::kMXFP4, QuantType::kQ4_1, QuantType::kQ5_1, 256, 256)},
         PackCase{"mixtral_per_expert_q4_0",
                  Spec("llama", QuantType::kQ4_0, QuantType::kQ4_0, QuantType::kQ8_0, 64, 96, /*per_expert=*/true)},
         PackCase{"mixtral_per_expert_f32",

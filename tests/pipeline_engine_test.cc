@@ -155,6 +155,42 @@ TEST(PipelineEngine, EveryConfigurationMatchesResident) {
               permuted_runs);
 }
 
+// Models of the llama-quantize mixes with the new weight types (synth --type; 16 experts, so
+// no 8-expert q8_0 attention rule): packed, and streamed under a token budget, they give the
+// resident GGUF run's logits bit for bit (the experts' kernels read the same packed bytes, which
+// the resident load repacks identically).
+TEST(PipelineEngine, MixesStreamedMatchResident) {
+  for (const char* mix : {"q5_K_M", "iq4_xs", "q2_K", "q3_K_L", "mxfp4", "q4_1"}) {
+    ScratchDir dir;
+    const std::string gguf = dir.File("mix.gguf"), packed = dir.File("mix.packed.gguf");
+    synth::SynthOptions so;
+    so.layers = 2;
+    so.experts = 16;
+    so.top_k = 4;
+    so.mix = mix;
+    so.seed = 9;
+    auto sm = synth::SynthModel::Create(so);
+    ASSERT_TRUE(sm.ok()) << mix << ": " << sm.status().ToString();
+    ASSERT_TRUE((*sm)->Write(gguf, {.threads = 1}).ok()) << mix;
+    {
+      auto in = GgufFile::Open(gguf, {.mmap = false});
+      ASSERT_TRUE(in.ok()) << mix;
+      ASSERT_TRUE(io::PackModel(**in, packed).ok()) << mix;
+    }
+    auto resident = Engine::Load(gguf, {.n_threads = 2});
+    ASSERT_TRUE(resident.ok()) << mix << ": " << resident.status().ToString();
+    auto want = RunOnce(**resident);
+    ASSERT_TRUE(want.ok()) << mix << ": " << want.status().ToString();
+    auto e = Engine::Load(packed, {.n_threads = 2, .group_size = 4, .banks = 2, .budget_tokens = 128});
+    ASSERT_TRUE(e.ok()) << mix << ": " << e.status().ToString();
+    auto r = RunOnce(**e);
+    ASSERT_TRUE(r.ok()) << mix << ": " << r.status().ToString();
+    EXPECT_TRUE(r->config.streamed) << mix;
+    EXPECT_GT(r->bytes_read, 0u) << mix;
+    ExpectSame(r->logits, true, std::string(mix) + " streamed", 0, &want->logits);
+  }
+}
+
 // A random permutation per layer (a fresh seed each run, printed; ESTREAM_TEST_SEED replays),
 // every schedule with several G / B / Q, against the all-resident run of the unpermuted GGUF
 // model: max relative logit error < 1e-5 asserted, bit-identical runs counted.

@@ -82,7 +82,10 @@ INSTANTIATE_TEST_SUITE_P(
                       VectorCase{"q4_0.bin", QuantType::kQ4_0}, VectorCase{"q4_1.bin", QuantType::kQ4_1},
                       VectorCase{"q5_0.bin", QuantType::kQ5_0}, VectorCase{"q5_1.bin", QuantType::kQ5_1},
                       VectorCase{"q8_0.bin", QuantType::kQ8_0}, VectorCase{"q4_k.bin", QuantType::kQ4_K},
-                      VectorCase{"q5_k.bin", QuantType::kQ5_K}, VectorCase{"q6_k.bin", QuantType::kQ6_K}),
+                      VectorCase{"q5_k.bin", QuantType::kQ5_K}, VectorCase{"q6_k.bin", QuantType::kQ6_K},
+                      VectorCase{"q2_k.bin", QuantType::kQ2_K}, VectorCase{"q3_k.bin", QuantType::kQ3_K},
+                      VectorCase{"iq4_nl.bin", QuantType::kIQ4_NL}, VectorCase{"iq4_xs.bin", QuantType::kIQ4_XS},
+                      VectorCase{"mxfp4.bin", QuantType::kMXFP4}),
     [](const auto& info) {
       std::string s = info.param.file;
       return s.substr(0, s.find('.'));
@@ -105,7 +108,52 @@ TEST_P(SharedQuantiseTest, QuantisesToStoredBytes) {
 INSTANTIATE_TEST_SUITE_P(
     Quant, SharedQuantiseTest,
     ::testing::Values(VectorCase{"f16.bin", QuantType::kF16}, VectorCase{"bf16.bin", QuantType::kBF16},
-                      VectorCase{"q4_0.bin", QuantType::kQ4_0}, VectorCase{"q8_0.bin", QuantType::kQ8_0}),
+                      VectorCase{"q4_0.bin", QuantType::kQ4_0}, VectorCase{"q8_0.bin", QuantType::kQ8_0},
+                      VectorCase{"q4_1.bin", QuantType::kQ4_1}, VectorCase{"q5_0.bin", QuantType::kQ5_0},
+                      VectorCase{"q5_1.bin", QuantType::kQ5_1}),
+    [](const auto& info) {
+      std::string s = info.param.file;
+      return s.substr(0, s.find('.'));
+    });
+
+// The other quantisers (round to nearest with simpler scale choices than ggml's searches, see
+// quant.h): their rms error on the shared source row is at most `ratio` x that of ggml's stored
+// quantisation, and the output dequantises (every value finite).
+struct ErrorCase {
+  const char* file;
+  QuantType type;
+  double ratio;
+};
+void PrintTo(const ErrorCase& c, std::ostream* os) { *os << c.file; }
+class SharedQuantiseErrorTest : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(SharedQuantiseErrorTest, ErrorCloseToGgml) {
+  Vector v;
+  ASSERT_TRUE(LoadVector(GetParam().file, &v)) << "cannot read " << kQuantDir << GetParam().file;
+  ASSERT_EQ(v.type, GetParam().type);
+  ASSERT_TRUE(CanQuantize(v.type));
+  std::vector<uint8_t> q(v.row.size(), 0xA5);
+  QuantizeRow(v.type, v.source.data(), q.data(), v.n);
+  std::vector<float> y(v.n, std::numeric_limits<float>::quiet_NaN());
+  DequantizeRow(v.type, q.data(), y.data(), v.n);
+  double ours = 0, ggml = 0;
+  for (int64_t i = 0; i < v.n; ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << TypeName(v.type) << " value " << i;
+    ours += (y[i] - static_cast<double>(v.source[i])) * (y[i] - v.source[i]);
+    ggml += (v.expected[i] - static_cast<double>(v.source[i])) * (v.expected[i] - v.source[i]);
+  }
+  const double ratio = std::sqrt(ours / ggml);
+  std::printf("%s: rms error %.4g, ggml %.4g (ratio %.3f)\n", TypeName(v.type), std::sqrt(ours / v.n),
+              std::sqrt(ggml / v.n), ratio);
+  EXPECT_LE(ratio, GetParam().ratio) << TypeName(v.type);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Quant, SharedQuantiseErrorTest,
+    ::testing::Values(ErrorCase{"q4_k.bin", QuantType::kQ4_K, 1.2}, ErrorCase{"q5_k.bin", QuantType::kQ5_K, 1.2},
+                      ErrorCase{"q6_k.bin", QuantType::kQ6_K, 1.2}, ErrorCase{"q3_k.bin", QuantType::kQ3_K, 1.2},
+                      ErrorCase{"q2_k.bin", QuantType::kQ2_K, 1.25}, ErrorCase{"iq4_nl.bin", QuantType::kIQ4_NL, 1.1},
+                      ErrorCase{"iq4_xs.bin", QuantType::kIQ4_XS, 1.1}, ErrorCase{"mxfp4.bin", QuantType::kMXFP4, 1.0}),
     [](const auto& info) {
       std::string s = info.param.file;
       return s.substr(0, s.find('.'));
@@ -230,22 +278,36 @@ TEST(QuantRoundTrip, F32IsExact) {
 TEST(QuantRoundTrip, ZeroBlockStaysZero) {
   std::vector<float> x = RandomRow(96, 5);
   for (int j = 32; j < 64; ++j) x[j] = 0.0f;
-  for (QuantType t : {QuantType::kQ8_0, QuantType::kQ4_0}) {
-    std::vector<uint8_t> q(RowBytes(t, 96));
-    QuantizeRow(t, x.data(), q.data(), 96);
-    std::vector<float> y(96, std::numeric_limits<float>::quiet_NaN());
-    DequantizeRow(t, q.data(), y.data(), 96);
-    for (int j = 32; j < 64; ++j) EXPECT_EQ(y[j], 0.0f) << TypeName(t);
+  x.resize(256);
+  for (int j = 96; j < 256; ++j) x[j] = 0.5f * (j % 7) - 1.0f;
+  for (QuantType t : {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ5_0, QuantType::kQ5_1,
+                      QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K,
+                      QuantType::kIQ4_NL, QuantType::kIQ4_XS, QuantType::kMXFP4}) {
+    std::vector<uint8_t> q(RowBytes(t, 256));
+    QuantizeRow(t, x.data(), q.data(), 256);
+    std::vector<float> y(256, std::numeric_limits<float>::quiet_NaN());
+    DequantizeRow(t, q.data(), y.data(), 256);
+    for (int j = 0; j < 256; ++j) ASSERT_TRUE(std::isfinite(y[j])) << TypeName(t);
+    // 32-value blocks: the zero block is exact. (The K-quants' and IQ4_XS's zero sub-blocks share a
+    // super-block with non-zero ones, so they come back as small multiples of its scales.)
+    if (GetTypeTraits(t)->block_size == 32) {
+      for (int j = 32; j < 64; ++j) EXPECT_EQ(y[j], 0.0f) << TypeName(t);
+    }
   }
 }
 
 TEST(QuantSupport, Lists) {
   for (QuantType t : {QuantType::kF32, QuantType::kF16, QuantType::kBF16, QuantType::kQ4_0, QuantType::kQ4_1,
                       QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ5_K,
-                      QuantType::kQ6_K})
+                      QuantType::kQ6_K, QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kIQ4_NL,
+                      QuantType::kIQ4_XS, QuantType::kMXFP4}) {
     EXPECT_TRUE(CanDequantize(t)) << TypeName(t);
-  EXPECT_FALSE(CanDequantize(QuantType::kQ2_K));
-  EXPECT_FALSE(CanQuantize(QuantType::kQ4_K));
+    EXPECT_TRUE(CanQuantize(t)) << TypeName(t);
+    EXPECT_TRUE(GetTypeTraits(t)->can_dequantize) << TypeName(t);
+  }
+  EXPECT_FALSE(CanDequantize(QuantType::kQ8_K));
+  EXPECT_EQ(ParseTypeName("IQ4_XS"), QuantType::kIQ4_XS);
+  EXPECT_EQ(ParseTypeName("mxfp4"), QuantType::kMXFP4);
   EXPECT_TRUE(CanQuantize(QuantType::kQ4_0));
 }
 

@@ -136,9 +136,74 @@ TEST(SynthPresets, BadNamesListSupported) {
   auto t = ParseSynthType("q4_K");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("q4_0, q8_0, f16, bf16, f32"), std::string::npos);
+  EXPECT_NE(t.status().message().find("q4_K_M"), std::string::npos);
   for (const char* name : {"q4_0", "Q8_0", "f16", "bf16", "f32"}) EXPECT_TRUE(ParseSynthType(name).ok()) << name;
   for (const std::string& msg : {p.status().message(), a.status().message(), t.status().message()})
     EXPECT_EQ(msg.find('\n'), std::string::npos);
+}
+
+// The llama-quantize mixes: names (aliases, case), and the per-tensor rules on the full-size
+// shapes (llama.cpp's llama_tensor_get_type without importance matrix).
+TEST(SynthMixes, NamesAndRules) {
+  SynthOptions o;
+  ASSERT_TRUE(ApplySynthType("Q4_K", &o).ok());
+  EXPECT_EQ(o.mix, "q4_K_M");
+  ASSERT_TRUE(ApplySynthType("mxfp4", &o).ok());
+  EXPECT_EQ(o.mix, "mxfp4_moe");
+  ASSERT_TRUE(ApplySynthType("q8_0", &o).ok());
+  EXPECT_TRUE(o.mix.empty());
+  EXPECT_EQ(o.type, QuantType::kQ8_0);
+  for (const char* m : {"q2_K", "q3_K_S", "q3_K_M", "q3_K_L", "q4_K_S", "q4_K_M", "q5_K_S", "q5_K_M", "q6_K", "q4_1",
+                        "q5_0", "q5_1", "iq4_nl", "iq4_xs", "mxfp4_moe"})
+    EXPECT_TRUE(ApplySynthType(m, &o).ok()) << m;
+  const Status bad = ApplySynthType("iq2_xxs", &o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("q4_K_M"), std::string::npos);
+
+  auto olmoe = FindPreset("olmoe-1b-7b");  // 16 layers, 64 experts, n_embd 2048, n_ff_exp 1024
+  ASSERT_TRUE(olmoe.ok());
+  auto T = [&](const char* mix, const std::string& name, std::vector<int64_t> dims) {
+    return MixTensorType(mix, *olmoe, name, dims);
+  };
+  const std::vector<int64_t> attn = {2048, 2048}, down = {1024, 2048, 64}, up = {2048, 1024, 64};
+  // Q4_K_M: output q6_K; attn_v and ffn_down q6_K on use_more_bits layers (0, 1, 4, 7, ..., 14, 15).
+  EXPECT_EQ(T("q4_K_M", "output.weight", {2048, 50304}), QuantType::kQ6_K);
+  EXPECT_EQ(T("q4_K_M", "token_embd.weight", {2048, 50304}), QuantType::kQ4_K);
+  EXPECT_EQ(T("q4_K_M", "blk.0.attn_v.weight", attn), QuantType::kQ6_K);
+  EXPECT_EQ(T("q4_K_M", "blk.2.attn_v.weight", attn), QuantType::kQ4_K);
+  EXPECT_EQ(T("q4_K_M", "blk.4.ffn_down_exps.weight", down), QuantType::kQ6_K);
+  EXPECT_EQ(T("q4_K_M", "blk.5.ffn_down_exps.weight", down), QuantType::kQ4_K);
+  EXPECT_EQ(T("q4_K_M", "blk.5.ffn_up_exps.weight", up), QuantType::kQ4_K);
+  // Q3_K_M: attn_v q5_K for the first two layers then q4_K, ffn_down q5_K below n/16 then q4_K,
+  // attn_output q4_K.
+  EXPECT_EQ(T("q3_K_M", "blk.1.attn_v.weight", attn), QuantType::kQ5_K);
+  EXPECT_EQ(T("q3_K_M", "blk.2.attn_v.weight", attn), QuantType::kQ4_K);
+  EXPECT_EQ(T("q3_K_M", "blk.0.ffn_down_exps.weight", down), QuantType::kQ5_K);
+  EXPECT_EQ(T("q3_K_M", "blk.3.ffn_down_exps.weight", down), QuantType::kQ4_K);
+  EXPECT_EQ(T("q3_K_M", "blk.3.attn_output.weight", attn), QuantType::kQ4_K);
+  EXPECT_EQ(T("q3_K_M", "blk.3.attn_q.weight", attn), QuantType::kQ3_K);
+  // Q2_K: attn_v q3_K (n_gqa 1), ffn_down q3_K, attn_output q3_K; IQ4_XS: ffn_down q5_K below n/8.
+  EXPECT_EQ(T("q2_K", "blk.3.attn_v.weight", attn), QuantType::kQ3_K);
+  EXPECT_EQ(T("q2_K", "blk.3.ffn_down_exps.weight", down), QuantType::kQ3_K);
+  EXPECT_EQ(T("iq4_xs", "blk.1.ffn_down_exps.weight", down), QuantType::kQ5_K);
+  EXPECT_EQ(T("iq4_xs", "blk.2.ffn_down_exps.weight", down), QuantType::kIQ4_XS);
+  // MXFP4_MOE: experts mxfp4, everything else q8_0.
+  EXPECT_EQ(T("mxfp4_moe", "blk.2.ffn_down_exps.weight", down), QuantType::kMXFP4);
+  EXPECT_EQ(T("mxfp4_moe", "blk.2.attn_q.weight", attn), QuantType::kQ8_0);
+  EXPECT_EQ(T("mxfp4_moe", "output.weight", {2048, 50304}), QuantType::kQ8_0);
+  // Rows not a multiple of 256 fall back: q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, q2_K/q3_K ->
+  // q4_0, iq4_xs -> iq4_nl.
+  EXPECT_EQ(T("q4_K_M", "blk.5.ffn_down_exps.weight", {1408, 2048, 64}), QuantType::kQ5_0);
+  EXPECT_EQ(T("q5_K_S", "blk.5.ffn_down_exps.weight", {1408, 2048, 64}), QuantType::kQ5_1);
+  EXPECT_EQ(T("q4_K_M", "blk.4.ffn_down_exps.weight", {1408, 2048, 64}), QuantType::kQ8_0);
+  EXPECT_EQ(T("q2_K", "blk.5.ffn_gate_exps.weight", {1408, 2048, 64}), QuantType::kQ4_0);
+  EXPECT_EQ(T("iq4_xs", "blk.5.ffn_gate_exps.weight", {1408, 2048, 64}), QuantType::kIQ4_NL);
+  // 8 experts (Mixtral): attn_k/attn_v q8_0, attn_output q5_K.
+  auto mixtral = FindPreset("mixtral-8x7b");
+  ASSERT_TRUE(mixtral.ok());
+  EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_v.weight", {4096, 1024}), QuantType::kQ8_0);
+  EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_k.weight", {4096, 1024}), QuantType::kQ8_0);
+  EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_output.weight", {4096, 4096}), QuantType::kQ5_K);
 }
 
 // ---- BPE builder ----------------------------------------------------------------------------

@@ -14,8 +14,9 @@
 //
 // Architectures: `olmoe` (OLMoE), `qwen3moe` (Qwen3-MoE), `llama` with experts (Mixtral), with
 // merged `*_exps` expert tensors or Mixtral's older per-expert tensors. Weight types: whatever the
-// kernels' GEMM supports (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K); other types are refused at load
-// with an error naming the tensor.
+// kernels' GEMM supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K, IQ4_NL, IQ4_XS, MXFP4); other types are refused at load with an error naming the tensor
+// and the nearest supported llama-quantize mix to convert to.
 //
 // Errors: expected failures (file, model, request) come back as a Status with a one-line message
 // naming the field at fault. A failed Run leaves the engine fully usable for the next request.

@@ -412,8 +412,8 @@ Status GgufFile::Parse(gguf_internal::Cursor& cur) {
     const TypeTraits* tr = GetTypeTraits(raw_type);
     if (tr == nullptr)
       return Status::NotSupported(
-          fmt::format("{}: {} type (at byte {}): unknown tensor type {} (known: {})", path_, field, type_at,
-                      raw_type, KnownTensorTypes()));
+          fmt::format("{}: {} type (at byte {}): unknown tensor type {} (known: {}); {}", path_, field, type_at,
+                      raw_type, KnownTensorTypes(), UnsupportedTypeAdvice(raw_type)));
     t.type = tr->type;
     ESTREAM_RETURN_IF_ERROR(p.Pod(&t.offset, field + " offset"));
 

@@ -41,14 +41,10 @@ void GemmColumns(const KernelTable& kt, const WeightView& w, const BlockQ8A* xq,
   const bool packed = w.layout == WeightLayout::kPacked;
   KernelTable::GemmFn fn = nullptr;
   switch (w.type) {
-    case QuantType::kQ4_0: fn = packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0; break;
-    case QuantType::kQ8_0: fn = packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0; break;
-    case QuantType::kQ4_K: fn = packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k; break;
-    case QuantType::kQ6_K: fn = packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k; break;
     case QuantType::kF32: kt.gemm_f32(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
     case QuantType::kF16: kt.gemm_f16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
     case QuantType::kBF16: kt.gemm_bf16(w, x, ldx, m, n_begin, n_end, y, ld_tile); return;
-    default: break;
+    default: fn = kt.Quant(w.type, packed); break;
   }
   ESTREAM_CHECK(fn != nullptr, "GemmColumns: weight type without a GEMM (callers check GemmSupports)");
   fn(w, xq, m, n_begin, n_end, y, ld_tile);

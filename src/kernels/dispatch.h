@@ -15,6 +15,18 @@
 
 namespace estream::kernels {
 
+// The quantised weight types of the GEMM, in table slot order.
+inline constexpr QuantType kGemmQuantTypes[] = {
+    QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K,  QuantType::kQ4_1,
+    QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ5_K, QuantType::kQ3_K,  QuantType::kQ2_K,
+    QuantType::kIQ4_NL, QuantType::kIQ4_XS, QuantType::kMXFP4};
+inline constexpr int kGemmQuantCount = static_cast<int>(sizeof(kGemmQuantTypes) / sizeof(kGemmQuantTypes[0]));
+constexpr int GemmQuantSlot(QuantType t) {
+  for (int i = 0; i < kGemmQuantCount; ++i)
+    if (kGemmQuantTypes[i] == t) return i;
+  return -1;
+}
+
 struct KernelTable {
   Isa isa = Isa::kScalar;
 
@@ -22,14 +34,16 @@ struct KernelTable {
   // Computes y rows [0, m) x columns [n_begin, n_end): the caller splits work across threads.
   using GemmFn = void (*)(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end,
                           float* y, int64_t ldy);
-  GemmFn gemm_q4_0 = nullptr;
-  GemmFn gemm_q8_0 = nullptr;
-  GemmFn gemm_q4_k = nullptr;
-  GemmFn gemm_q6_k = nullptr;
-  GemmFn gemm_q4_0_packed = nullptr;
-  GemmFn gemm_q8_0_packed = nullptr;
-  GemmFn gemm_q4_k_packed = nullptr;
-  GemmFn gemm_q6_k_packed = nullptr;
+  // The kernel of a quantised type (one of kGemmQuantTypes) and layout; nullptr if none.
+  GemmFn Quant(QuantType t, bool packed) const {
+    const int slot = GemmQuantSlot(t);
+    return slot < 0 ? nullptr : gemm_quant[slot][packed ? 1 : 0];
+  }
+  void SetQuant(QuantType t, bool packed, GemmFn fn) {
+    const int slot = GemmQuantSlot(t);
+    if (slot >= 0) gemm_quant[slot][packed ? 1 : 0] = fn;
+  }
+  GemmFn gemm_quant[kGemmQuantCount][2] = {};  // [GemmQuantSlot(type)][packed]
   // Float weights (F32/F16/BF16) times float activations, same split convention.
   using GemmFloatFn = void (*)(const WeightView& w, const float* x, int64_t ldx, int64_t m, int64_t n_begin,
                                int64_t n_end, float* y, int64_t ldy);

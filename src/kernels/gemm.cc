@@ -56,26 +56,13 @@ void ParallelSplit(int64_t m, int64_t n, Fn&& fn) {
 }
 
 KernelTable::GemmFn QuantFn(const KernelTable& kt, const WeightView& w) {
-  const bool packed = w.layout == WeightLayout::kPacked;
-  switch (w.type) {
-    case QuantType::kQ4_0: return packed ? kt.gemm_q4_0_packed : kt.gemm_q4_0;
-    case QuantType::kQ8_0: return packed ? kt.gemm_q8_0_packed : kt.gemm_q8_0;
-    case QuantType::kQ4_K: return packed ? kt.gemm_q4_k_packed : kt.gemm_q4_k;
-    case QuantType::kQ6_K: return packed ? kt.gemm_q6_k_packed : kt.gemm_q6_k;
-    default: return nullptr;
-  }
+  return kt.Quant(w.type, w.layout == WeightLayout::kPacked);
 }
 
 }  // namespace
 
 bool GemmSupports(QuantType t) {
-  switch (t) {
-    case QuantType::kF32: case QuantType::kF16: case QuantType::kBF16:
-    case QuantType::kQ4_0: case QuantType::kQ8_0: case QuantType::kQ4_K: case QuantType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
+  return t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16 || GemmQuantSlot(t) >= 0;
 }
 
 size_t ActivationBytes(int64_t m, int64_t k) {

@@ -36,9 +36,11 @@ struct WeightView {
   const void* data = nullptr;  // not owned
 };
 
-// True if GEMM supports weights of type t (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K).
+// True if GEMM supports weights of type t: F32, F16, BF16 and the quantised types Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 (dispatch.h
+// kGemmQuantTypes).
 bool GemmSupports(QuantType t);
-// True if t has a kernel-native packed layout.
+// True if t has a kernel-native packed layout (every quantised GEMM type; repack.h).
 bool CanRepack(QuantType t);
 // Bytes of the packed layout of an n x k matrix of type t.
 size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k);
@@ -61,7 +63,8 @@ size_t ActivationBytes(int64_t m, int64_t k);
 // xq = Q8A(x), row by row (row r at xq + r * k / kQK8A). [parallel]
 void QuantizeActivations(const float* x, int64_t ldx, int64_t m, int64_t k, BlockQ8A* xq);
 
-// y[m x n] = Q8A activations x W^T, for quantised W (Q4_0, Q8_0, Q4_K, Q6_K). [parallel]
+// y[m x n] = Q8A activations x W^T, for quantised W (any quantised GemmSupports type): every type
+// multiplies the same 8-bit activation format. [parallel]
 void GemmQ8A(const WeightView& w, const BlockQ8A* xq, int64_t m, float* y, int64_t ldy);
 
 // y[m x n] = x[m x k] * W^T for any GemmSupports type: float types are multiplied in fp32,

@@ -165,8 +165,9 @@ class ModelLoader {
   Result<const float*> Norm(const std::string& name, int64_t n) {
     ESTREAM_ASSIGN_OR_RETURN(const GgufTensorInfo* t, Tensor(name, {n}));
     if (!CanDequantize(t->type))
-      return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which estream cannot read (supported: {})",
-                                              f_.path(), name, TypeName(t->type), SupportedTypeNames()));
+      return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which estream cannot read (supported: {}); {}",
+                                              f_.path(), name, TypeName(t->type), SupportedTypeNames(),
+                                              UnsupportedTypeAdvice(static_cast<uint32_t>(t->type))));
     m_->norms_.emplace_back(n);
     DequantizeRow(t->type, f_.TensorData(*t), m_->norms_.back().data(), n);
     m_->weight_bytes_ += n * sizeof(float);
@@ -176,8 +177,9 @@ class ModelLoader {
   Status CheckGemmType(const GgufTensorInfo& t) const {
     if (!kernels::GemmSupports(t.type))
       return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which the matrix kernels do not support "
-                                              "(supported: f32, f16, bf16, q4_0, q8_0, q4_K, q6_K)",
-                                              f_.path(), t.name, TypeName(t.type)));
+                                              "(supported: {}); {}",
+                                              f_.path(), t.name, TypeName(t.type), SupportedTypeNames(),
+                                              UnsupportedTypeAdvice(static_cast<uint32_t>(t.type))));
     return Status::Ok();
   }
 
@@ -254,7 +256,8 @@ class ModelLoader {
     const GgufTensorInfo* emb = f_.FindTensor("token_embd.weight");  // shape checked in ReadConfig
     if (!CanDequantize(emb->type))
       return Status::NotSupported(fmt::format("{}: tensor 'token_embd.weight' has type {}, which estream cannot read "
-                                              "(supported: {})", f_.path(), TypeName(emb->type), SupportedTypeNames()));
+                                              "(supported: {}); {}", f_.path(), TypeName(emb->type), SupportedTypeNames(),
+                                              UnsupportedTypeAdvice(static_cast<uint32_t>(emb->type))));
     m_->token_embd_type_ = emb->type;
     m_->token_embd_ = f_.TensorData(*emb);
     m_->token_embd_row_bytes_ = RowBytes(emb->type, d);

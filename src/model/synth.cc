@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -196,7 +198,123 @@ float MeanRouteWeightEnergy(const std::vector<float>& beta, int top_k, bool reno
 
 }  // namespace
 
-std::string SupportedSynthTypeNames() { return "q4_0, q8_0, f16, bf16, f32"; }
+namespace {
+
+// ---- llama-quantize mixes -----------------------------------------------------------------
+struct Mix {
+  const char* name;
+  QuantType base;
+  uint32_t ftype;  // llama_ftype (general.file_type)
+};
+constexpr Mix kMixes[] = {
+    {"q2_K", QuantType::kQ2_K, 10},   {"q3_K_S", QuantType::kQ3_K, 11}, {"q3_K_M", QuantType::kQ3_K, 12},
+    {"q3_K_L", QuantType::kQ3_K, 13}, {"q4_K_S", QuantType::kQ4_K, 14}, {"q4_K_M", QuantType::kQ4_K, 15},
+    {"q5_K_S", QuantType::kQ5_K, 16}, {"q5_K_M", QuantType::kQ5_K, 17}, {"q6_K", QuantType::kQ6_K, 18},
+    {"q4_1", QuantType::kQ4_1, 3},    {"q5_0", QuantType::kQ5_0, 8},    {"q5_1", QuantType::kQ5_1, 9},
+    {"iq4_nl", QuantType::kIQ4_NL, 25}, {"iq4_xs", QuantType::kIQ4_XS, 30}, {"mxfp4_moe", QuantType::kMXFP4, 38},
+};
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+const Mix* FindMix(const std::string& name) {
+  std::string n = Lower(name);
+  if (n == "q3_k") n = "q3_k_m";
+  if (n == "q4_k") n = "q4_k_m";
+  if (n == "q5_k") n = "q5_k_m";
+  if (n == "mxfp4") n = "mxfp4_moe";
+  for (const Mix& m : kMixes)
+    if (Lower(m.name) == n) return &m;
+  return nullptr;
+}
+
+}  // namespace
+
+QuantType MixTensorType(const std::string& mix_name, const ModelShape& s, const std::string& name,
+                        const std::vector<int64_t>& dims) {
+  const Mix* mix = FindMix(mix_name);
+  ESTREAM_CHECK(mix != nullptr, "MixTensorType: unknown mix");
+  const std::string f = mix->name;
+  auto is = [&](const char* m) { return f == m; };
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  const int64_t ncols = dims[0];
+  const bool expert = dims.size() > 2 && dims[2] > 1;
+  int layer = -1;
+  if (name.rfind("blk.", 0) == 0) layer = std::atoi(name.c_str() + 4);
+  const int n_layer = s.n_layer;
+  const int n_gqa = s.n_head / std::max(1, s.n_head_kv);
+  auto use_more_bits = [](int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; };
+  QuantType t = mix->base;
+  if (name == "output.weight") {
+    if (is("mxfp4_moe") || ncols % GetTypeTraits(t)->block_size != 0) t = QuantType::kQ8_0;
+    else if (t != QuantType::kQ8_0) t = QuantType::kQ6_K;
+  } else if (is("mxfp4_moe")) {
+    t = expert ? QuantType::kMXFP4 : QuantType::kQ8_0;
+  } else if (name == "token_embd.weight") {
+    // the mix's base type
+  } else if (has("attn_v.weight")) {
+    const int i = layer;
+    if (is("q2_K")) t = n_gqa >= 4 ? QuantType::kQ4_K : QuantType::kQ3_K;
+    else if (is("q3_K_M")) t = i < 2 ? QuantType::kQ5_K : QuantType::kQ4_K;
+    else if (is("q3_K_L")) t = QuantType::kQ5_K;
+    else if ((is("iq4_nl") || is("iq4_xs")) && n_gqa >= 4) t = QuantType::kQ5_K;
+    else if ((is("q4_K_M") || is("q5_K_M")) && use_more_bits(i, n_layer)) t = QuantType::kQ6_K;
+    else if (is("q4_K_S") && i < 4) t = QuantType::kQ5_K;
+    if (s.n_expert == 8) t = QuantType::kQ8_0;
+  } else if (has("attn_k.weight")) {
+    if (s.n_expert == 8) t = QuantType::kQ8_0;
+  } else if (has("ffn_down")) {
+    const int i = layer;
+    if (is("q2_K")) t = QuantType::kQ3_K;
+    else if (is("q3_K_M")) t = i < n_layer / 16 ? QuantType::kQ5_K : QuantType::kQ4_K;
+    else if (is("q3_K_L")) t = QuantType::kQ5_K;
+    else if (is("q4_K_M")) { if (use_more_bits(i, n_layer)) t = QuantType::kQ6_K; }
+    else if (i < n_layer / 8 && (is("iq4_nl") || is("iq4_xs"))) t = QuantType::kQ5_K;
+    else if (is("q5_K_M") && use_more_bits(i, n_layer)) t = QuantType::kQ6_K;
+    else if (is("q4_K_S") && i < n_layer / 8) t = QuantType::kQ5_K;
+  } else if (has("attn_output.weight")) {
+    if (s.n_expert == 8) {
+      if (is("q2_K") || is("q3_K_S") || is("q3_K_M") || is("iq4_nl") || is("q4_K_S") || is("q4_K_M") ||
+          is("iq4_xs"))
+        t = QuantType::kQ5_K;
+    } else {
+      if (is("q2_K")) t = QuantType::kQ3_K;
+      else if (is("q3_K_M")) t = QuantType::kQ4_K;
+      else if (is("q3_K_L")) t = QuantType::kQ5_K;
+    }
+  }
+  // Rows that the chosen type's blocks do not divide fall back as in llama-quantize.
+  if (ncols % GetTypeTraits(t)->block_size != 0) {
+    switch (t) {
+      case QuantType::kIQ4_XS: t = QuantType::kIQ4_NL; break;
+      case QuantType::kQ2_K: case QuantType::kQ3_K: t = QuantType::kQ4_0; break;
+      case QuantType::kQ4_K: t = QuantType::kQ5_0; break;
+      case QuantType::kQ5_K: t = QuantType::kQ5_1; break;
+      case QuantType::kQ6_K: t = QuantType::kQ8_0; break;
+      default: break;
+    }
+    if (ncols % GetTypeTraits(t)->block_size != 0) t = QuantType::kF16;
+  }
+  return t;
+}
+
+std::string SupportedSynthTypeNames() {
+  std::string out = "q4_0, q8_0, f16, bf16, f32 (every matrix that type)";
+  for (const Mix& m : kMixes) out += std::string(", ") + m.name;
+  return out + " (llama-quantize mixes)";
+}
+
+Status ApplySynthType(const std::string& name, SynthOptions* o) {
+  if (const Mix* m = FindMix(name)) {
+    o->mix = m->name;
+    return Status::Ok();
+  }
+  ESTREAM_ASSIGN_OR_RETURN(o->type, ParseSynthType(name));
+  o->mix.clear();
+  return Status::Ok();
+}
 
 Result<QuantType> ParseSynthType(const std::string& name) {
   const auto t = ParseTypeName(name);
@@ -229,7 +347,9 @@ uint64_t SynthModel::TensorBytes() const {
 Status SynthModel::Build() {
   const SynthOptions& o = options_;
   ESTREAM_ASSIGN_OR_RETURN(shape_, FindPreset(o.preset, o.arch));
-  if (o.type != QuantType::kQ4_0 && o.type != QuantType::kQ8_0 && o.type != QuantType::kF16 &&
+  if (!o.mix.empty() && FindMix(o.mix) == nullptr)
+    return Status::InvalidArgument("unknown weight mix '" + o.mix + "'; supported: " + SupportedSynthTypeNames());
+  if (o.mix.empty() && o.type != QuantType::kQ4_0 && o.type != QuantType::kQ8_0 && o.type != QuantType::kF16 &&
       o.type != QuantType::kBF16 && o.type != QuantType::kF32)
     return Status::InvalidArgument(std::string("unsupported weight type '") + TypeName(o.type) +
                                    "'; supported: " + SupportedSynthTypeNames());
@@ -316,8 +436,11 @@ Status SynthModel::Build() {
   auto add = [&](std::string name, QuantType type, std::vector<int64_t> dims, InitKind init, float scale, int layer) {
     SynthTensor t;
     t.name = std::move(name);
-    t.type = type;
     t.dims = std::move(dims);
+    // The matrices of the weight type follow the mix, if any (norms and routers stay f32).
+    t.type = !o.mix.empty() && type == o.type && type != QuantType::kF32 ? MixTensorType(o.mix, s, t.name, t.dims)
+                                                                      : type;
+    type = t.type;
     t.row_len = t.dims[0];
     t.n_rows = 1;
     for (size_t i = 1; i < t.dims.size(); ++i) t.n_rows *= t.dims[i];
@@ -358,9 +481,10 @@ Status SynthModel::Build() {
   auto u32 = [](int v) { return GgufValue::U32(static_cast<uint32_t>(v)); };
   auto& kv = kvs_;
   kv.push_back({"general.architecture", GgufValue::String(a)});
+  const std::string type_name = o.mix.empty() ? std::string(TypeName(w)) : FindMix(o.mix)->name;
   kv.push_back({"general.name", GgufValue::String("synthetic-" + s.preset + "-" + a + "-L" +
-                                                  std::to_string(s.n_layer) + "-" + TypeName(w))});
-  kv.push_back({"general.file_type", GgufValue::U32(FileType(w))});
+                                                  std::to_string(s.n_layer) + "-" + type_name)});
+  kv.push_back({"general.file_type", GgufValue::U32(o.mix.empty() ? FileType(w) : FindMix(o.mix)->ftype)});
   kv.push_back({"general.quantization_version", GgufValue::U32(2)});
   kv.push_back({a + ".vocab_size", u32(s.n_vocab)});
   kv.push_back({a + ".context_length", u32(s.n_ctx)});
@@ -381,7 +505,7 @@ Status SynthModel::Build() {
   kv.push_back({"synthetic.preset", GgufValue::String(s.preset)});
   kv.push_back({"synthetic.seed", GgufValue::U64(seed)});
   kv.push_back({"synthetic.router_skew", GgufValue::F32(o.router_skew)});
-  kv.push_back({"synthetic.weight_type", GgufValue::String(TypeName(w))});
+  kv.push_back({"synthetic.weight_type", GgufValue::String(type_name)});
   kv.push_back({"synthetic.tokenizer_source", GgufValue::String(tokenizer_source)});
   for (GgufKv& t : tokenizer_kvs) kv.push_back(std::move(t));
   return Status::Ok();

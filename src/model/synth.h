@@ -24,6 +24,7 @@
 //   blk.N.ffn_down_exps.weight    [n_ff_exp, n_embd, n_expert]         weight type
 //   output_norm.weight            [n_embd]                             F32
 //   output.weight                 [n_embd, n_vocab]                    weight type
+// With a mix (SynthOptions::mix) every "weight type" tensor gets MixTensorType's type instead.
 // Metadata: general.*, {arch}.* hyper-parameters (the key set of the reference tiny models in
 // shared/testdata/models), synthetic.* (generator, preset, seed, router skew, weight type) and
 // tokenizer.* (the built-in byte-level BPE of bpe_builder.h, or copied with vocab_from).
@@ -84,15 +85,31 @@ struct SynthOptions {
   int ctx = 0;
   int vocab = 0;                  // vocabulary size of the built-in BPE (tests use small ones)
   QuantType type = QuantType::kQ4_0;  // weight type of the matrices (q4_0, q8_0, f16, bf16, f32)
+  // A llama-quantize mix (q2_K, q3_K_S/M/L, q4_K_S/M, q5_K_S/M, q6_K, q4_1, q5_0, q5_1, iq4_nl,
+  // iq4_xs, mxfp4_moe; see ApplySynthType): per-tensor types as llama-quantize chooses them
+  // (without an importance matrix). Empty: every matrix is `type`.
+  std::string mix;
   float router_skew = 0.5f;       // S >= 0: expert popularity ~ 1/rank^S
   uint64_t seed = 1;
   std::string vocab_from;         // copy tokenizer.* from this GGUF (n_vocab follows it)
 };
 
-// The weight types synth writes, "q4_0, q8_0, f16, bf16, f32".
+// The weight types and mixes synth writes, for --help and errors.
 std::string SupportedSynthTypeNames();
-// Parses --type. InvalidArgument listing the supported names.
+// Parses --type as a single type (f32, f16, bf16, q8_0, q4_0: every matrix that type, the
+// historical meaning; llama-quantize would give q4_0 files a q6_K output.weight). InvalidArgument
+// listing the supported names otherwise (mixes included: use ApplySynthType for those).
 Result<QuantType> ParseSynthType(const std::string& name);
+// Sets o->type (single types) or o->mix (the llama-quantize mixes, case-insensitive; q3_K, q4_K,
+// q5_K are q3_K_M, q4_K_M, q5_K_M as in llama-quantize; mxfp4 is mxfp4_moe) from --type.
+// InvalidArgument listing the supported names.
+Status ApplySynthType(const std::string& name, SynthOptions* o);
+// The type llama-quantize's rules give tensor `name` ([ncols, rows, n_mat]: dims fastest first)
+// of a model of `shape` under `mix` (llama_tensor_get_type without importance matrix, for the
+// tensors synth writes; the ncols fallback included: e.g. q4_K tensors whose rows are not a
+// multiple of 256 become q5_0). REQUIRES: mix is a name ApplySynthType accepts.
+QuantType MixTensorType(const std::string& mix, const ModelShape& shape, const std::string& name,
+                        const std::vector<int64_t>& dims);
 
 enum class InitKind {
   kGaussian,   // N(0, scale^2) i.i.d.

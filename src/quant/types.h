@@ -28,12 +28,15 @@ enum class QuantType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kI8 = 24,
   kI16 = 25,
   kI32 = 26,
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  kMXFP4 = 39,
 };
 
 struct TypeTraits {
@@ -53,6 +56,12 @@ const char* TypeName(QuantType t);
 std::optional<QuantType> ParseTypeName(const std::string& name);
 // Comma-separated list of the types estream can dequantise, for error messages.
 std::string SupportedTypeNames();
+
+// For a tensor type estream cannot use (an unknown id, or a known one without kernels such as
+// q8_K): a sentence naming it and the nearest mix estream supports to convert the model to with
+// llama-quantize, e.g. "ggml type 16 (iq2_xxs): re-quantise the model to the nearest supported
+// mix, Q2_K (llama-quantize MODEL.gguf OUT.gguf Q2_K)".
+std::string UnsupportedTypeAdvice(uint32_t raw_type);
 
 // Bytes of one row of n values, or 0 if n is not a multiple of the block size.
 size_t RowBytes(QuantType t, int64_t n);
@@ -103,11 +112,43 @@ struct BlockQ5_K {
   uint8_t qh[kQK_K / 8];
   uint8_t qs[kQK_K / 2];
 };
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];  // per 16 values: low nibble scale, high nibble min
+  uint8_t qs[kQK_K / 4];    // 2-bit values: byte l of 128-value half n holds values
+                            // n*128 + 32*j + l (l < 32) in bits 2j..2j+1
+  uint16_t d;               // f16 super-block scale for the scales
+  uint16_t dmin;            // f16 super-block scale for the mins
+};
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8]; // high bits: bit j of hmask[l] belongs to value 32j + l
+  uint8_t qs[kQK_K / 4];    // low 2 bits, laid out as BlockQ2_K::qs
+  uint8_t scales[12];       // 16 x 6-bit scales (stored + 32), packed
+  uint16_t d;               // f16 super-block scale
+};
 struct BlockQ6_K {
   uint8_t ql[kQK_K / 2];    // lower 4 bits
   uint8_t qh[kQK_K / 4];    // upper 2 bits
   int8_t scales[kQK_K / 16];
   uint16_t d;               // f16 super-block scale
+};
+
+// Non-linear 4-bit types: 4-bit codes index a fixed table of 16 int8 values (quant.h:
+// kIq4NlValues, kMxfp4Values). Nibbles as in Q4_0 (low: value j, high: value j + 16).
+constexpr int kQK4_NL = 32;
+constexpr int kQKMxfp4 = 32;
+struct BlockIQ4_NL {
+  uint16_t d;               // f16 scale
+  uint8_t qs[kQK4_NL / 2];
+};
+struct BlockIQ4_XS {
+  uint16_t d;               // f16 super-block scale
+  uint16_t scales_h;        // top 2 bits of the 8 6-bit block scales (stored + 32)
+  uint8_t scales_l[kQK_K / 64];  // low 4 bits of the block scales, two per byte
+  uint8_t qs[kQK_K / 2];    // 8 blocks of 32 values, nibbles as in BlockIQ4_NL
+};
+struct BlockMXFP4 {
+  uint8_t e;                // E8M0 shared exponent: the scale is 2^(e - 127)
+  uint8_t qs[kQKMxfp4 / 2]; // E2M1 codes, nibbles as in BlockIQ4_NL
 };
 
 // The 8-bit activation format of the quantised kernels: activations X are quantised once per
@@ -131,5 +172,10 @@ static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockMXFP4) == 17);
 
 }  // namespace estream

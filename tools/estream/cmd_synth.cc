@@ -26,8 +26,9 @@ class SynthCommand : public Command {
     sub->add_option("--top-k", opt_.top_k, "Experts used per token (default: the preset's)");
     sub->add_option("--ctx", opt_.ctx, "context_length metadata (default: the preset's)");
     sub->add_option("--vocab", opt_.vocab, "Vocabulary size of the built-in BPE (default: the preset's)");
-    sub->add_option("--type", type_, "Weight type of the matrices: " + synth::SupportedSynthTypeNames() +
-                                         " (norms and routers are f32)")->capture_default_str();
+    sub->add_option("--type", type_, "Weight type or llama-quantize mix of the matrices: " +
+                                         synth::SupportedSynthTypeNames() + " (norms and routers are f32)")
+        ->capture_default_str();
     sub->add_option("--router-skew", opt_.router_skew,
                     "Zipf exponent S of expert popularity (~1/rank^S; 0: uniform)")->capture_default_str();
     sub->add_option("--seed", opt_.seed, "Random seed (same seed, same bytes)")->capture_default_str();
@@ -37,16 +38,16 @@ class SynthCommand : public Command {
   }
 
   int Run() override {
-    Result<QuantType> type = synth::ParseSynthType(type_);
-    if (!type.ok()) return ReportError(name(), type.status());
-    opt_.type = *type;
+    Status parsed = synth::ApplySynthType(type_, &opt_);
+    if (!parsed.ok()) return ReportError(name(), parsed);
     Result<std::unique_ptr<synth::SynthModel>> model = synth::SynthModel::Create(opt_);
     if (!model.ok()) return ReportError(name(), model.status());
     const synth::ModelShape& s = (*model)->shape();
     if (!quiet_)
       std::fprintf(stderr, "synth: %s (%s) L=%d d=%d heads=%d/%d experts=%d top-%d d_ff=%d vocab=%d %s -> %s (%s)\n",
                    s.preset.c_str(), s.arch.c_str(), s.n_layer, s.n_embd, s.n_head, s.n_head_kv, s.n_expert,
-                   s.n_expert_used, s.n_ff_exp, s.n_vocab, TypeName(opt_.type), output_.c_str(),
+                   s.n_expert_used, s.n_ff_exp, s.n_vocab, opt_.mix.empty() ? TypeName(opt_.type) : opt_.mix.c_str(),
+                   output_.c_str(),
                    FormatBytes((*model)->TensorBytes()).c_str());
     synth::SynthWriteStats stats;
     Status st = (*model)->Write(output_, {.threads = threads_, .progress = !quiet_}, &stats);

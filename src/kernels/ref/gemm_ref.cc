@@ -15,11 +15,12 @@
 namespace estream::kernels {
 namespace {
 
-// The contribution of one decoded weight block to one output, given activation block xb.
-inline float BlockDot(const Block32& w, int zero_point, const BlockQ8A& xb) {
+// The contribution of one decoded weight block to one output, given activation block xb; lut:
+// the format's code table (PackedLut) or nullptr.
+inline float BlockDot(const Block32& w, int zero_point, const uint8_t* lut, const BlockQ8A& xb) {
   int i0 = 0, i1 = 0;
-  for (int v = 0; v < 16; ++v) i0 += static_cast<int>(w.q[v]) * xb.qs[v];
-  for (int v = 16; v < 32; ++v) i1 += static_cast<int>(w.q[v]) * xb.qs[v];
+  for (int v = 0; v < 16; ++v) i0 += static_cast<int>(lut ? lut[w.q[v]] : w.q[v]) * xb.qs[v];
+  for (int v = 16; v < 32; ++v) i1 += static_cast<int>(lut ? lut[w.q[v]] : w.q[v]) * xb.qs[v];
   i0 -= zero_point * xb.sum[0];
   i1 -= zero_point * xb.sum[1];
   float r;
@@ -28,8 +29,18 @@ inline float BlockDot(const Block32& w, int zero_point, const BlockQ8A& xb) {
   } else {
     r = static_cast<float>(i0) * (w.d[0] * xb.d) + static_cast<float>(i1) * (w.d[1] * xb.d);
   }
-  if (w.mneg != 0.0f) r += w.mneg * (xb.d * static_cast<float>(xb.sum[0] + xb.sum[1]));
+  if (w.m[0] != w.m[1]) {
+    r += w.m[0] * (xb.d * static_cast<float>(xb.sum[0])) + w.m[1] * (xb.d * static_cast<float>(xb.sum[1]));
+  } else if (w.m[0] != 0.0f) {
+    r += w.m[0] * (xb.d * static_cast<float>(xb.sum[0] + xb.sum[1]));
+  }
   return r;
+}
+
+inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return Fp16ToFp32(h);
 }
 
 // Decodes row r of block b of a packed panel (the inverse of PackPanel for one row): the scales
@@ -38,27 +49,45 @@ void DecodePacked(QuantType t, const uint8_t* panel, int64_t kb, int64_t b, int 
   const uint8_t* sup = panel + (b / 8) * PackedSuperBytes(t);
   const uint8_t* sc = panel + PackedBlockScaleOffset(t, kb) + b * PackedScaleBytes(t);
   const uint8_t* q = panel + PackedScaleSection(t, kb) + b * PackedQuantBytes(t);
-  auto half = [](const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return Fp16ToFp32(h);
-  };
-  out->mneg = 0.0f;
-  switch (t) {
+  out->m[0] = out->m[1] = 0.0f;
+  auto i8 = [](uint8_t v) { return static_cast<float>(static_cast<int8_t>(v)); };
+  switch (PackedFormat(t)) {
     case QuantType::kQ4_0:
     case QuantType::kQ8_0:
-      out->d[0] = out->d[1] = half(sc + 2 * r);
+    case QuantType::kIQ4_NL:
+      out->d[0] = out->d[1] = Half(sc + 2 * r);
+      break;
+    case QuantType::kQ4_1:
+    case QuantType::kQ5_1:
+      out->d[0] = out->d[1] = Half(sc + 2 * r);
+      out->m[0] = out->m[1] = Half(sc + 32 + 2 * r);
       break;
     case QuantType::kQ4_K:
-      out->d[0] = out->d[1] = half(sup + 2 * r) * static_cast<float>(sc[r]);
-      out->mneg = half(sup + 32 + 2 * r) * static_cast<float>(sc[16 + r]);
+    case QuantType::kQ5_K:
+      out->d[0] = out->d[1] = Half(sup + 2 * r) * static_cast<float>(sc[r]);
+      out->m[0] = out->m[1] = Half(sup + 32 + 2 * r) * static_cast<float>(sc[16 + r]);
       break;
-    default:  // Q6_K
-      out->d[0] = half(sup + 2 * r) * static_cast<float>(static_cast<int8_t>(sc[r]));
-      out->d[1] = half(sup + 2 * r) * static_cast<float>(static_cast<int8_t>(sc[16 + r]));
+    case QuantType::kQ6_K:
+    case QuantType::kQ3_K:
+      out->d[0] = Half(sup + 2 * r) * i8(sc[r]);
+      out->d[1] = Half(sup + 2 * r) * i8(sc[16 + r]);
+      break;
+    case QuantType::kQ2_K:
+      for (int h = 0; h < 2; ++h) {
+        out->d[h] = Half(sup + 2 * r) * static_cast<float>(sc[16 * h + r]);
+        out->m[h] = Half(sup + 32 + 2 * r) * static_cast<float>(sc[32 + 16 * h + r]);
+      }
+      break;
+    case QuantType::kIQ4_XS:
+      out->d[0] = out->d[1] = Half(sup + 2 * r) * i8(sc[r]);
+      break;
+    case QuantType::kMXFP4:
+      out->d[0] = out->d[1] = E8M0HalfToFp32(sc[r]);
+      break;
+    default:
       break;
   }
-  if (t == QuantType::kQ8_0 || t == QuantType::kQ6_K) {
+  if (!PackedNibbles(t)) {
     for (int s = 0; s < 8; ++s)
       for (int j = 0; j < 4; ++j) out->q[4 * s + j] = q[(s * 16 + r) * 4 + j];
   } else {
@@ -76,6 +105,7 @@ void GemmScalar(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
                 int64_t ldy) {
   const int64_t kb = w.k / 32;
   const int zp = ZeroPoint(kType);
+  const uint8_t* lut = PackedLut(kType);
   const size_t row_bytes = RowBytes(kType, w.k);
   const int64_t panel_bytes = PackedPanelBytes(kType, w.k);
   for (int64_t n = n_begin; n < n_end; ++n) {
@@ -88,7 +118,7 @@ void GemmScalar(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
       } else {
         DecodeBlock32(kType, static_cast<const uint8_t*>(w.data) + n * row_bytes, b, &blk);
       }
-      for (int64_t i = 0; i < m; ++i) y[i * ldy + n] += BlockDot(blk, zp, xq[i * kb + b]);
+      for (int64_t i = 0; i < m; ++i) y[i * ldy + n] += BlockDot(blk, zp, lut, xq[i * kb + b]);
     }
   }
 }
@@ -115,17 +145,23 @@ void GemmFloatScalar(const WeightView& w, const float* x, int64_t ldx, int64_t m
   }
 }
 
+template <QuantType kType>
+void SetScalar(KernelTable* t) {
+  t->SetQuant(kType, false, GemmScalar<kType, false>);
+  t->SetQuant(kType, true, GemmScalar<kType, true>);
+}
+
+template <QuantType... kTypes>
+void SetScalarAll(KernelTable* t) {
+  (SetScalar<kTypes>(t), ...);
+}
+
 }  // namespace
 
 void FillScalarGemm(KernelTable* t) {
-  t->gemm_q4_0 = GemmScalar<QuantType::kQ4_0, false>;
-  t->gemm_q8_0 = GemmScalar<QuantType::kQ8_0, false>;
-  t->gemm_q4_k = GemmScalar<QuantType::kQ4_K, false>;
-  t->gemm_q6_k = GemmScalar<QuantType::kQ6_K, false>;
-  t->gemm_q4_0_packed = GemmScalar<QuantType::kQ4_0, true>;
-  t->gemm_q8_0_packed = GemmScalar<QuantType::kQ8_0, true>;
-  t->gemm_q4_k_packed = GemmScalar<QuantType::kQ4_K, true>;
-  t->gemm_q6_k_packed = GemmScalar<QuantType::kQ6_K, true>;
+  SetScalarAll<QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K, QuantType::kQ4_1,
+               QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ5_K, QuantType::kQ3_K, QuantType::kQ2_K,
+               QuantType::kIQ4_NL, QuantType::kIQ4_XS, QuantType::kMXFP4>(t);
   t->gemm_f32 = GemmFloatScalar<QuantType::kF32>;
   t->gemm_f16 = GemmFloatScalar<QuantType::kF16>;
   t->gemm_bf16 = GemmFloatScalar<QuantType::kBF16>;

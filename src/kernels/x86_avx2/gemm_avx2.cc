@@ -6,9 +6,10 @@
 // d_w * d_x into fp32 sums. A packed panel's 64-byte k-step line is two ymm: rows 0..7 and
 // rows 8..15. The micro-tile is kMr rows of X x one panel (two ymm halves): 8 int32
 // accumulators; the fp32 sums live in an L1 buffer (16 ymm registers do not hold both sets).
-// vpmaddubsw saturates at +-32767: Q4_0/Q4_K (u4 x s8, pairs <= 2 * 15 * 127) and Q6_K (u6,
-// <= 2 * 63 * 127) cannot reach it; Q8_0 takes the signed weights (q + 128 xor 0x80) through
-// the sign trick |w| * sign(x, w) (<= 2 * 128 * 127) and needs no zero-point bias.
+// vpmaddubsw saturates at +-32767: the 2- to 6-bit formats (u6 x s8, pairs <= 2 * 63 * 127)
+// cannot reach it; Q8_0 (and Q5_0, packed as Q8_0) and the table types take the signed weights
+// (stored value xor 0x80 = value - 128) through the sign trick |w| * sign(x, w) (<= 2 * 128 * 127)
+// and need no zero-point bias.
 #include "kernels/x86_avx2/gemm_avx2.h"
 
 #include <immintrin.h>
@@ -35,17 +36,24 @@ struct XAux {
   int32_t b0;
   int32_t b1;
   float dxs;
+  float dxs1;
 };
+
+// Formats whose weights go through vpmaddubsw as signed bytes (the stored value xor 0x80).
+template <QuantType kT, bool kVnni>
+constexpr bool kSignedWeights = (kT == QuantType::kQ8_0 || PackedIsLut(kT)) && !kVnni;
 
 template <QuantType kT, bool kVnni>
 void BuildAux(const BlockQ8A* xq, int64_t count, XAux* aux) {
-  // Without VNNI, Q8_0 multiplies signed weights: no zero point to remove.
-  const int z = (kT == QuantType::kQ8_0 && !kVnni) ? 0 : ZeroPoint(kT);
+  // Signed weights (kSignedWeights) have no zero point to remove.
+  const int z = kSignedWeights<kT, kVnni> ? 0 : ZeroPoint(kT);
+  constexpr bool kHalfMins = PackedHalves(kT) == 2 && PackedHasMin(kT);
   for (int64_t i = 0; i < count; ++i) {
     const int s0 = xq[i].sum[0], s1 = xq[i].sum[1];
     aux[i].dx = xq[i].d;
-    aux[i].dxs = xq[i].d * static_cast<float>(s0 + s1);
-    if (kT == QuantType::kQ6_K) {
+    aux[i].dxs = xq[i].d * static_cast<float>(kHalfMins ? s0 : s0 + s1);
+    aux[i].dxs1 = kHalfMins ? xq[i].d * static_cast<float>(s1) : 0.0f;
+    if (PackedHalves(kT) == 2) {
       aux[i].b0 = -z * s0;
       aux[i].b1 = -z * s1;
     } else {
@@ -61,30 +69,47 @@ inline int32_t Load4(const int8_t* p) {
   return v;
 }
 
-// d_b of block b (Q6_K: half h) for rows 8hh..8hh+7 of the panel at p (layout: repack.h); exact
-// fp32 products as in DequantizeRow.
+inline __m256 LoadHalf8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i U8x8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i I8x8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+
+// d of block b, half h, for rows 8hh..8hh+7 of the panel at p (layout: repack.h); exact fp32
+// products as in DequantizeRow. kT is a packed format.
 template <QuantType kT>
 inline __m256 PanelScale8(const uint8_t* p, int64_t kb, int64_t b, int h, int hh) {
   const uint8_t* blk = p + PackedBlockScaleOffset(kT, kb) + b * PackedScaleBytes(kT);
-  if constexpr (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * hh)));
-  } else {
-    const uint8_t* sup = p + (b / 8) * PackedSuperBytes(kT);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16 * hh)));
-    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 16 * h + 8 * hh));
-    const __m256i sc = kT == QuantType::kQ6_K ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw);
-    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+  const uint8_t* sup = p + (b / 8) * PackedSuperBytes(kT);
+  if constexpr (kT == QuantType::kQ4_0 || kT == QuantType::kQ8_0 || kT == QuantType::kIQ4_NL ||
+                kT == QuantType::kQ4_1 || kT == QuantType::kQ5_1) {
+    return LoadHalf8(blk + 16 * hh);
+  } else if constexpr (kT == QuantType::kMXFP4) {
+    const __m256i e = U8x8(blk + 8 * hh);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+  } else if constexpr (kT == QuantType::kQ4_K || kT == QuantType::kQ5_K) {
+    return _mm256_mul_ps(LoadHalf8(sup + 16 * hh), _mm256_cvtepi32_ps(U8x8(blk + 8 * hh)));
+  } else if constexpr (kT == QuantType::kQ2_K) {
+    return _mm256_mul_ps(LoadHalf8(sup + 16 * hh), _mm256_cvtepi32_ps(U8x8(blk + 16 * h + 8 * hh)));
+  } else if constexpr (kT == QuantType::kIQ4_XS) {
+    return _mm256_mul_ps(LoadHalf8(sup + 16 * hh), _mm256_cvtepi32_ps(I8x8(blk + 8 * hh)));
+  } else {  // Q6_K, Q3_K
+    return _mm256_mul_ps(LoadHalf8(sup + 16 * hh), _mm256_cvtepi32_ps(I8x8(blk + 16 * h + 8 * hh)));
   }
 }
 
-// Q4_K: mneg_b = -dmin * m for rows 8hh..8hh+7.
-inline __m256 PanelMinNegQ4K8(const uint8_t* p, int64_t kb, int64_t b, int hh) {
-  constexpr QuantType kT = QuantType::kQ4_K;
+// The additive min of block b, half h, rows 8hh..8hh+7 (PackedHasMin formats).
+template <QuantType kT>
+inline __m256 PanelMin8(const uint8_t* p, int64_t kb, int64_t b, int h, int hh) {
   const uint8_t* blk = p + PackedBlockScaleOffset(kT, kb) + b * PackedScaleBytes(kT);
   const uint8_t* sup = p + (b / 8) * PackedSuperBytes(kT);
-  const __m256 nd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 32 + 16 * hh)));
-  const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 16 + 8 * hh)));
-  return _mm256_mul_ps(nd, _mm256_cvtepi32_ps(m));
+  if constexpr (kT == QuantType::kQ4_1 || kT == QuantType::kQ5_1) {
+    return LoadHalf8(blk + 32 + 16 * hh);
+  } else {
+    const uint8_t* m = kT == QuantType::kQ2_K ? blk + 32 + 16 * h : blk + 16;
+    return _mm256_mul_ps(LoadHalf8(sup + 32 + 16 * hh), _mm256_cvtepi32_ps(U8x8(m + 8 * hh)));
+  }
 }
 
 // acc += dot4(w u8, x s8) per int32 lane.
@@ -109,16 +134,23 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
            int64_t ldy, int valid_lo, int valid_hi, bool accumulate) {
   constexpr int kQB = PackedQuantBytes(kT);
   const int64_t sect = PackedScaleSection(kT, kb);
-  constexpr bool kSignedW = kT == QuantType::kQ8_0 && !kVnni;
+  constexpr bool kSignedW = kSignedWeights<kT, kVnni>;
+  constexpr int kHalves = PackedHalves(kT);
+  constexpr bool kLut = PackedIsLut(kT);
   alignas(32) float fsum[MR][2][8];
   for (int i = 0; i < MR; ++i)
     for (int hh = 0; hh < 2; ++hh) _mm256_store_ps(fsum[i][hh], _mm256_setzero_ps());
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  // The table types' 16 u8 values in both 128-bit lanes (xor 0x80 when the weights go in signed).
+  __m256i lut = _mm256_setzero_si256();
+  if constexpr (kLut) {
+    lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(PackedLut(kT))));
+    if constexpr (kSignedW) lut = _mm256_xor_si256(lut, flip);
+  }
 
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* wq = w + sect + b * kQB;
-    constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
     for (int h = 0; h < kHalves; ++h) {
       __m256i iacc[MR][2];
 #pragma GCC unroll 8
@@ -127,7 +159,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
         iacc[i][0] = bias;
         iacc[i][1] = bias;
       }
-      if constexpr (kT == QuantType::kQ4_0 || kT == QuantType::kQ4_K) {
+      if constexpr (PackedNibbles(kT) && kHalves == 1) {
 #pragma GCC unroll 4
         for (int s = 0; s < 4; ++s) {
           __m256i lo[2], hi[2];
@@ -136,6 +168,10 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 64 * s + 32 * hh));
             lo[hh] = _mm256_and_si256(v, low4);
             hi[hh] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            if constexpr (kLut) {
+              lo[hh] = _mm256_shuffle_epi8(lut, lo[hh]);
+              hi[hh] = _mm256_shuffle_epi8(lut, hi[hh]);
+            }
           }
 #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) {
@@ -143,13 +179,30 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
             const __m256i xh = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 16 + 4 * s));
 #pragma GCC unroll 2
             for (int hh = 0; hh < 2; ++hh) {
-              iacc[i][hh] = Dot<kVnni, false>(iacc[i][hh], lo[hh], xl);
-              iacc[i][hh] = Dot<kVnni, false>(iacc[i][hh], hi[hh], xh);
+              iacc[i][hh] = Dot<kVnni, kSignedW>(iacc[i][hh], lo[hh], xl);
+              iacc[i][hh] = Dot<kVnni, kSignedW>(iacc[i][hh], hi[hh], xh);
             }
           }
         }
+      } else if constexpr (PackedNibbles(kT)) {
+        // Two halves in nibbles (Q3_K, Q2_K): low nibbles = values 0..15, high = 16..31.
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; ++s) {
+          __m256i wv[2];
+#pragma GCC unroll 2
+          for (int hh = 0; hh < 2; ++hh) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 64 * s + 32 * hh));
+            wv[hh] = _mm256_and_si256(h == 0 ? v : _mm256_srli_epi16(v, 4), low4);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m256i xv = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 16 * h + 4 * s));
+#pragma GCC unroll 2
+            for (int hh = 0; hh < 2; ++hh) iacc[i][hh] = Dot<kVnni, false>(iacc[i][hh], wv[hh], xv);
+          }
+        }
       } else {
-        constexpr int kSteps = kT == QuantType::kQ6_K ? 4 : 8;
+        constexpr int kSteps = kHalves == 2 ? 4 : 8;
 #pragma GCC unroll 8
         for (int s0 = 0; s0 < kSteps; ++s0) {
           const int s = h * 4 + s0;
@@ -178,14 +231,17 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
         }
       }
     }
-    if constexpr (kT == QuantType::kQ4_K) {
+    if constexpr (PackedHasMin(kT)) {
+      for (int h = 0; h < kHalves; ++h) {
 #pragma GCC unroll 2
-      for (int hh = 0; hh < 2; ++hh) {
-        const __m256 mneg = PanelMinNegQ4K8(w, kb, b, hh);
+        for (int hh = 0; hh < 2; ++hh) {
+          const __m256 mv = PanelMin8<kT>(w, kb, b, h, hh);
 #pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i)
-          _mm256_store_ps(fsum[i][hh], _mm256_fmadd_ps(mneg, _mm256_set1_ps(aux[i * kb + b].dxs),
-                                                       _mm256_load_ps(fsum[i][hh])));
+          for (int i = 0; i < MR; ++i) {
+            const float dxs = h == 0 ? aux[i * kb + b].dxs : aux[i * kb + b].dxs1;
+            _mm256_store_ps(fsum[i][hh], _mm256_fmadd_ps(mv, _mm256_set1_ps(dxs), _mm256_load_ps(fsum[i][hh])));
+          }
+        }
       }
     }
   }
@@ -229,9 +285,11 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
 // Rows of X per pass over the weights (see the AVX-512 kernels).
 constexpr int64_t kMc = 512;
 
-template <QuantType kT, bool kPacked, bool kVnni>
+// kSrc: the GGUF type of the weights (the kernels run its packed format, PackedFormat(kSrc)).
+template <QuantType kSrc, bool kPacked, bool kVnni>
 void GemmAvx2(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
               int64_t ldy) {
+  constexpr QuantType kT = PackedFormat(kSrc);
   if (m <= 0 || n_begin >= n_end) return;
   const int64_t kb = w.k / 32;
   const int64_t mc = std::min(m, kMc);
@@ -257,11 +315,11 @@ void GemmAvx2(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begi
     buf.reset(static_cast<uint8_t*>(AlignedAlloc(64, buf_bytes)));
     ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the weight pack buffer");
   }
-  const size_t row_bytes = RowBytes(kT, w.k);
+  const size_t row_bytes = RowBytes(kSrc, w.k);
   for (int64_t p = p_first; p <= p_last; ++p) {
     const int64_t r0 = p * kPackRows;
     const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
-    PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k, buf.get());
+    PackPanel(kSrc, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k, buf.get());
     for (int64_t i0 = 0; i0 < m; i0 += kMc) rows_pass(buf.get(), p, 1, i0, std::min(kMc, m - i0));
   }
 }
@@ -365,16 +423,17 @@ void QuantizeQ8AAvx2(const float* x, BlockQ8A* y, int64_t n) {
   }
 }
 
+template <bool kVnni, QuantType... kSrc>
+void FillQuantTypes(KernelTable* t) {
+  ((t->SetQuant(kSrc, false, GemmAvx2<kSrc, false, kVnni>), t->SetQuant(kSrc, true, GemmAvx2<kSrc, true, kVnni>)),
+   ...);
+}
+
 template <bool kVnni>
 void FillQuant(KernelTable* t) {
-  t->gemm_q4_0 = GemmAvx2<QuantType::kQ4_0, false, kVnni>;
-  t->gemm_q8_0 = GemmAvx2<QuantType::kQ8_0, false, kVnni>;
-  t->gemm_q4_k = GemmAvx2<QuantType::kQ4_K, false, kVnni>;
-  t->gemm_q6_k = GemmAvx2<QuantType::kQ6_K, false, kVnni>;
-  t->gemm_q4_0_packed = GemmAvx2<QuantType::kQ4_0, true, kVnni>;
-  t->gemm_q8_0_packed = GemmAvx2<QuantType::kQ8_0, true, kVnni>;
-  t->gemm_q4_k_packed = GemmAvx2<QuantType::kQ4_K, true, kVnni>;
-  t->gemm_q6_k_packed = GemmAvx2<QuantType::kQ6_K, true, kVnni>;
+  FillQuantTypes<kVnni, QuantType::kQ4_0, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K, QuantType::kQ4_1,
+                 QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ5_K, QuantType::kQ3_K, QuantType::kQ2_K,
+                 QuantType::kIQ4_NL, QuantType::kIQ4_XS, QuantType::kMXFP4>(t);
 }
 
 }  // namespace

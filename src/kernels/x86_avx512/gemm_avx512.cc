@@ -43,11 +43,13 @@ constexpr int kKcBytes = 24 * 1024;  // bytes of one panel group's k chunk kept 
 template <QuantType kT>
 void BuildAux(const BlockQ8A* xq, int64_t count, XAux* aux) {
   const int z = ZeroPoint(kT);
+  constexpr bool kHalfMins = PackedHalves(kT) == 2 && PackedHasMin(kT);
   for (int64_t i = 0; i < count; ++i) {
     const int s0 = xq[i].sum[0], s1 = xq[i].sum[1];
     aux[i].dx = xq[i].d;
-    aux[i].dxs = xq[i].d * static_cast<float>(s0 + s1);
-    if (kT == QuantType::kQ6_K) {
+    aux[i].dxs = xq[i].d * static_cast<float>(kHalfMins ? s0 : s0 + s1);
+    aux[i].dxs1 = kHalfMins ? xq[i].d * static_cast<float>(s1) : 0.0f;
+    if (PackedHalves(kT) == 2) {
       aux[i].b0 = -z * s0;
       aux[i].b1 = -z * s1;
     } else {
@@ -86,12 +88,16 @@ void Micro(const uint8_t* w, int64_t panel_stride, const float* ws, const BlockQ
     }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   constexpr int kV = kScaleVecs<kT>;
+  constexpr int kHalves = PackedHalves(kT);
+  constexpr bool kLut = PackedIsLut(kT);
+  // The table types' 16 u8 values in every 128-bit lane, for vpshufb on the 4-bit codes.
+  const __m512i lut = kLut ? _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(PackedLut(kT))))
+                           : _mm512_setzero_si512();
   const int64_t nbc = b1 - b0;
 
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* wq = w + sect + b * kQB;  // quant block b (panel 0)
     const float* wsb = ws + (b - b0) * kV * 16;  // its scale vectors (panel 0)
-    constexpr int kHalves = kT == QuantType::kQ6_K ? 2 : 1;
 #pragma GCC unroll 2
     for (int h = 0; h < kHalves; ++h) {
       __m512i iacc[MR][NV];
@@ -101,7 +107,7 @@ void Micro(const uint8_t* w, int64_t panel_stride, const float* ws, const BlockQ
 #pragma GCC unroll 8
         for (int j = 0; j < NV; ++j) iacc[i][j] = bias;
       }
-      if constexpr (kT == QuantType::kQ4_0 || kT == QuantType::kQ4_K) {
+      if constexpr (PackedNibbles(kT) && kHalves == 1) {
 #pragma GCC unroll 4
         for (int s = 0; s < 4; ++s) {
           __m512i lo[NV], hi[NV];
@@ -110,6 +116,10 @@ void Micro(const uint8_t* w, int64_t panel_stride, const float* ws, const BlockQ
             const __m512i v = _mm512_loadu_si512(wq + j * panel_stride + 64 * s);
             lo[j] = _mm512_and_si512(v, low4);
             hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if constexpr (kLut) {
+              lo[j] = _mm512_shuffle_epi8(lut, lo[j]);
+              hi[j] = _mm512_shuffle_epi8(lut, hi[j]);
+            }
           }
 #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) {
@@ -122,8 +132,26 @@ void Micro(const uint8_t* w, int64_t panel_stride, const float* ws, const BlockQ
             }
           }
         }
+      } else if constexpr (PackedNibbles(kT)) {
+        // Two halves in nibbles (Q3_K, Q2_K): half 0 is the low nibbles (values 0..15), half 1
+        // the high ones (values 16..31), each with its own scale.
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; ++s) {
+          __m512i wv[NV];
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) {
+            const __m512i v = _mm512_loadu_si512(wq + j * panel_stride + 64 * s);
+            wv[j] = _mm512_and_si512(h == 0 ? v : _mm512_srli_epi16(v, 4), low4);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m512i xv = _mm512_set1_epi32(Load4(x[i * kb + b].qs + 16 * h + 4 * s));
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) iacc[i][j] = _mm512_dpbusd_epi32(iacc[i][j], wv[j], xv);
+          }
+        }
       } else {
-        constexpr int kSteps = kT == QuantType::kQ6_K ? 4 : 8;
+        constexpr int kSteps = kHalves == 2 ? 4 : 8;
 #pragma GCC unroll 8
         for (int s0 = 0; s0 < kSteps; ++s0) {
           const int s = h * 4 + s0;
@@ -153,17 +181,20 @@ void Micro(const uint8_t* w, int64_t panel_stride, const float* ws, const BlockQ
         }
       }
     }
-    if constexpr (kT == QuantType::kQ4_K) {
-      __m512 mneg[NV];
+    if constexpr (PackedHasMin(kT)) {
+#pragma GCC unroll 2
+      for (int h = 0; h < kHalves; ++h) {
+        __m512 mv[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) mneg[j] = _mm512_load_ps(wsb + (j * nbc * kV + 1) * 16);
+        for (int j = 0; j < NV; ++j) mv[j] = _mm512_load_ps(wsb + (j * nbc * kV + kHalves + h) * 16);
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const __m512 dxs = _mm512_set1_ps(aux[i * kb + b].dxs);
+        for (int i = 0; i < MR; ++i) {
+          const __m512 dxs = _mm512_set1_ps(h == 0 ? aux[i * kb + b].dxs : aux[i * kb + b].dxs1);
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) {
-          if constexpr (kMem) _mm512_store_ps(fmem[i][j], _mm512_fmadd_ps(mneg[j], dxs, _mm512_load_ps(fmem[i][j])));
-          else facc[i][j] = _mm512_fmadd_ps(mneg[j], dxs, facc[i][j]);
+          for (int j = 0; j < NV; ++j) {
+            if constexpr (kMem) _mm512_store_ps(fmem[i][j], _mm512_fmadd_ps(mv[j], dxs, _mm512_load_ps(fmem[i][j])));
+            else facc[i][j] = _mm512_fmadd_ps(mv[j], dxs, facc[i][j]);
+          }
         }
       }
     }
@@ -288,7 +319,7 @@ void Drive(const uint8_t* w, int64_t p0, int64_t count, int64_t panel_stride, co
   }
   thread_local AlignedPtr<float> scales;  // PanelScales of one group's k chunk
   if (scales == nullptr) {
-    scales.reset(static_cast<float*>(AlignedAlloc(64, Tile<kT>::kNv * kc * 2 * 16 * sizeof(float))));
+    scales.reset(static_cast<float*>(AlignedAlloc(64, Tile<kT>::kNv * kc * kMaxScaleVecs * 16 * sizeof(float))));
     ESTREAM_CHECK(scales != nullptr, "GEMM: out of memory for the weight scale buffer");
   }
   for (int64_t g = 0; g < count; g += kGroup) {
@@ -349,9 +380,11 @@ inline int64_t RowsPerPass(int64_t k, int64_t weight_bytes) {
   return std::clamp<int64_t>(rows / 32 * 32, 64, 512);
 }
 
-template <QuantType kT, bool kPacked, bool kAmx>
+// kSrc: the GGUF type of the weights (the kernels run its packed format, PackedFormat(kSrc)).
+template <QuantType kSrc, bool kPacked, bool kAmx>
 void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begin, int64_t n_end, float* y,
                 int64_t ldy) {
+  constexpr QuantType kT = PackedFormat(kSrc);
   if (m <= 0 || n_begin >= n_end) return;
   const int64_t kb = w.k / 32;
   const int64_t panel_stride = PackedPanelBytes(kT, w.k);
@@ -407,13 +440,13 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
     buf.reset(static_cast<uint8_t*>(AlignedAlloc(64, buf_bytes)));
     ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the weight pack buffer");
   }
-  const size_t row_bytes = RowBytes(kT, w.k);
+  const size_t row_bytes = RowBytes(kSrc, w.k);
   for (int64_t p = p_first; p <= p_last; p += kNv) {
     const int64_t count = std::min<int64_t>(kNv, p_last + 1 - p);
     for (int64_t j = 0; j < count; ++j) {
       const int64_t r0 = (p + j) * kPackRows;
       const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
-      PackPanel(kT, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k,
+      PackPanel(kSrc, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k,
                 buf.get() + j * panel_stride);
     }
     for (int64_t i0 = 0; i0 < m; i0 += kMc) rows_pass(buf.get(), p, count, i0, std::min(kMc, m - i0));
@@ -531,17 +564,29 @@ void QuantizeQ8AAvx512(const float* x, BlockQ8A* y, int64_t n) {
   }
 }
 
+// AMX for the formats the tile path handles (AmxHandles: Q4_0, Q8_0 and so Q5_0, Q4_K).
+template <bool kAmx, QuantType kSrc>
+void SetQuant(KernelTable* t) {
+  constexpr bool kA = kAmx && AmxHandles(PackedFormat(kSrc));
+  t->SetQuant(kSrc, false, GemmAvx512<kSrc, false, kA>);
+  t->SetQuant(kSrc, true, GemmAvx512<kSrc, true, kA>);
+}
+
 template <bool kAmx>
 void FillQuant(KernelTable* t) {
-  constexpr bool kA = kAmx;  // AMX for the types it handles (AmxHandles)
-  t->gemm_q4_0 = GemmAvx512<QuantType::kQ4_0, false, kA>;
-  t->gemm_q8_0 = GemmAvx512<QuantType::kQ8_0, false, kA>;
-  t->gemm_q4_k = GemmAvx512<QuantType::kQ4_K, false, kA>;
-  t->gemm_q6_k = GemmAvx512<QuantType::kQ6_K, false, false>;
-  t->gemm_q4_0_packed = GemmAvx512<QuantType::kQ4_0, true, kA>;
-  t->gemm_q8_0_packed = GemmAvx512<QuantType::kQ8_0, true, kA>;
-  t->gemm_q4_k_packed = GemmAvx512<QuantType::kQ4_K, true, kA>;
-  t->gemm_q6_k_packed = GemmAvx512<QuantType::kQ6_K, true, false>;
+  SetQuant<kAmx, QuantType::kQ4_0>(t);
+  SetQuant<kAmx, QuantType::kQ8_0>(t);
+  SetQuant<kAmx, QuantType::kQ4_K>(t);
+  SetQuant<kAmx, QuantType::kQ6_K>(t);
+  SetQuant<kAmx, QuantType::kQ4_1>(t);
+  SetQuant<kAmx, QuantType::kQ5_0>(t);
+  SetQuant<kAmx, QuantType::kQ5_1>(t);
+  SetQuant<kAmx, QuantType::kQ5_K>(t);
+  SetQuant<kAmx, QuantType::kQ3_K>(t);
+  SetQuant<kAmx, QuantType::kQ2_K>(t);
+  SetQuant<kAmx, QuantType::kIQ4_NL>(t);
+  SetQuant<kAmx, QuantType::kIQ4_XS>(t);
+  SetQuant<kAmx, QuantType::kMXFP4>(t);
 }
 
 }  // namespace

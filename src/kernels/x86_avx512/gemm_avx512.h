@@ -28,9 +28,10 @@ namespace estream::kernels {
 // Per activation row and block: what the micro-kernels broadcast besides the int8 values.
 struct XAux {
   float dx;     // activation scale
-  int32_t b0;   // int32 accumulator start: -Z * sum (Q6_K: of values 0..15)
-  int32_t b1;   // Q6_K: -Z * sum of values 16..31
-  float dxs;    // Q4_K: dx * sum (multiplies the weights' -min)
+  int32_t b0;   // int32 accumulator start: -Z * sum (two-half formats: of values 0..15)
+  int32_t b1;   // two-half formats (Q6_K, Q3_K, Q2_K): -Z * sum of values 16..31
+  float dxs;    // formats with mins: dx * sum (multiplies the weights' min; Q2_K: of values 0..15)
+  float dxs1;   // Q2_K: dx * sum of values 16..31
 };
 
 // True if the CPU has AMX-INT8, the OS enabled the tile state and granted this process its use
