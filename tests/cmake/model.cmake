@@ -19,3 +19,7 @@ endif()
 # The batched and the grouped expert paths agree bit for bit.
 estream_add_test(model_experts_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_experts_test.cc
   LIBS estream_model LABELS model)
+# Engine::RunBatch and shared-prefix candidates vs single requests, every arch and model kind
+# (GGUF, packed resident, packed streamed under each schedule; the packed model is made at test time).
+estream_add_test(model_batch_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_batch_test.cc
+  LIBS estream_model estream_pack LABELS model)
