@@ -363,6 +363,9 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
 
 Status Engine::Impl::ReserveBuffers(int64_t T) {
   const int64_t d = model->config().n_embd, V = model->config().n_vocab;
+  // Streamed: the budget plans activations for exactly pass_tokens tokens, so reserve that once
+  // (Reserve's growth rounding could otherwise go past it as passes of varying lengths arrive).
+  if (vexp && vexp->streamed()) T = std::max(T, pass_tokens);
   ESTREAM_RETURN_IF_ERROR(ws.Reserve(*model, T, n_threads));
   ESTREAM_RETURN_IF_ERROR(experts.Reserve(*model, T, n_threads));
   if (hidden_rows < T) {

@@ -50,6 +50,7 @@ class BenchBatchCommand : public Command {
         ->delimiter(',')
         ->expected(3);
     sub->add_option("--json", json_, "write the results as JSON to FILE");
+    sub->add_flag("-v,--verbose", verbose_, "print each batch pass's time split");
     flags_.Setup(sub);
   }
   int Run() override {
@@ -142,6 +143,11 @@ class BenchBatchCommand : public Command {
           int last = -1;
           for (auto& r : res) {
             ESTREAM_RETURN_IF_ERROR(r.status());
+            if (r->pass != last && verbose_)
+              std::printf("    pass %d: %d requests, %lld tokens, %.3f s: embed %.3f attention %.3f router %.3f "
+                          "experts %.3f head %.3f\n", r->pass, r->pass_requests,
+                          static_cast<long long>(r->pass_tokens), r->seconds, r->timing.embed, r->timing.attention,
+                          r->timing.router, r->timing.experts, r->timing.head);
             if (r->pass != last) bb += r->bytes_read;
             last = r->pass;
             passes = std::max(passes, r->pass + 1);
@@ -173,6 +179,7 @@ class BenchBatchCommand : public Command {
   std::vector<int64_t> mc_;
   int64_t length_ = 128;
   int repeat_ = 5;
+  bool verbose_ = false;
   BatchEngineFlags flags_;
 };
 
