@@ -294,6 +294,38 @@ TEST(Attention, EveryIsaMatchesReference) {
   }
 }
 
+// AttentionArgs::q_begin (the engine's tree attention): only rows [q_begin, n_tokens) are
+// computed, each bit-identical to the full call's row (key blocks start at key 0 whatever the row
+// tiles), and rows before q_begin of out stay untouched (NaN).
+TEST(Attention, QueryRowsFromQBegin) {
+  uint32_t salt = 900;
+  for (const AttnShape& s : {AttnShape{70, 4, 2, 64}, AttnShape{129, 8, 2, 128}, AttnShape{5, 4, 4, 32}}) {
+    const AttnProblem p(s, salt++);
+    for (Isa isa : IsasToTest()) {
+      SCOPED_TRACE(IsaName(isa));
+      const KernelTable& kt = Fp32Table(isa);
+      omp_set_num_threads(2);
+      std::vector<float> full = p.PoisonedOut();
+      AttentionPrefillWith(kt, p.Args(full.data()));
+      for (int q_begin : {0, 1, s.n_tokens / 2, s.n_tokens - 1, s.n_tokens}) {
+        std::vector<float> out = p.PoisonedOut();
+        AttentionArgs a = p.Args(out.data());
+        a.q_begin = q_begin;
+        AttentionPrefillWith(kt, a);
+        for (int t = 0; t < s.n_tokens; ++t)
+          for (int64_t i = 0; i < p.ldo; ++i) {
+            const float got = out[t * p.ldo + i], want = full[t * p.ldo + i];
+            if (t < q_begin || std::isnan(want)) {
+              ASSERT_TRUE(std::isnan(got)) << "row " << t << " before q_begin " << q_begin << " was written";
+            } else {
+              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "row " << t << " q_begin " << q_begin;
+            }
+          }
+      }
+    }
+  }
+}
+
 // Long prompts on a few heads; only the last rows (the most keys) and one early block are checked
 // against the reference, to keep the test fast. The reference itself is checked against fp64 on
 // two of those rows.

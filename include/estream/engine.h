@@ -12,6 +12,12 @@
 // from the final hidden states: the next-token distribution after the last token, the prompt's
 // own log-likelihood, an embedding. Nothing is decoded.
 //
+// Batches: RunBatch packs many requests into one forward pass (each sequence keeps its own
+// positions and its own causal attention; no padding), so the experts of a layer are read once
+// and multiplied with the routes of every request together. A request may also carry
+// continuations that share its prompt as context (multiple choice, label scoring, reranking):
+// the context is computed once and each continuation attends to the context and to itself only.
+//
 // Architectures: `olmoe` (OLMoE), `qwen3moe` (Qwen3-MoE), `llama` with experts (Mixtral), with
 // merged `*_exps` expert tensors or Mixtral's older per-expert tensors. Weight types: whatever the
 // kernels' GEMM supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
@@ -30,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,6 +67,11 @@ struct EngineOptions {
   enum class Schedule { kOnDemand, kAfterRouting, kEarly } schedule = Schedule::kEarly;
   enum class Io { kAuto, kIoUring, kPread } io = Io::kAuto;  // kAuto: io_uring, else pread
   int64_t budget_tokens = 0;  // longest prompt the budget plans for; 0: min(context, 4096)
+  // Most tokens of one forward pass of RunBatch (all sequences of the pass together, the tokens
+  // of every continuation included). 0: budget_tokens' planned length for a streamed model (a
+  // larger value is lowered to it: the activation memory of the budget is planned for that many
+  // tokens), else max(context length, 8192).
+  int64_t batch_tokens = 0;
   // Check each expert record's XXH3 before its experts run: the first time this engine reads the
   // record (default), or on every read (verify_every_read), or never. A record on disk that is
   // corrupt fails the request that first reads it; re-checking every read costs one extra pass
@@ -105,6 +117,28 @@ struct Request {
 
   // Response::routing / routing_weights: the experts the router chose, per layer and token.
   bool return_routing = false;
+
+  // Shared-prefix candidates (lm-eval's `loglikelihood(context, continuation)` for each one).
+  // When non-empty, `tokens` is the context and each continuation (1 or more ids each) is scored
+  // after it: Response::continuations[i] holds log p(continuation i | context). The context is
+  // computed once; continuation i's tokens take positions |context| .. and attend to the whole
+  // context and causally to continuation i only (a tree mask), all in the same forward pass, so the
+  // scores equal those of running context ++ continuation i alone. Every other output (top,
+  // logits, prompt_logprobs, embedding, routing) is about the context alone, as without
+  // continuations. REQUIRES (else an error for this request): |context| + |continuation i| <=
+  // context length for every i, and |context| + sum |continuation i| <= the pass length
+  // (EngineOptions::batch_tokens).
+  std::vector<std::vector<int32_t>> continuations = {};
+};
+
+// The score of one continuation (Request::continuations).
+struct ContinuationScore {
+  // logprobs[j] = log p(continuation[j] | context, continuation[0..j-1]), natural log.
+  std::vector<float> logprobs;
+  double log_likelihood = 0;  // sum of logprobs (in double)
+  // Every continuation token is the most likely token at its position (ties: lower id), i.e.
+  // greedy decoding from the context would produce the continuation (lm-eval's is_greedy).
+  bool is_greedy = false;
 };
 
 struct TokenLogprob {
@@ -131,8 +165,16 @@ struct Response {
   // the architecture renormalises).
   std::vector<int32_t> routing;
   std::vector<float> routing_weights;
-  // Wall time of the forward pass and the outputs (model load excluded).
+  // Request::continuations, in order.
+  std::vector<ContinuationScore> continuations;
+  // Wall time of the forward pass and the outputs (model load excluded). RunBatch: `seconds`,
+  // `timing` and the streaming figures below (bytes_read, bubble, groups, ...) are those of the
+  // whole pass that ran this request, shared by every request of that pass.
   double seconds = 0;
+  // RunBatch: the pass that ran this request (0-based), its requests and its tokens.
+  int pass = 0;
+  int pass_requests = 1;
+  int64_t pass_tokens = 0;
   // Where `seconds` went (wall time, summed over layers).
   struct Timing {
     double embed = 0;      // token embeddings
@@ -203,8 +245,23 @@ class Engine {
   // buffers cannot be allocated), or the Status of logits_sink. Thread safety: see above.
   Result<Response> Run(const Request& request);
 
+  // Runs a batch: results[i] is requests[i]'s Response, or its error; a request with bad input
+  // (the errors of Run, an empty continuation, a request longer than one pass) fails alone and
+  // the others complete. Valid requests are packed, longest first, into forward passes of at most
+  // EngineOptions::batch_tokens tokens; each pass runs every layer once over all its sequences
+  // (per-sequence positions and causal attention, routes of all sequences grouped per expert: a
+  // streamed model reads each active expert once per layer and pass). Every output equals the
+  // single-request Run of the same request, to rounding (the kernels are row-wise, so in practice
+  // bit for bit). An error of a whole pass (an I/O error reading experts, activation buffers
+  // that cannot be allocated) fails the requests of that pass, and later passes still run; a
+  // logits_sink's Status fails its own request only. Sinks are called on the calling thread after
+  // their pass, request by request. Thread safety: as Run.
+  std::vector<Result<Response>> RunBatch(std::span<const Request> requests);
+
   const ModelInfo& info() const;
   int n_threads() const;
+  // Most tokens of one RunBatch forward pass (EngineOptions::batch_tokens as resolved at load).
+  int64_t pass_tokens() const;
 
  private:
   Engine();

@@ -97,6 +97,11 @@ struct AttentionArgs {
   // Q/K/V/O projections are quantised: their activations are already rounded to 8 bits per 32
   // values (relative error up to 2^-8), so bf16 attention does not change the precision class.
   bool allow_bf16 = false;
+  // Only query rows [q_begin, n_tokens) are computed (each still against keys 0..t): rows before
+  // q_begin of q and out are neither read nor written, so q and out may point q_begin rows before
+  // the caller's first query row. The engine's tree attention (shared-prefix candidates) passes
+  // the context's and one continuation's keys (n_tokens of them) with q_begin = context length.
+  int q_begin = 0;
 };
 void AttentionPrefill(const AttentionArgs& args);
 

@@ -77,10 +77,12 @@ void AttentionPrefill(const AttentionArgs& a) { AttentionPrefillWith(Kernels(), 
 void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   ESTREAM_CHECK(a.n_tokens >= 0 && a.n_head > 0 && a.n_head_kv > 0 && a.head_dim > 0, "AttentionPrefill: bad shape");
   ESTREAM_CHECK(a.n_head % a.n_head_kv == 0, "AttentionPrefill: n_head must be a multiple of n_head_kv");
-  if (a.n_tokens == 0) return;
+  ESTREAM_CHECK(a.q_begin >= 0 && a.q_begin <= a.n_tokens, "AttentionPrefill: need 0 <= q_begin <= n_tokens");
+  if (a.n_tokens == a.q_begin) return;
+  const int n_rows = a.n_tokens - a.q_begin;  // query rows [q_begin, n_tokens)
   const bool bf16 = a.allow_bf16 && kt.attention_block_bf16 != nullptr;
   const int threads_wanted = omp_get_max_threads();
-  const AttentionPlan p = PlanAttention(bf16, bf16 ? kt.attention_rows_bf16 : kt.attention_rows, a.n_tokens,
+  const AttentionPlan p = PlanAttention(bf16, bf16 ? kt.attention_rows_bf16 : kt.attention_rows, n_rows,
                                         a.n_head, a.n_head_kv, threads_wanted);
   const int rep = a.n_head / a.n_head_kv;
   struct ItemRange {
@@ -93,7 +95,7 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
     const int block = p.n_row_blocks - 1 - static_cast<int>(in_kv / p.head_chunks);
     r.head_begin = r.kv_head * rep + static_cast<int>(in_kv % p.head_chunks) * p.heads_per_item;
     r.head_end = std::min(r.head_begin + p.heads_per_item, (r.kv_head + 1) * rep);
-    r.t_begin = block * p.rows_per_item;
+    r.t_begin = a.q_begin + block * p.rows_per_item;
     r.t_end = std::min(a.n_tokens, r.t_begin + p.rows_per_item);
     return r;
   };

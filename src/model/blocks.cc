@@ -26,6 +26,59 @@ bool AnyQuantized(std::initializer_list<const kernels::WeightView*> ws) {
   return false;
 }
 
+// RoPE on q and k, then causal attention into ws->att, sequence by sequence (SeqSpan). A
+// continuation's keys and values are gathered after its context's into ws->tree_k / tree_v, and
+// only its own query rows are computed (AttentionArgs::q_begin).
+void RopeAndAttend(const Model& model, std::span<const SeqSpan> seqs, bool allow_bf16, Workspace* ws) {
+  const ModelConfig& c = model.config();
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  kernels::AttentionArgs a;
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = c.head_dim;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  a.ldq = qd;
+  a.ldk = kvd;
+  a.ldv = kvd;
+  a.ldo = qd;
+  a.allow_bf16 = allow_bf16;
+  for (const SeqSpan& s : seqs) {
+    float* q = ws->q.get() + s.row * qd;
+    float* k = ws->k.get() + s.row * kvd;
+    const int pos0 = static_cast<int>(s.ctx_len);
+    kernels::Rope(q, qd, static_cast<int>(s.len), c.n_head, c.head_dim, pos0, c.rope_freq_base, c.arch->rope_mode);
+    kernels::Rope(k, kvd, static_cast<int>(s.len), c.n_head_kv, c.head_dim, pos0, c.rope_freq_base,
+                  c.arch->rope_mode);
+  }
+  for (const SeqSpan& s : seqs) {
+    if (s.ctx_len == 0) {
+      a.n_tokens = static_cast<int>(s.len);
+      a.q_begin = 0;
+      a.q = ws->q.get() + s.row * qd;
+      a.k = ws->k.get() + s.row * kvd;
+      a.v = ws->v.get() + s.row * kvd;
+      a.out = ws->att.get() + s.row * qd;
+    } else {
+      // Keys 0..ctx_len-1: the context's; ctx_len..: this continuation's. The continuation's rows
+      // follow the context's, so q/out moved back by ctx_len rows stay inside the buffers.
+      const int64_t n = s.ctx_len + s.len;
+      float* tk = ws->tree_k.get();
+      float* tv = ws->tree_v.get();
+      std::copy(ws->k.get() + s.ctx_row * kvd, ws->k.get() + (s.ctx_row + s.ctx_len) * kvd, tk);
+      std::copy(ws->v.get() + s.ctx_row * kvd, ws->v.get() + (s.ctx_row + s.ctx_len) * kvd, tv);
+      std::copy(ws->k.get() + s.row * kvd, ws->k.get() + (s.row + s.len) * kvd, tk + s.ctx_len * kvd);
+      std::copy(ws->v.get() + s.row * kvd, ws->v.get() + (s.row + s.len) * kvd, tv + s.ctx_len * kvd);
+      a.n_tokens = static_cast<int>(n);
+      a.q_begin = static_cast<int>(s.ctx_len);
+      a.q = ws->q.get() + (s.row - s.ctx_len) * qd;
+      a.k = tk;
+      a.v = tv;
+      a.out = ws->att.get() + (s.row - s.ctx_len) * qd;
+    }
+    kernels::AttentionPrefill(a);
+  }
+}
+
 }  // namespace
 
 bool IsQuantized(QuantType t) { return t != QuantType::kF32 && t != QuantType::kF16 && t != QuantType::kBF16; }
@@ -53,7 +106,8 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
                   Grow(&w.gate, C * ff) && Grow(&w.up, C * ff) && Grow(&w.hq, C * (ff / kQK8A)) &&
                   Grow(&w.down, C * d) && Grow(&w.wxq, W * (d / kQK8A)) && Grow(&w.wx, float_in ? W * d : 1) &&
                   Grow(&w.whq, W * (ff / kQK8A)) && Grow(&w.whf, float_down ? W * ff : 1) &&
-                  Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock));
+                  Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock)) &&
+                  Grow(&w.tree_k, T * c.kv_dim()) && Grow(&w.tree_v, T * c.kv_dim());
   if (!ok) {
     return Status::ResourceExhausted(
         "cannot allocate the activation buffers for a prompt of " + std::to_string(n_tokens) +
@@ -84,7 +138,7 @@ void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, fl
   for (int64_t i = 0; i < n_tokens; ++i) DequantizeRow(t, model.token_embd_row(tokens[i]), x + i * d, d);
 }
 
-void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
+void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws, std::span<const SeqSpan> seqs) {
   const ModelConfig& c = model.config();
   const LayerWeights& L = model.layers()[il];
   const int64_t T = n_tokens, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
@@ -114,28 +168,12 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws)
                        c.rms_eps);
       break;
   }
-  kernels::Rope(ws->q.get(), qd, static_cast<int>(T), c.n_head, c.head_dim, 0, c.rope_freq_base, c.arch->rope_mode);
-  kernels::Rope(ws->k.get(), kvd, static_cast<int>(T), c.n_head_kv, c.head_dim, 0, c.rope_freq_base,
-                c.arch->rope_mode);
-
-  kernels::AttentionArgs a;
-  a.n_tokens = static_cast<int>(T);
-  a.n_head = c.n_head;
-  a.n_head_kv = c.n_head_kv;
-  a.head_dim = c.head_dim;
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  a.q = ws->q.get();
-  a.ldq = qd;
-  a.k = ws->k.get();
-  a.ldk = kvd;
-  a.v = ws->v.get();
-  a.ldv = kvd;
-  a.out = ws->att.get();
-  a.ldo = qd;
   // Quantised projections already round the activations to 8 bits: bf16 attention where the host
   // has it (kernels.h, AttentionArgs::allow_bf16).
-  a.allow_bf16 = IsQuantized(L.wq.type) && IsQuantized(L.wk.type) && IsQuantized(L.wv.type) && IsQuantized(L.wo.type);
-  kernels::AttentionPrefill(a);
+  const bool allow_bf16 =
+      IsQuantized(L.wq.type) && IsQuantized(L.wk.type) && IsQuantized(L.wv.type) && IsQuantized(L.wo.type);
+  const SeqSpan whole{.row = 0, .len = T};
+  RopeAndAttend(model, seqs.empty() ? std::span<const SeqSpan>(&whole, 1) : seqs, allow_bf16, ws);
 
   // Output projection into xn (free now), then the residual add.
   Linear(L.wo, ws->att.get(), qd, nullptr, T, ws->xn.get(), d);

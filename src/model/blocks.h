@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "base/memory.h"
@@ -72,6 +73,9 @@ class Workspace {
   AlignedPtr<BlockQ8A> whq;         // [W x n_ff/32] SwiGLU output, Q8A (quantised down)
   AlignedPtr<float> whf;            // [W x n_ff] SwiGLU output, float (only if some down is float)
   AlignedPtr<float> tiles;          // per thread: 3 tiles of [C x max(kFfBlock, kEmbdBlock)]
+  // Tree attention (SeqSpan::ctx_len > 0): one continuation's context keys then its own keys.
+  AlignedPtr<float> tree_k;         // [T x kv_dim]
+  AlignedPtr<float> tree_v;         // [T x kv_dim]
 
  private:
   int64_t capacity_ = 0;
@@ -80,12 +84,27 @@ class Workspace {
   const Model* model_ = nullptr;
 };
 
+// One sequence of a packed batch (Engine::RunBatch): activation rows [row, row + len) hold one
+// sequence's tokens. Plain sequence (ctx_len == 0): positions 0..len-1, causal attention within
+// the rows. Continuation of a shared context (ctx_len > 0; the tree mask of shared-prefix
+// candidates): the context is the plain sequence at rows [ctx_row, ctx_row + ctx_len), which
+// precedes these rows; the rows take positions ctx_len..ctx_len+len-1 and each attends to the
+// whole context and causally to the continuation's own rows, never to other continuations.
+// Sequences must not overlap and together cover rows [0, n_tokens).
+struct SeqSpan {
+  int64_t row = 0, len = 0;
+  int64_t ctx_row = 0, ctx_len = 0;
+};
+
 // x[t] = dequantised row tokens[t] of token_embd. REQUIRES: ids validated (< n_vocab).
 void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, float* x);
 
 // x += Attention(RMSNorm(x)) for layer `il` (norm, Q/K/V, q/k norm, RoPE, causal GQA, output
-// projection, residual), per the architecture's traits.
-void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
+// projection, residual), per the architecture's traits. `seqs`: the sequences of a packed batch
+// (RoPE positions and attention confined per sequence, see SeqSpan); empty: one sequence of
+// n_tokens. Every row's result is the same as with its sequence run alone (row-wise kernels; the
+// attention of a row depends only on its own keys).
+void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws, std::span<const SeqSpan> seqs = {});
 
 // x += MoE(RMSNorm(x)) for layer `il`: router (softmax, top-k, renormalisation per architecture),
 // routes grouped by expert, then the batched expert path of experts.h. MoeBlock = RouteBlock

@@ -45,6 +45,14 @@ double LogSumExp(const float* row, int64_t n) {
   return mx + std::log(s);
 }
 
+// Index of the largest value (ties: the lowest index), as torch.argmax.
+int32_t Argmax(const float* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (row[i] > row[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
 // Positions of the LM head rows computed at a time: bounds the logits scratch.
 int64_t LogitsChunkRows(int64_t n_vocab) { return std::clamp<int64_t>((int64_t{8} << 20) / n_vocab, 1, 64); }
 
@@ -67,12 +75,23 @@ struct Engine::Impl {
   AlignedPtr<float> logits;  // [chunk x n_vocab]
   int64_t logits_rows = 0;
 
+  int64_t pass_tokens = 0;   // most tokens of one forward pass (EngineOptions::batch_tokens)
+
   Status Validate(const Request& req) const;
+  static int64_t RequestTokens(const Request& req);  // prompt + continuations
+  std::vector<Result<Response>> RunBatch(std::span<const Request> reqs);
+  // One forward pass over reqs[ids[...]]; writes their results.
+  void RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
+               std::vector<Result<Response>>* results);
+  Status ReserveBuffers(int64_t n_tokens);
+  // Logits of n_rows final hidden rows h, in chunks of rows: fn(first row, rows, [rows x n_vocab]).
+  Status LmHead(const float* h, int64_t n_rows, const std::function<Status(int64_t, int64_t, const float*)>& fn);
+  // A request's outputs from its final hidden rows h (context rows, then its continuations').
+  Status RequestOutputs(const Request& req, const float* h, Response* resp);
   // Response::expert_seconds ... config (streamed or not); writes the trace when asked for.
   void FillStreamStats(Response* resp);
   // The experts of a packed model (virtual_experts.h): resident, or streamed within the budget.
   Status OpenPackedExperts(const EngineOptions& o);
-  Result<Response> Run(const Request& req);
 };
 
 Engine::Engine() : impl_(std::make_unique<Impl>()) {}
@@ -109,6 +128,14 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
     ESTREAM_RETURN_IF_ERROR(im.OpenPackedExperts(options));
   }
   const model::ModelConfig& c = im.model->config();
+  if (options.batch_tokens < 0)
+    return Status::InvalidArgument(fmt::format("batch_tokens = {} must be >= 0", options.batch_tokens));
+  if (im.vexp && im.vexp->streamed()) {
+    im.pass_tokens = im.vexp->config().budget_tokens;
+    if (options.batch_tokens > 0) im.pass_tokens = std::min(im.pass_tokens, options.batch_tokens);
+  } else {
+    im.pass_tokens = options.batch_tokens > 0 ? options.batch_tokens : std::max<int64_t>(c.n_ctx, 8192);
+  }
   im.info = ModelInfo{.path = path,
                       .architecture = c.arch->gguf_name,
                       .name = c.name,
@@ -128,11 +155,19 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
 
 const ModelInfo& Engine::info() const { return impl_->info; }
 int Engine::n_threads() const { return impl_->n_threads; }
+int64_t Engine::pass_tokens() const { return impl_->pass_tokens; }
 
 Result<Response> Engine::Run(const Request& request) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ScopedOmpThreads threads(impl_->n_threads);
-  return impl_->Run(request);
+  std::vector<Result<Response>> r = impl_->RunBatch(std::span<const Request>(&request, 1));
+  return std::move(r[0]);
+}
+
+std::vector<Result<Response>> Engine::RunBatch(std::span<const Request> requests) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  ScopedOmpThreads threads(impl_->n_threads);
+  return impl_->RunBatch(requests);
 }
 
 Status Engine::Impl::Validate(const Request& req) const {
@@ -147,24 +182,190 @@ Status Engine::Impl::Validate(const Request& req) const {
                                                  i, c.n_vocab));
   if (req.top_k < 0 || req.top_k > c.n_vocab)
     return Status::InvalidArgument(fmt::format("top_k = {} must be between 0 and n_vocab = {}", req.top_k, c.n_vocab));
+  const int64_t C = static_cast<int64_t>(req.tokens.size());
+  for (size_t j = 0; j < req.continuations.size(); ++j) {
+    const std::vector<int32_t>& cont = req.continuations[j];
+    if (cont.empty())
+      return Status::InvalidArgument(fmt::format("continuation {} is empty: give at least one token", j));
+    if (C + static_cast<int64_t>(cont.size()) > c.n_ctx)
+      return Status::OutOfRange(fmt::format("prompt of {} tokens + continuation {} of {} tokens is longer than the "
+                                            "model's context length {}", C, j, cont.size(), c.n_ctx));
+    for (size_t i = 0; i < cont.size(); ++i)
+      if (cont[i] < 0 || cont[i] >= c.n_vocab)
+        return Status::InvalidArgument(fmt::format("token id {} at position {} of continuation {} is out of range "
+                                                   "[0, {})", cont[i], i, j, c.n_vocab));
+  }
+  const int64_t n = RequestTokens(req);
+  if (n > pass_tokens)
+    return Status::ResourceExhausted(fmt::format(
+        "request of {} tokens (prompt + continuations) is longer than the {} tokens one forward pass holds ({}); "
+        "shorten it or split its continuations", n, pass_tokens,
+        vexp && vexp->streamed() ? "the memory budget was planned for that many: raise budget_tokens"
+                                 : "raise batch_tokens"));
   return Status::Ok();
 }
 
-Result<Response> Engine::Impl::Run(const Request& req) {
-  ESTREAM_RETURN_IF_ERROR(Validate(req));
+// ---- batches (RunBatch) -----------------------------------------------------------------------
+//
+// A pass lays its requests out one after the other in the activation rows: a request's prompt
+// (the context) then each of its continuations. Every sequence is a model::SeqSpan: the prompt is
+// a plain causal sequence at positions 0..; a continuation takes positions |context|.. and attends
+// to its context's rows and to its own (the tree mask), so the context is computed once. Norms,
+// projections, the router and the experts are row-wise: a row's result does not depend on the
+// other rows of the pass (the kernels split by rows and output elements with a fixed reduction
+// order), which is why a batch reproduces the single-request results.
+
+std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> reqs) {
+  std::vector<Result<Response>> results;
+  results.reserve(reqs.size());
+  std::vector<int64_t> length(reqs.size(), 0);
+  std::vector<int> valid;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Status st = Validate(reqs[i]);
+    results.emplace_back(st.ok() ? Status::Internal("request not run") : st);  // replaced by its pass
+    if (!st.ok()) continue;
+    length[i] = RequestTokens(reqs[i]);
+    valid.push_back(static_cast<int>(i));
+  }
+  // Longest first, first fit: few passes, each as full as the order allows.
+  std::stable_sort(valid.begin(), valid.end(), [&](int a, int b) { return length[a] > length[b]; });
+  std::vector<std::vector<int>> passes;
+  std::vector<int64_t> fill;
+  for (int i : valid) {
+    size_t p = 0;
+    while (p < passes.size() && fill[p] + length[i] > pass_tokens) ++p;
+    if (p == passes.size()) {
+      passes.emplace_back();
+      fill.push_back(0);
+    }
+    passes[p].push_back(i);
+    fill[p] += length[i];
+  }
+  for (size_t p = 0; p < passes.size(); ++p) RunPass(reqs, passes[p], static_cast<int>(p), &results);
+  return results;
+}
+
+int64_t Engine::Impl::RequestTokens(const Request& req) {
+  int64_t n = static_cast<int64_t>(req.tokens.size());
+  for (const std::vector<int32_t>& c : req.continuations) n += static_cast<int64_t>(c.size());
+  return n;
+}
+
+void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
+                           std::vector<Result<Response>>* results) {
   const Timer timer;
   const model::ModelConfig& c = model->config();
-  const int64_t T = static_cast<int64_t>(req.tokens.size());
-  const int64_t d = c.n_embd, V = c.n_vocab;
+  const int64_t d = c.n_embd, K = c.n_expert_used;
+  auto fail_all = [&](const Status& st) {
+    for (int i : ids) (*results)[i] = st;
+  };
 
-  // Which rows need the final norm and the LM head.
-  const bool all_logits = req.prompt_logprobs || req.logits_sink || req.logits == Request::Logits::kAll;
-  const bool last_logits = req.top_k > 0 || req.logits == Request::Logits::kLast;
-  const bool all_hidden = all_logits || req.embedding == Request::Pooling::kMean;
-  const int64_t lm_first = all_logits ? 0 : (last_logits ? T - 1 : T);  // LM head rows [lm_first, T)
-  const int64_t hidden_first = all_hidden ? 0 : T - 1;                  // normed rows [hidden_first, T)
+  // Layout of the pass: per request its context, then its continuations.
+  std::vector<model::SeqSpan> seqs;
+  std::vector<int64_t> row0(ids.size());
+  std::vector<int32_t> tokens;
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const Request& req = reqs[ids[j]];
+    const int64_t ctx_row = static_cast<int64_t>(tokens.size()), C = static_cast<int64_t>(req.tokens.size());
+    row0[j] = ctx_row;
+    seqs.push_back({.row = ctx_row, .len = C});
+    tokens.insert(tokens.end(), req.tokens.begin(), req.tokens.end());
+    for (const std::vector<int32_t>& cont : req.continuations) {
+      seqs.push_back({.row = static_cast<int64_t>(tokens.size()), .len = static_cast<int64_t>(cont.size()),
+                      .ctx_row = ctx_row, .ctx_len = C});
+      tokens.insert(tokens.end(), cont.begin(), cont.end());
+    }
+  }
+  const int64_t T = static_cast<int64_t>(tokens.size());
 
-  // Buffers (grown once, reused by later requests). A failure here leaves the engine as it was.
+  // Buffers (grown once, reused by later passes). A failure here leaves the engine as it was.
+  Status st = ReserveBuffers(T);
+  if (!st.ok()) return fail_all(st);
+
+  std::vector<Response> resps(ids.size());
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const Request& req = reqs[ids[j]];
+    const int64_t C = static_cast<int64_t>(req.tokens.size());
+    resps[j].n_tokens = C;
+    if (req.return_routing) {
+      resps[j].routing.resize(c.n_layer * C * K);
+      resps[j].routing_weights.resize(c.n_layer * C * K);
+    }
+  }
+
+  // The forward pass, layer by layer.
+  Response::Timing tm;
+  double t0 = NowSeconds(), t1;
+  auto lap = [&](double* acc) { t1 = NowSeconds(); *acc += t1 - t0; t0 = t1; };
+  model::VirtualExperts* const stream = vexp && vexp->streamed() ? vexp.get() : nullptr;
+  if (trace) trace->Clear();
+  if (stream) stream->BeginRequest();
+  {
+    // Ends the pass's streaming on every path out (cancels reads, frees banks).
+    struct StreamEnd {
+      model::VirtualExperts* v;
+      ~StreamEnd() { if (v) (void)v->EndRequest(); }
+    } stream_end{stream};
+    model::EmbedTokens(*model, tokens.data(), T, ws.x.get());
+    lap(&tm.embed);
+    for (int il = 0; il < c.n_layer; ++il) {
+      if (stream) stream->LayerStart(il);
+      model::AttentionBlock(*model, il, T, &ws, seqs);
+      lap(&tm.attention);
+      model::RouteBlock(*model, il, T, &ws);
+      lap(&tm.router);
+      st = stream ? stream->RunExperts(il, T, &ws) : experts.Run(*model, il, T, &ws);
+      if (!st.ok()) return fail_all(st);
+      lap(&tm.experts);
+      for (size_t j = 0; j < ids.size(); ++j) {
+        if (!reqs[ids[j]].return_routing) continue;
+        const int64_t C = resps[j].n_tokens, r0 = row0[j];
+        std::copy(ws.route_expert.get() + r0 * K, ws.route_expert.get() + (r0 + C) * K,
+                  resps[j].routing.begin() + il * C * K);
+        std::copy(ws.route_weight.get() + r0 * K, ws.route_weight.get() + (r0 + C) * K,
+                  resps[j].routing_weights.begin() + il * C * K);
+      }
+    }
+  }
+  model::FinalNorm(*model, ws.x.get(), T, hidden.get());
+  std::vector<Status> out(ids.size());
+  for (size_t j = 0; j < ids.size(); ++j) out[j] = RequestOutputs(reqs[ids[j]], hidden.get() + row0[j] * d, &resps[j]);
+  lap(&tm.head);
+
+  // Pass-wide figures, shared by its requests.
+  Response pass;
+  pass.timing = tm;
+  pass.seconds = timer.Seconds();
+  FillStreamStats(&pass);
+  for (size_t j = 0; j < ids.size(); ++j) {
+    Result<Response>& slot = (*results)[ids[j]];
+    if (!out[j].ok()) {  // its logits_sink failed
+      slot = out[j];
+      continue;
+    }
+    Response& r = resps[j];
+    r.timing = pass.timing;
+    r.seconds = pass.seconds;
+    r.expert_seconds = pass.expert_seconds;
+    r.nonexpert_seconds = pass.nonexpert_seconds;
+    r.bubble_seconds = pass.bubble_seconds;
+    r.bubble_rate = pass.bubble_rate;
+    r.bytes_read = pass.bytes_read;
+    r.read_gbps = pass.read_gbps;
+    r.peak_rss_bytes = pass.peak_rss_bytes;
+    r.config = pass.config;
+    r.pass = pass_index;
+    r.pass_requests = static_cast<int>(ids.size());
+    r.pass_tokens = T;
+    slot = std::move(r);
+  }
+}
+
+Status Engine::Impl::ReserveBuffers(int64_t T) {
+  const int64_t d = model->config().n_embd, V = model->config().n_vocab;
+  // Streamed: the budget plans activations for exactly pass_tokens tokens, so reserve that once
+  // (Reserve's growth rounding could otherwise go past it as passes of varying lengths arrive).
+  if (vexp && vexp->streamed()) T = std::max(T, pass_tokens);
   ESTREAM_RETURN_IF_ERROR(ws.Reserve(*model, T, n_threads));
   ESTREAM_RETURN_IF_ERROR(experts.Reserve(*model, T, n_threads));
   if (hidden_rows < T) {
@@ -174,109 +375,120 @@ Result<Response> Engine::Impl::Run(const Request& req) {
     hidden_rows = T;
   }
   const int64_t chunk = LogitsChunkRows(V);
-  if (lm_first < T && logits_rows < chunk) {
+  if (logits_rows < chunk) {
     AlignedPtr<float> l = AllocAligned<float>(static_cast<size_t>(chunk * V));
     if (!l) return Status::ResourceExhausted(fmt::format("cannot allocate the logits buffer ({} x {})", chunk, V));
     logits = std::move(l);
     logits_rows = chunk;
   }
+  return Status::Ok();
+}
 
-  Response resp;
-  resp.n_tokens = T;
-  const int64_t K = c.n_expert_used;
-  if (req.return_routing) {
-    resp.routing.resize(c.n_layer * T * K);
-    resp.routing_weights.resize(c.n_layer * T * K);
+Status Engine::Impl::LmHead(const float* h, int64_t n_rows,
+                            const std::function<Status(int64_t first, int64_t n, const float* lg)>& fn) {
+  const int64_t d = model->config().n_embd, V = model->config().n_vocab, chunk = LogitsChunkRows(V);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, n_rows - r0);
+    kernels::MatMul(model->output(), h + r0 * d, d, n, logits.get(), V);
+    ESTREAM_RETURN_IF_ERROR(fn(r0, n, logits.get()));
   }
+  return Status::Ok();
+}
 
-  // The forward pass, layer by layer.
-  Response::Timing& tm = resp.timing;
-  double t0 = NowSeconds(), t1;
-  auto lap = [&](double* acc) { t1 = NowSeconds(); *acc += t1 - t0; t0 = t1; };
-  model::VirtualExperts* const stream = vexp && vexp->streamed() ? vexp.get() : nullptr;
-  if (trace) trace->Clear();
-  if (stream) stream->BeginRequest();
-  // Ends the request's streaming on every path out of Run (cancels reads, frees banks).
-  struct StreamEnd {
-    model::VirtualExperts* v;
-    ~StreamEnd() { if (v) (void)v->EndRequest(); }
-  } stream_end{stream};
-  model::EmbedTokens(*model, req.tokens.data(), T, ws.x.get());
-  lap(&tm.embed);
-  for (int il = 0; il < c.n_layer; ++il) {
-    if (stream) stream->LayerStart(il);
-    model::AttentionBlock(*model, il, T, &ws);
-    lap(&tm.attention);
-    model::RouteBlock(*model, il, T, &ws);
-    lap(&tm.router);
-    if (stream) {
-      ESTREAM_RETURN_IF_ERROR(stream->RunExperts(il, T, &ws));
-    } else {
-      ESTREAM_RETURN_IF_ERROR(experts.Run(*model, il, T, &ws));
-    }
-    lap(&tm.experts);
-    if (req.return_routing) {
-      std::copy(ws.route_expert.get(), ws.route_expert.get() + T * K, resp.routing.begin() + il * T * K);
-      std::copy(ws.route_weight.get(), ws.route_weight.get() + T * K, resp.routing_weights.begin() + il * T * K);
-    }
-  }
-  model::FinalNorm(*model, ws.x.get() + hidden_first * d, T - hidden_first, hidden.get() + hidden_first * d);
+Status Engine::Impl::RequestOutputs(const Request& req, const float* h, Response* resp) {
+  const int64_t T = static_cast<int64_t>(req.tokens.size());
+  const int64_t d = model->config().n_embd, V = model->config().n_vocab;
+  const bool conts = !req.continuations.empty();
+  // Which rows need the LM head: [lm_first, T) of the context.
+  const bool all_logits = req.prompt_logprobs || req.logits_sink || req.logits == Request::Logits::kAll;
+  const bool last_logits = req.top_k > 0 || req.logits == Request::Logits::kLast || conts;
+  const int64_t lm_first = all_logits ? 0 : (last_logits ? T - 1 : T);
+  if (req.prompt_logprobs) resp->prompt_logprobs.resize(T - 1);
+  if (req.logits == Request::Logits::kAll && !req.logits_sink) resp->logits.reserve(static_cast<size_t>(T * V));
+  std::vector<double> lse(LogitsChunkRows(V));
+  // Each continuation's first token is scored by the context's last row.
+  resp->continuations.resize(req.continuations.size());
 
-  if (req.prompt_logprobs) resp.prompt_logprobs.resize(T - 1);
-  if (req.logits == Request::Logits::kAll && !req.logits_sink) resp.logits.reserve(static_cast<size_t>(T * V));
-  std::vector<double> lse(chunk);
-
-  // LM head over [lm_first, T) in chunks of rows.
-  for (int64_t r0 = lm_first; r0 < T; r0 += chunk) {
-    const int64_t n = std::min(chunk, T - r0);
-    float* lg = logits.get();
-    kernels::MatMul(model->output(), hidden.get() + r0 * d, d, n, lg, V);
+  // (Named lambdas: an OpenMP pragma cannot sit inside a macro's arguments.)
+  auto context_rows = [&](int64_t first, int64_t n, const float* lg) -> Status {
+    const int64_t r0 = lm_first + first;
     if (req.logits_sink) {
       ESTREAM_RETURN_IF_ERROR(req.logits_sink(r0, n, lg));
     } else if (req.logits == Request::Logits::kAll) {
-      resp.logits.insert(resp.logits.end(), lg, lg + n * V);
+      resp->logits.insert(resp->logits.end(), lg, lg + n * V);
     }
     if (req.prompt_logprobs) {
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) lse[i] = LogSumExp(lg + i * V, V);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = r0 + i;
-        if (t + 1 < T) resp.prompt_logprobs[t] = static_cast<float>(lg[i * V + req.tokens[t + 1]] - lse[i]);
+        if (t + 1 < T) resp->prompt_logprobs[t] = static_cast<float>(lg[i * V + req.tokens[t + 1]] - lse[i]);
       }
     }
     if (r0 + n == T) {  // the chunk with the last position
       const float* last = lg + (n - 1) * V;
-      if (req.logits == Request::Logits::kLast) resp.logits.assign(last, last + V);
+      if (req.logits == Request::Logits::kLast) resp->logits.assign(last, last + V);
+      const double l = req.top_k > 0 || conts ? LogSumExp(last, V) : 0;
       if (req.top_k > 0) {
-        const double l = LogSumExp(last, V);
         std::vector<int32_t> ids(V);
         std::iota(ids.begin(), ids.end(), 0);
         auto better = [last](int32_t a, int32_t b) { return last[a] > last[b] || (last[a] == last[b] && a < b); };
         std::partial_sort(ids.begin(), ids.begin() + req.top_k, ids.end(), better);
         for (int j = 0; j < req.top_k; ++j)
-          resp.top.push_back({ids[j], static_cast<float>(last[ids[j]] - l)});
+          resp->top.push_back({ids[j], static_cast<float>(last[ids[j]] - l)});
+      }
+      if (conts) {
+        const int32_t best = Argmax(last, V);
+        for (size_t j = 0; j < req.continuations.size(); ++j) {
+          const int32_t tok = req.continuations[j][0];
+          resp->continuations[j].logprobs.push_back(static_cast<float>(last[tok] - l));
+          resp->continuations[j].is_greedy = tok == best;
+        }
       }
     }
-  }
+    return Status::Ok();
+  };
+  ESTREAM_RETURN_IF_ERROR(LmHead(h + lm_first * d, T - lm_first, context_rows));
   if (req.prompt_logprobs) {
     double ll = 0;
-    for (float lp : resp.prompt_logprobs) ll += lp;
-    resp.log_likelihood = ll;
-    resp.perplexity = T > 1 ? std::exp(-ll / static_cast<double>(T - 1)) : std::numeric_limits<double>::quiet_NaN();
+    for (float lp : resp->prompt_logprobs) ll += lp;
+    resp->log_likelihood = ll;
+    resp->perplexity = T > 1 ? std::exp(-ll / static_cast<double>(T - 1)) : std::numeric_limits<double>::quiet_NaN();
   }
   if (req.embedding == Request::Pooling::kLast) {
-    resp.embedding.assign(hidden.get() + (T - 1) * d, hidden.get() + T * d);
+    resp->embedding.assign(h + (T - 1) * d, h + T * d);
   } else if (req.embedding == Request::Pooling::kMean) {
     std::vector<double> acc(d, 0.0);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < d; ++i) acc[i] += hidden[t * d + i];
-    resp.embedding.resize(d);
-    for (int64_t i = 0; i < d; ++i) resp.embedding[i] = static_cast<float>(acc[i] / static_cast<double>(T));
+      for (int64_t i = 0; i < d; ++i) acc[i] += h[t * d + i];
+    resp->embedding.resize(d);
+    for (int64_t i = 0; i < d; ++i) resp->embedding[i] = static_cast<float>(acc[i] / static_cast<double>(T));
   }
-  lap(&tm.head);
-  resp.seconds = timer.Seconds();
-  FillStreamStats(&resp);
-  return resp;
+
+  // Continuations: row i of continuation j (after the context's rows) scores its token i + 1.
+  int64_t row = T;
+  for (size_t j = 0; j < req.continuations.size(); ++j) {
+    const std::vector<int32_t>& cont = req.continuations[j];
+    const int64_t L = static_cast<int64_t>(cont.size());
+    ContinuationScore& cs = resp->continuations[j];
+    cs.logprobs.resize(L);
+    auto continuation_rows = [&](int64_t first, int64_t n, const float* lg) -> Status {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) lse[i] = LogSumExp(lg + i * V, V);
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t tok = cont[first + i + 1];
+        cs.logprobs[first + i + 1] = static_cast<float>(lg[i * V + tok] - lse[i]);
+        cs.is_greedy = cs.is_greedy && Argmax(lg + i * V, V) == tok;
+      }
+      return Status::Ok();
+    };
+    ESTREAM_RETURN_IF_ERROR(LmHead(h + row * d, L - 1, continuation_rows));
+    double ll = 0;
+    for (float lp : cs.logprobs) ll += lp;
+    cs.log_likelihood = ll;
+    row += L;
+  }
+  return Status::Ok();
 }
 
 }  // namespace estream

@@ -37,7 +37,8 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   uint64_t b = T * d * 4 * 2 + T * d * 8 + T * (d / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
                T * c.n_expert * 4 + T * k * 4 * 4 + C * d * 4 * 2 + C * (d / 32) * q8 + C * ff * 4 * 2 +
                C * (ff / 32) * q8 + W * (d / 32) * q8 + W * (ff / 32) * q8 +
-               static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4;
+               static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4 +
+               T * c.kv_dim() * 4 * 2;  // tree_k, tree_v (shared-prefix candidates)
   if (float_experts) b += W * d * 4 + W * ff * 4;
   // Engine: final hidden states, one logits chunk (at most 8 MiB of floats, or one row), the
   // prompt's log-probabilities and the LM head's double scratch.

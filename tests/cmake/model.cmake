@@ -19,3 +19,15 @@ endif()
 # The batched and the grouped expert paths agree bit for bit.
 estream_add_test(model_experts_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_experts_test.cc
   LIBS estream_model LABELS model)
+# Engine::RunBatch and shared-prefix candidates vs single requests, every arch and model kind
+# (GGUF, packed resident, packed streamed under each schedule; the packed model is made at test time).
+estream_add_test(model_batch_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_batch_test.cc
+  LIBS estream_model estream_pack LABELS model)
+# `estream score` (JSONL, resume after kills, malformed lines) and `estream eval` (hellaswag,
+# winogrande, multiple-choice files written by the test) through the CLI.
+estream_add_test(batch_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/batch_cli_test.cc
+  LIBS estream_model estream_tokenizer estream_gguf nlohmann_json::nlohmann_json LABELS model)
+if(TARGET batch_cli_test)
+  target_compile_definitions(batch_cli_test PRIVATE ESTREAM_CLI="$<TARGET_FILE:estream>")
+  add_dependencies(batch_cli_test estream)
+endif()

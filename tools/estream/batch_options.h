@@ -1,0 +1,53 @@
+// Options shared by the batch subcommands (score, eval): the engine's threads, memory budget and
+// pass length, bound to one struct and turned into EngineOptions.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "estream/engine.h"
+#include "tools/estream/command.h"
+
+namespace estream::cli {
+
+struct BatchEngineFlags {
+  int threads = 0;
+  std::string budget;
+  int64_t budget_tokens = 0;
+  int64_t batch_tokens = 0;
+  std::string schedule = "early";
+
+  void Setup(CLI::App* sub) {
+    sub->add_option("-t,--threads", threads, "compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
+    sub->add_option("--budget", budget,
+                    "packed models: run within this memory budget (bytes, or with a K/M/G suffix: 3G); experts are "
+                    "streamed and each pass reads every active expert once for all the requests in it");
+    sub->add_option("--budget-tokens", budget_tokens,
+                    "packed models with --budget: tokens of one pass the budget plans activations for (default: "
+                    "min(context, 4096)); with a budget it bounds --batch-tokens")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--batch-tokens", batch_tokens,
+                    "most tokens of one forward pass, all packed requests together (default: the budget's "
+                    "--budget-tokens when streamed, else max(context length, 8192))")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--schedule", schedule, "packed models with --budget: on-demand, after-routing, early (default)")
+        ->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
+  }
+
+  Result<EngineOptions> Options() const {
+    EngineOptions o;
+    o.n_threads = threads;
+    if (!budget.empty()) {
+      ESTREAM_ASSIGN_OR_RETURN(o.budget_bytes, ParseSize(budget));
+    }
+    o.budget_tokens = budget_tokens;
+    o.batch_tokens = batch_tokens;
+    o.schedule = schedule == "on-demand"       ? EngineOptions::Schedule::kOnDemand
+                 : schedule == "after-routing" ? EngineOptions::Schedule::kAfterRouting
+                                               : EngineOptions::Schedule::kEarly;
+    return o;
+  }
+};
+
+}  // namespace estream::cli
