@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/check.h"
 #include "kernels/dispatch.h"
 #include "model/experts.h"
+#include "model/ffn.h"
+#include "model/mla.h"
 #include "quant/quant.h"
 
 namespace estream::model {
@@ -26,22 +29,10 @@ bool AnyQuantized(std::initializer_list<const kernels::WeightView*> ws) {
   return false;
 }
 
-// RoPE on q and k, then causal attention into ws->att, sequence by sequence (SeqSpan). A
-// continuation's keys and values are gathered after its context's into ws->tree_k / tree_v, and
-// only its own query rows are computed (AttentionArgs::q_begin).
+// RoPE on q and k at each sequence's positions, then AttendSequences.
 void RopeAndAttend(const Model& model, std::span<const SeqSpan> seqs, bool allow_bf16, Workspace* ws) {
   const ModelConfig& c = model.config();
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  kernels::AttentionArgs a;
-  a.n_head = c.n_head;
-  a.n_head_kv = c.n_head_kv;
-  a.head_dim = c.head_dim;
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  a.ldq = qd;
-  a.ldk = kvd;
-  a.ldv = kvd;
-  a.ldo = qd;
-  a.allow_bf16 = allow_bf16;
   for (const SeqSpan& s : seqs) {
     float* q = ws->q.get() + s.row * qd;
     float* k = ws->k.get() + s.row * kvd;
@@ -50,36 +41,57 @@ void RopeAndAttend(const Model& model, std::span<const SeqSpan> seqs, bool allow
     kernels::Rope(k, kvd, static_cast<int>(s.len), c.n_head_kv, c.head_dim, pos0, c.rope_freq_base,
                   c.arch->rope_mode);
   }
+  kernels::AttentionArgs a;
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = c.head_dim;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  a.q = ws->q.get();
+  a.ldq = qd;
+  a.k = ws->k.get();
+  a.ldk = kvd;
+  a.v = ws->v.get();
+  a.ldv = kvd;
+  a.out = ws->att.get();
+  a.ldo = qd;
+  a.allow_bf16 = allow_bf16;
+  AttendSequences(a, seqs, ws);
+}
+
+}  // namespace
+
+void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpan> seqs, Workspace* ws) {
+  const int64_t qd = whole.ldq, kvd = whole.ldk;
+  ESTREAM_CHECK(whole.ldv == kvd && whole.ldo == qd, "AttendSequences: v rows as wide as k rows, outputs as q");
+  kernels::AttentionArgs a = whole;
   for (const SeqSpan& s : seqs) {
     if (s.ctx_len == 0) {
       a.n_tokens = static_cast<int>(s.len);
       a.q_begin = 0;
-      a.q = ws->q.get() + s.row * qd;
-      a.k = ws->k.get() + s.row * kvd;
-      a.v = ws->v.get() + s.row * kvd;
-      a.out = ws->att.get() + s.row * qd;
+      a.q = whole.q + s.row * qd;
+      a.k = whole.k + s.row * kvd;
+      a.v = whole.v + s.row * kvd;
+      a.out = whole.out + s.row * qd;
     } else {
       // Keys 0..ctx_len-1: the context's; ctx_len..: this continuation's. The continuation's rows
       // follow the context's, so q/out moved back by ctx_len rows stay inside the buffers.
       const int64_t n = s.ctx_len + s.len;
       float* tk = ws->tree_k.get();
       float* tv = ws->tree_v.get();
-      std::copy(ws->k.get() + s.ctx_row * kvd, ws->k.get() + (s.ctx_row + s.ctx_len) * kvd, tk);
-      std::copy(ws->v.get() + s.ctx_row * kvd, ws->v.get() + (s.ctx_row + s.ctx_len) * kvd, tv);
-      std::copy(ws->k.get() + s.row * kvd, ws->k.get() + (s.row + s.len) * kvd, tk + s.ctx_len * kvd);
-      std::copy(ws->v.get() + s.row * kvd, ws->v.get() + (s.row + s.len) * kvd, tv + s.ctx_len * kvd);
+      std::copy(whole.k + s.ctx_row * kvd, whole.k + (s.ctx_row + s.ctx_len) * kvd, tk);
+      std::copy(whole.v + s.ctx_row * kvd, whole.v + (s.ctx_row + s.ctx_len) * kvd, tv);
+      std::copy(whole.k + s.row * kvd, whole.k + (s.row + s.len) * kvd, tk + s.ctx_len * kvd);
+      std::copy(whole.v + s.row * kvd, whole.v + (s.row + s.len) * kvd, tv + s.ctx_len * kvd);
       a.n_tokens = static_cast<int>(n);
       a.q_begin = static_cast<int>(s.ctx_len);
-      a.q = ws->q.get() + (s.row - s.ctx_len) * qd;
+      a.q = whole.q + (s.row - s.ctx_len) * qd;
       a.k = tk;
       a.v = tv;
-      a.out = ws->att.get() + (s.row - s.ctx_len) * qd;
+      a.out = whole.out + (s.row - s.ctx_len) * qd;
     }
     kernels::AttentionPrefill(a);
   }
 }
-
-}  // namespace
 
 bool IsQuantized(QuantType t) { return t != QuantType::kF32 && t != QuantType::kF16 && t != QuantType::kBF16; }
 
@@ -91,9 +103,11 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
   const int64_t C = std::min<int64_t>(kExpertChunkRows, T);
   const int64_t W = std::min<int64_t>(kRouteWindow, T * c.n_expert_used);
   const int64_t d = c.n_embd, k = c.n_expert_used, ff = c.n_ff_expert;
+  // The chunk buffers also serve the dense FFNs (ffn.h), which may be wider than an expert.
+  const int64_t ffw = std::max<int64_t>({ff, c.n_ff, c.n_ff_shexp});
   bool float_in = false, float_down = false;
   for (const LayerWeights& L : model.layers())
-    for (int e = 0; e < c.n_expert; ++e) {
+    for (int e = 0; e < c.n_expert && L.moe; ++e) {
       float_in = float_in || !IsQuantized(L.experts.gate[e].type) || !IsQuantized(L.experts.up[e].type);
       float_down = float_down || !IsQuantized(L.experts.down[e].type);
     }
@@ -103,7 +117,8 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
                   Grow(&w.att, T * c.q_dim()) && Grow(&w.router_logits, T * c.n_expert) &&
                   Grow(&w.route_expert, T * k) && Grow(&w.route_weight, T * k) && Grow(&w.route_token, T * k) &&
                   Grow(&w.route_w, T * k) && Grow(&w.gx, C * d) && Grow(&w.gxq, C * (d / kQK8A)) &&
-                  Grow(&w.gate, C * ff) && Grow(&w.up, C * ff) && Grow(&w.hq, C * (ff / kQK8A)) &&
+                  Grow(&w.gate, C * ffw) && Grow(&w.up, C * ffw) && Grow(&w.hq, C * (ffw / kQK8A)) &&
+                  Grow(&w.mla, std::max<int64_t>(1, T * MlaScratchFloats(c))) &&
                   Grow(&w.down, C * d) && Grow(&w.wxq, W * (d / kQK8A)) && Grow(&w.wx, float_in ? W * d : 1) &&
                   Grow(&w.whq, W * (ff / kQK8A)) && Grow(&w.whf, float_down ? W * ff : 1) &&
                   Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock)) &&
@@ -198,6 +213,7 @@ void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
   bool need_q = IsQuantized(L.router.type);
   for (int e = 0; e < E && !need_q; ++e)
     need_q = AnyQuantized({&L.experts.gate[e], &L.experts.up[e], &L.experts.down[e]});
+  if (L.shexp.present()) need_q = need_q || AnyQuantized({&L.shexp.gate, &L.shexp.up});
   const BlockQ8A* xq = nullptr;
   if (need_q) {
     kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
@@ -206,12 +222,11 @@ void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
 
   // Router: logits, then softmax / top-k / renormalisation per token.
   Linear(L.router, ws->xn.get(), d, xq, T, ws->router_logits.get(), E);
-  const bool renorm = c.arch->renormalize_routes;
   const float* logits = ws->router_logits.get();
   int32_t* idx = ws->route_expert.get();
   float* wt = ws->route_weight.get();
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) kernels::SoftmaxTopK(logits + t * E, E, K, renorm, idx + t * K, wt + t * K);
+  for (int64_t t = 0; t < T; ++t) RouteToken(c, logits + t * E, L.exp_probs_b, idx + t * K, wt + t * K);
 
   // Group routes by expert (counting sort; tokens stay in ascending order within an expert).
   std::vector<int64_t>& begin = ws->expert_begin;

@@ -76,6 +76,7 @@ class Workspace {
   // Tree attention (SeqSpan::ctx_len > 0): one continuation's context keys then its own keys.
   AlignedPtr<float> tree_k;         // [T x kv_dim]
   AlignedPtr<float> tree_v;         // [T x kv_dim]
+  AlignedPtr<float> mla;            // [T x MlaScratchFloats] multi-head latent attention (mla.h)
 
  private:
   int64_t capacity_ = 0;
@@ -105,6 +106,13 @@ void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, fl
 // n_tokens. Every row's result is the same as with its sequence run alone (row-wise kernels; the
 // attention of a row depends only on its own keys).
 void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws, std::span<const SeqSpan> seqs = {});
+
+// Causal attention of every sequence in `seqs` (SeqSpan), for any attention whose q, k, v and
+// output rows live in row-major buffers: `whole` gives the heads, the scale, the bf16 choice and
+// the buffers at row 0 (ldv == ldk, ldo == ldq); n_tokens and q_begin are set per sequence. A
+// continuation's keys and values are gathered after its context's into ws->tree_k / tree_v
+// (T x ldk floats each), and only its own query rows are computed (AttentionArgs::q_begin).
+void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpan> seqs, Workspace* ws);
 
 // x += MoE(RMSNorm(x)) for layer `il`: router (softmax, top-k, renormalisation per architecture),
 // routes grouped by expert, then the batched expert path of experts.h. MoeBlock = RouteBlock

@@ -19,6 +19,8 @@
 #include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/experts.h"
+#include "model/ffn.h"
+#include "model/mla.h"
 #include "model/model.h"
 #include "model/virtual_experts.h"
 #include "pipeline/trace.h"
@@ -150,6 +152,30 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
                       .n_vocab = c.n_vocab,
                       .n_ctx = c.n_ctx,
                       .weight_bytes = im.model->weight_bytes()};
+  // Multiply-adds per token and per attention pair (ModelInfo).
+  {
+    const double d = c.n_embd, H = c.n_head, hd = c.head_dim;
+    for (const model::LayerWeights& L : im.model->layers()) {
+      double w = 0, pair = 0;
+      if (c.arch->attention == model::AttentionKind::kMla) {
+        const double r = c.kv_lora_rank, ql = c.q_lora_rank, vd = c.v_head_dim;
+        w += ql > 0 ? d * ql + ql * H * hd : d * H * hd;
+        w += d * (r + c.qk_rope) + r * H * (c.qk_nope + vd) + H * vd * d;
+        pair = H * (hd + vd);
+      } else {
+        const double q = c.q_dim(), kv = c.kv_dim();
+        w += d * (q + 2 * kv) + q * d;
+        pair = 2 * q;
+      }
+      if (L.moe) {
+        w += d * c.n_expert + double(c.n_expert_used) * 3 * d * c.n_ff_expert + 3 * d * c.n_ff_shexp;
+      } else {
+        w += 3 * d * c.n_ff;
+      }
+      im.info.weight_macs_per_token += w;
+      im.info.attention_macs_per_pair += pair;
+    }
+  }
   return engine;
 }
 
@@ -309,11 +335,29 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
     model::EmbedTokens(*model, tokens.data(), T, ws.x.get());
     lap(&tm.embed);
     for (int il = 0; il < c.n_layer; ++il) {
-      if (stream) stream->LayerStart(il);
-      model::AttentionBlock(*model, il, T, &ws, seqs);
+      const bool moe = model->layers()[il].moe;
+      if (stream && moe) stream->LayerStart(il);
+      if (c.arch->attention == model::AttentionKind::kMla) {
+        model::MlaAttentionBlock(*model, il, T, &ws, seqs);
+      } else {
+        model::AttentionBlock(*model, il, T, &ws, seqs);
+      }
       lap(&tm.attention);
+      if (!moe) {  // a leading dense block (ffn.h): no routes
+        model::DenseFfnBlock(*model, il, T, &ws);
+        lap(&tm.dense_ffn);
+        for (size_t j = 0; j < ids.size(); ++j) {
+          if (!reqs[ids[j]].return_routing) continue;
+          const int64_t C = resps[j].n_tokens;
+          std::fill_n(resps[j].routing.begin() + il * C * K, C * K, -1);
+          std::fill_n(resps[j].routing_weights.begin() + il * C * K, C * K, 0.0f);
+        }
+        continue;
+      }
       model::RouteBlock(*model, il, T, &ws);
       lap(&tm.router);
+      model::SharedExpertsBlock(*model, il, T, &ws);
+      lap(&tm.dense_ffn);
       st = stream ? stream->RunExperts(il, T, &ws) : experts.Run(*model, il, T, &ws);
       if (!st.ok()) return fail_all(st);
       lap(&tm.experts);

@@ -2,7 +2,8 @@
 # kernels forced to avx2 and to scalar (scripts/test.sh).
 #
 # estream_ref: the independent naive fp64 forward pass (tests/ref), shared by the model tests.
-add_library(estream_ref STATIC ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_forward.cc)
+add_library(estream_ref STATIC ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_forward.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_deepseek2.cc)
 target_include_directories(estream_ref PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(estream_ref PUBLIC estream_gguf estream_quant estream_base)
 
@@ -31,3 +32,6 @@ if(TARGET batch_cli_test)
   target_compile_definitions(batch_cli_test PRIVATE ESTREAM_CLI="$<TARGET_FILE:estream>")
   add_dependencies(batch_cli_test estream)
 endif()
+# DeepSeek-V2: both kv layouts, router variants vs fp64, streaming, corrupt models (issue 17).
+estream_add_test(model_deepseek2_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_deepseek2_test.cc
+  LIBS estream_model estream_ref estream_pack LABELS model)

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "gguf/gguf.h"
 
 namespace estream::ref {
 
@@ -52,5 +53,9 @@ struct RefOptions {
 // NotSupported/Corruption for a model it cannot run.
 Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t>& tokens,
                               const RefOptions& options = {});
+
+// DeepSeek-V2 (ref_deepseek2.cc), called by RefForward for general.architecture deepseek2.
+Result<RefOutputs> RefForwardDeepseek2(const GgufFile& f, const std::vector<int32_t>& tokens,
+                                       const RefOptions& options);
 
 }  // namespace estream::ref
