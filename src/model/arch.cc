@@ -4,7 +4,7 @@ namespace estream::model {
 namespace {
 
 const ArchTraits* const* AllArchs() {
-  static const ArchTraits* const kAll[] = {&OlmoeArch(), &Qwen3MoeArch(), &LlamaMoeArch(), nullptr};
+  static const ArchTraits* const kAll[] = {&OlmoeArch(), &Qwen3MoeArch(), &LlamaMoeArch(), &Lfm2MoeArch(), nullptr};
   return kAll;
 }
 

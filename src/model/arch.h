@@ -1,7 +1,7 @@
 // The architectures estream runs, as data: what differs between OLMoE, Qwen3-MoE and Mixtral is
 // small enough to be a handful of flags read by the shared blocks (blocks.h). Each architecture's
 // conventions are described, with the reasons, in its own file (arch_olmoe.cc, arch_qwen3moe.cc,
-// arch_llama.cc). DESIGN.md section 8 is the summary table.
+// arch_llama.cc, arch_lfm2moe.cc). DESIGN.md section 8 is the summary table.
 //
 // Thread safety: the traits are immutable statics.
 #pragma once
@@ -31,11 +31,17 @@ struct ArchTraits {
   bool renormalize_routes;
   // Whether the older per-expert tensor naming (blk.N.ffn_gate.E.weight, ...) may appear.
   bool per_expert_tensors;
+  // LFM2: layers are short-convolution or attention blocks, per attention.head_count_kv given per
+  // layer (0 = short convolution; arch_lfm2moe.cc, shortconv_block.h).
+  bool shortconv = false;
+  // The final norm's tensor (LFM2 names it token_embd_norm).
+  const char* output_norm_tensor = "output_norm.weight";
 };
 
 const ArchTraits& OlmoeArch();
 const ArchTraits& Qwen3MoeArch();
 const ArchTraits& LlamaMoeArch();
+const ArchTraits& Lfm2MoeArch();
 
 // The traits for a general.architecture value, or nullptr if estream does not run it.
 const ArchTraits* FindArch(std::string_view gguf_name);

@@ -20,6 +20,7 @@
 #include "model/blocks.h"
 #include "model/experts.h"
 #include "model/model.h"
+#include "model/shortconv_block.h"
 #include "model/virtual_experts.h"
 #include "pipeline/trace.h"
 
@@ -205,7 +206,11 @@ Result<Response> Engine::Impl::Run(const Request& req) {
   lap(&tm.embed);
   for (int il = 0; il < c.n_layer; ++il) {
     if (stream) stream->LayerStart(il);
-    model::AttentionBlock(*model, il, T, &ws);
+    if (c.is_conv_layer(il)) {
+      model::ShortConvBlock(*model, il, T, &ws);
+    } else {
+      model::AttentionBlock(*model, il, T, &ws);
+    }
     lap(&tm.attention);
     model::RouteBlock(*model, il, T, &ws);
     lap(&tm.router);

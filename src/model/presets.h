@@ -1,5 +1,6 @@
 // Model shape presets for `estream synth`: the hyper-parameters of the reference MoE models of
-// DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B) and a `tiny` model for tests.
+// DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B, LFM2-8B-A1B) and a `tiny` model for
+// tests.
 //
 // A ModelShape is plain data: everything a synthetic GGUF's tensor shapes and metadata follow
 // from. Conventions per architecture (GGUF `general.architecture`):
@@ -9,6 +10,9 @@
 //             feed_forward_length (the dense size of the family) and expert_feed_forward_length.
 //   llama     (Mixtral) no q/k norm; router renormalised; feed_forward_length is the expert size
 //             and there is no expert_feed_forward_length key, as in real Mixtral files.
+//   lfm2moe   (LFM2-MoE) conv and attention layers (head_count_kv per layer, 0 = conv), per-head
+//             q/k norm, n_dense_lead dense FFN layers of feed_forward_length, sigmoid router with
+//             exp_probs_b, renormalised; token_embd_norm as the final norm, LM head tied.
 //
 // Thread safety: all functions are pure.
 #pragma once
@@ -37,11 +41,22 @@ struct ModelShape {
   int n_ctx = 0;             // context_length
   float rms_eps = 1e-5f;     // attention.layer_norm_rms_epsilon
   float rope_freq_base = 10000.0f;
+  // lfm2moe (LFM2-MoE): short-convolution layers, dense leading layers, sigmoid routing with an
+  // expert bias, tied LM head (arch_lfm2moe.cc). attn_layers: the attention layers of the preset's
+  // own depth (pattern_depth); a deeper override continues with every 4th layer (i % 4 == 2).
+  int n_dense_lead = 0;      // leading_dense_block_count
+  int conv_l = 0;            // shortconv.l_cache (0: no conv layers)
+  std::vector<int> attn_layers;
+  int pattern_depth = 0;     // layers the preset's own pattern covers
+
+  bool lfm2() const { return arch == "lfm2moe"; }
+  // Whether layer il is a short-convolution layer (lfm2moe only).
+  bool conv_layer(int il) const;
 
   int n_embd_q() const { return n_head * head_dim; }
   int n_embd_kv() const { return n_head_kv * head_dim; }
   bool qk_norm_whole() const { return arch == "olmoe"; }
-  bool qk_norm_per_head() const { return arch == "qwen3moe"; }
+  bool qk_norm_per_head() const { return arch == "qwen3moe" || arch == "lfm2moe"; }
   // Router weights divided by their sum after top-k (qwen3moe, llama); olmoe uses them raw.
   bool renormalize_routes() const { return arch != "olmoe"; }
   // Whether the expert_feed_forward_length key is written (not by llama/Mixtral files).
@@ -54,9 +69,9 @@ struct ModelShape {
   Status Validate() const;
 };
 
-// "olmoe, qwen3moe, llama"
+// "olmoe, qwen3moe, llama, lfm2moe"
 std::string SupportedArchNames();
-// "tiny, olmoe-1b-7b, qwen3-30b-a3b, mixtral-8x7b"
+// "tiny, olmoe-1b-7b, qwen3-30b-a3b, mixtral-8x7b, lfm2-8b-a1b"
 std::string SupportedPresetNames();
 std::vector<std::string> PresetNames();
 

@@ -194,6 +194,50 @@ float MeanRouteWeightEnergy(const std::vector<float>& beta, int top_k, bool reno
   return static_cast<float>(total / kSamples);
 }
 
+// One lfm2moe layer after its attn_norm (arch_lfm2moe.cc): a short-convolution or an attention
+// block, then a dense FFN (the first n_dense_lead layers) or the MoE with its expert bias. Scales
+// as for the other families (synth.h): every branch adds rms b. Conv block: in_proj N(0, 1/n_embd)
+// gives B, C, x of unit variance, so C * sum_j w_j B x has variance L var(w): taps N(0, 1/L) keep
+// it 1, and out_proj N(0, (b / sqrt(n_embd))^2) scales it to b. Dense FFN: gate/up N(0, 1/n_embd),
+// down N(0, (b / (kSiluRms sqrt(n_ff)))^2). Expert bias: N(0, 0.05^2) (selection only).
+template <typename Add>
+void AddLfm2Layer(const ModelShape& s, int l, QuantType w, float b, Add& add) {
+  const QuantType f32 = QuantType::kF32;
+  const std::string p = "blk." + std::to_string(l) + ".";
+  const float inv_sqrt_embd = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
+  if (s.conv_layer(l)) {
+    add(p + "shortconv.in_proj.weight", w, {s.n_embd, 3 * int64_t{s.n_embd}}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "shortconv.conv.weight", f32, {s.conv_l, s.n_embd}, InitKind::kGaussian,
+        1.0f / std::sqrt(static_cast<float>(s.conv_l)), l);
+    add(p + "shortconv.out_proj.weight", w, {s.n_embd, s.n_embd}, InitKind::kGaussian, b * inv_sqrt_embd, l);
+  } else {
+    add(p + "attn_q.weight", w, {s.n_embd, s.n_embd_q()}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "attn_k.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "attn_v.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "attn_output.weight", w, {s.n_embd_q(), s.n_embd}, InitKind::kGaussian,
+        b / (kAttnAvgRms * std::sqrt(static_cast<float>(s.n_embd_q()))), l);
+    add(p + "attn_q_norm.weight", f32, {s.head_dim}, InitKind::kNorm, kAttnGain, l);
+    add(p + "attn_k_norm.weight", f32, {s.head_dim}, InitKind::kNorm, kAttnGain, l);
+  }
+  add(p + "ffn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
+  if (l < s.n_dense_lead) {
+    const float down = b / (kSiluRms * std::sqrt(static_cast<float>(s.n_ff)));
+    add(p + "ffn_gate.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_up.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_down.weight", w, {s.n_ff, s.n_embd}, InitKind::kGaussian, down, l);
+    return;
+  }
+  // Sigmoid scores renormalised over the k chosen: their squared mass is close to the softmax
+  // router's with renormalisation, which sets the down scale below.
+  const float down = b / (kSiluRms * std::sqrt(1.0f / static_cast<float>(s.n_expert_used)) *
+                          std::sqrt(static_cast<float>(s.n_ff_exp)));
+  add(p + "ffn_gate_inp.weight", f32, {s.n_embd, s.n_expert}, InitKind::kRouter, inv_sqrt_embd, l);
+  add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+  add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+  add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, down, l);
+  add(p + "exp_probs_b.bias", f32, {s.n_expert}, InitKind::kGaussian, 0.05f, l);
+}
+
 }  // namespace
 
 std::string SupportedSynthTypeNames() { return "q4_0, q8_0, f16, bf16, f32"; }
@@ -334,6 +378,10 @@ Status SynthModel::Build() {
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
+    if (s.lfm2()) {
+      AddLfm2Layer(s, l, w, b, add);
+      continue;
+    }
     add(p + "attn_q.weight", w, {s.n_embd, s.n_embd_q()}, InitKind::kGaussian, qk_std, l);
     add(p + "attn_k.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, qk_std, l);
     add(p + "attn_v.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, inv_sqrt_embd, l);
@@ -351,8 +399,16 @@ Status SynthModel::Build() {
     add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
     add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, down_std, l);
   }
-  add("output_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, -1);
-  add("output.weight", w, {s.n_embd, s.n_vocab}, InitKind::kGaussian, kOutputGain * inv_sqrt_embd, -1);
+  if (s.lfm2()) {
+    // Tied LM head: the embedding rows (rms ~sqrt(2) per value) are the output matrix, so the final
+    // norm carries the output gain (logits of std ~kOutputGain; the common direction u adds the
+    // same amount to every logit of a position, which the softmax ignores).
+    add("token_embd_norm.weight", f32, {s.n_embd}, InitKind::kNorm, kOutputGain * inv_sqrt_embd / std::sqrt(2.0f),
+        -1);
+  } else {
+    add("output_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, -1);
+    add("output.weight", w, {s.n_embd, s.n_vocab}, InitKind::kGaussian, kOutputGain * inv_sqrt_embd, -1);
+  }
 
   // ---- metadata (the key set and order of the reference tiny models) ----
   auto u32 = [](int v) { return GgufValue::U32(static_cast<uint32_t>(v)); };
@@ -368,15 +424,31 @@ Status SynthModel::Build() {
   kv.push_back({a + ".block_count", u32(s.n_layer)});
   kv.push_back({a + ".feed_forward_length", u32(s.n_ff)});
   if (s.has_expert_ff_key()) kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
-  kv.push_back({a + ".attention.head_count", u32(s.n_head)});
-  kv.push_back({a + ".attention.head_count_kv", u32(s.n_head_kv)});
-  kv.push_back({a + ".attention.key_length", u32(s.head_dim)});
-  kv.push_back({a + ".attention.value_length", u32(s.head_dim)});
-  kv.push_back({a + ".attention.layer_norm_rms_epsilon", GgufValue::F32(s.rms_eps)});
-  kv.push_back({a + ".rope.dimension_count", u32(s.head_dim)});
-  kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
-  kv.push_back({a + ".expert_count", u32(s.n_expert)});
-  kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
+  if (s.lfm2()) {
+    // The key set of llama.cpp's LFM2-MoE files (and the reference tiny model): the layer pattern
+    // as a per-layer head_count_kv, no key/value/rope lengths (head_dim = n_embd / n_head).
+    kv.push_back({a + ".leading_dense_block_count", u32(s.n_dense_lead)});
+    kv.push_back({a + ".expert_count", u32(s.n_expert)});
+    kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
+    kv.push_back({a + ".expert_gating_func", u32(2)});  // sigmoid
+    kv.push_back({a + ".attention.head_count", u32(s.n_head)});
+    std::vector<GgufValue> kv_heads;
+    for (int l = 0; l < s.n_layer; ++l) kv_heads.push_back(u32(s.conv_layer(l) ? 0 : s.n_head_kv));
+    kv.push_back({a + ".attention.head_count_kv", GgufValue::Array(GgufType::kU32, std::move(kv_heads))});
+    kv.push_back({a + ".attention.layer_norm_rms_epsilon", GgufValue::F32(s.rms_eps)});
+    kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
+    kv.push_back({a + ".shortconv.l_cache", u32(s.conv_l)});
+  } else {
+    kv.push_back({a + ".attention.head_count", u32(s.n_head)});
+    kv.push_back({a + ".attention.head_count_kv", u32(s.n_head_kv)});
+    kv.push_back({a + ".attention.key_length", u32(s.head_dim)});
+    kv.push_back({a + ".attention.value_length", u32(s.head_dim)});
+    kv.push_back({a + ".attention.layer_norm_rms_epsilon", GgufValue::F32(s.rms_eps)});
+    kv.push_back({a + ".rope.dimension_count", u32(s.head_dim)});
+    kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
+    kv.push_back({a + ".expert_count", u32(s.n_expert)});
+    kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
+  }
   kv.push_back({"synthetic.generator", GgufValue::String("estream synth")});
   kv.push_back({"synthetic.preset", GgufValue::String(s.preset)});
   kv.push_back({"synthetic.seed", GgufValue::U64(seed)});

@@ -39,6 +39,7 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
                C * (ff / 32) * q8 + W * (d / 32) * q8 + W * (ff / 32) * q8 +
                static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4;
   if (float_experts) b += W * d * 4 + W * ff * 4;
+  if (c.has_conv_layers()) b += T * 3 * d * 4;  // the short convolutions' in-projection
   // Engine: final hidden states, one logits chunk (at most 8 MiB of floats, or one row), the
   // prompt's log-probabilities and the LM head's double scratch.
   const uint64_t V = c.n_vocab;

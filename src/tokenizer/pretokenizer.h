@@ -26,7 +26,7 @@ namespace estream::tok {
 enum class PreType {
   kGpt2,      // "gpt-2", "olmo" (GPT-2's split; OLMo reuses it)
   kQwen2,     // "qwen2" (Qwen2, Qwen2.5, Qwen3): single digits, (?i:) contractions
-  kLlama3,    // "llama-bpe", "llama3", "llama-v3": digits in runs of 1..3
+  kLlama3,    // "llama-bpe", "llama3", "llama-v3", "lfm2": digits in runs of 1..3
 };
 
 // The regex (PCRE2 syntax) used for a family; exposed for tests and documentation.

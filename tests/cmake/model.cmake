@@ -2,7 +2,8 @@
 # kernels forced to avx2 and to scalar (scripts/test.sh).
 #
 # estream_ref: the independent naive fp64 forward pass (tests/ref), shared by the model tests.
-add_library(estream_ref STATIC ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_forward.cc)
+add_library(estream_ref STATIC ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_forward.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_lfm2moe.cc)
 target_include_directories(estream_ref PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(estream_ref PUBLIC estream_gguf estream_quant estream_base)
 
