@@ -45,7 +45,7 @@ const ArchTraits& Lfm2MoeArch();
 
 // The traits for a general.architecture value, or nullptr if estream does not run it.
 const ArchTraits* FindArch(std::string_view gguf_name);
-// "olmoe, qwen3moe, llama" for error messages.
+// "olmoe, qwen3moe, llama, lfm2moe" for error messages.
 std::string SupportedArchNames();
 
 }  // namespace estream::model
