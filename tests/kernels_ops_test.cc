@@ -261,7 +261,10 @@ TEST(Attention, EveryIsaMatchesReference) {
     if (t <= 127) shapes.push_back({t, 32, 4, 128});
   }
   // Head sizes of tiny models and other multiples of 8 or 16.
-  for (int d : {32, 40, 48, 80, 96}) shapes.push_back({67, 4, 2, d});
+  for (int d : {32, 40, 48, 80, 96, 192}) shapes.push_back({67, 4, 2, d});
+  // DeepSeek-V2's multi-head latent attention, decompressed: q/k heads of 192 (128 + 64 rope), one
+  // kv head per query head (model/mla.h).
+  shapes.push_back({130, 16, 16, 192});
   uint32_t salt = 100;
   for (const AttnShape& s : shapes) {
     const AttnProblem p(s, salt++);

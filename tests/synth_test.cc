@@ -105,7 +105,7 @@ TEST(SynthPresets, ReferenceShapes) {
     ASSERT_TRUE(s.ok()) << p;
     EXPECT_TRUE(s->Validate().ok()) << p;
   }
-  for (const char* a : {"olmoe", "qwen3moe", "llama"}) {
+  for (const char* a : {"olmoe", "qwen3moe", "llama", "deepseek2"}) {
     auto s = FindPreset("tiny", a);
     ASSERT_TRUE(s.ok()) << a;
     EXPECT_EQ(s->arch, a);
@@ -122,6 +122,40 @@ TEST(SynthPresets, FullSizeBytes) {
   EXPECT_GT(m->TensorBytes(), 16.0e9);
   EXPECT_LT(m->TensorBytes(), 18.0e9);
   EXPECT_EQ(m->tensors().size(), 3u + 48u * 12u);  // 12 per block with the q/k norms
+}
+
+// DeepSeek-V2-Lite (config.json): 15.7B parameters, about 8.8 GB in Q4_0; every deepseek2
+// tensor of a dense first block, 26 MoE blocks with shared experts and MLA without a q LoRA.
+TEST(SynthPresets, DeepseekV2Lite) {
+  SynthOptions o;
+  o.preset = "deepseek-v2-lite";
+  auto m = MustCreate(o);
+  ASSERT_NE(m, nullptr);
+  const ModelShape& s = m->shape();
+  EXPECT_EQ(s.arch, "deepseek2");
+  EXPECT_EQ(s.n_layer, 27);
+  EXPECT_EQ(s.n_layer_dense_lead, 1);
+  EXPECT_EQ(s.n_expert, 64);
+  EXPECT_EQ(s.n_expert_used, 6);
+  EXPECT_EQ(s.n_expert_shared, 2);
+  EXPECT_EQ(s.head_dim, 192);
+  EXPECT_EQ(s.kv_lora_rank, 512);
+  EXPECT_GT(m->TensorBytes(), 8.5e9);
+  EXPECT_LT(m->TensorBytes(), 9.2e9);
+  // token_embd, output_norm, output; dense block: 11 (2 norms, q, kv_a, kv_a_norm, k_b, v_b, o, ffn
+  // x3); MoE blocks: 15 (router, experts x3, shared x3 instead of the dense ffn).
+  EXPECT_EQ(m->tensors().size(), 3u + 11u + 26u * 15u);
+  EXPECT_NE(m->FindTensor("blk.0.ffn_gate.weight"), nullptr);
+  EXPECT_EQ(m->FindTensor("blk.0.ffn_gate_exps.weight"), nullptr);
+  EXPECT_NE(m->FindTensor("blk.1.ffn_down_shexp.weight"), nullptr);
+  EXPECT_NE(m->FindTensor("blk.26.attn_k_b.weight"), nullptr);
+  EXPECT_EQ(m->FindTensor("blk.1.attn_q_a.weight"), nullptr);
+  // The tiny variant has the q LoRA too.
+  o.preset = "deepseek2-tiny";
+  auto t = MustCreate(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_NE(t->FindTensor("blk.1.attn_q_a_norm.weight"), nullptr);
+  EXPECT_EQ(t->FindTensor("blk.1.attn_q.weight"), nullptr);
 }
 
 TEST(SynthPresets, BadNamesListSupported) {
@@ -156,7 +190,7 @@ TEST(SynthPresets, Lfm2_8bA1b) {
   EXPECT_EQ(l->n_ff_exp, 1792);
   EXPECT_EQ(l->n_expert, 32);
   EXPECT_EQ(l->n_expert_used, 4);
-  EXPECT_EQ(l->n_dense_lead, 2);
+  EXPECT_EQ(l->n_layer_dense_lead, 2);
   EXPECT_EQ(l->conv_l, 3);
   EXPECT_EQ(l->n_vocab, 65536);
   std::vector<int> attn;

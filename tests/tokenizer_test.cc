@@ -587,6 +587,39 @@ TEST(TokenizerErrors, UnknownModelOrPre) {
   EXPECT_EQ((*ok)->Encode("ab", false, false), std::vector<int32_t>{256});
 }
 
+// A gpt2 vocabulary without tokenizer.ggml.pre (older converters) gets llama.cpp's default
+// pre-tokenizer (a warning on stderr) instead of a refusal; "default" names it explicitly.
+TEST(TokenizerFamilies, MissingPreUsesDefault) {
+  for (const char* pre : {"", "default"}) {
+    TokenizerVocab v = TinyBpe();
+    v.pre = pre;
+    auto t = Tokenizer::FromVocab(v, "old.gguf");
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ((*t)->pre(), pre);
+    EXPECT_EQ((*t)->Encode("ab", false, false), std::vector<int32_t>{256});
+    // Punctuation is split off first, digits in groups of three: every byte still round-trips.
+    EXPECT_EQ((*t)->Decode((*t)->Encode("ab, 12345!? ab", false, false)), "ab, 12345!? ab");
+  }
+  EXPECT_EQ(tok::PreTypeRegexCount(tok::PreType::kDefault), 4);
+  EXPECT_EQ(tok::PreTypeRegexCount(tok::PreType::kDeepseekLlm), 6);
+  EXPECT_EQ(tok::PreTypeRegexCount(tok::PreType::kGpt2), 1);
+}
+
+// The sequence semantics: each step splits the words of the previous one, and '$' anchors at the
+// end of the word being split (deepseek-llm's trailing-whitespace step).
+TEST(Pretokenizer, DeepseekLlmSequence) {
+  auto p = tok::Pretokenizer::Create(tok::PreType::kDeepseekLlm);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto words = [&](std::string_view text) {
+    std::vector<std::string> out;
+    (*p)->Split(text, [&](size_t b, size_t e) { out.emplace_back(text.substr(b, e - b)); });
+    return out;
+  };
+  EXPECT_EQ(words("Hello world, 123 \u4f60\u597d!\n  x  "),
+            (std::vector<std::string>{"Hello", " world", ",", " ", "123", " ", "\u4f60\u597d", "!", "\n", " ",
+                                      " x", "  "}));
+}
+
 TEST(TokenizerFamilies, Llama3IgnoreMergesAndBos) {
   // "abc" is a token that the merges cannot build ("a b" gives "ab", nothing joins "ab c"): the
   // gpt-2 family emits ab + c, llama-bpe emits the whole word because it is a token.

@@ -125,7 +125,8 @@ struct Response {
   double perplexity = 0;
   // [n_embd] when requested.
   std::vector<float> embedding;
-  // With Request::return_routing: [n_layer][n_tokens][n_expert_used] expert ids, in the router's
+  // With Request::return_routing: [n_layer][n_tokens][n_expert_used] expert ids (-1, weight 0,
+  // for the blocks of a leading dense FFN, which have no router), in the router's
   // order (descending probability), and their weights as applied (after renormalisation when
   // the architecture renormalises).
   std::vector<int32_t> routing;
@@ -138,6 +139,7 @@ struct Response {
     double attention = 0;  // norms, Q/K/V, q/k norm, RoPE, attention, output projection, residual
     double router = 0;     // MoE norm, router GEMM, softmax/top-k, grouping routes by expert
     double experts = 0;    // expert GEMMs, SwiGLU, scatter-add
+    double dense_ffn = 0;  // FFNs of leading dense blocks and shared experts (not streamed)
     double head = 0;       // final norm, LM head, log-softmax, top-k, pooling
   } timing;
   // Where the time went from the expert streaming point of view (seconds = total): expert time
@@ -170,7 +172,7 @@ struct Response {
 // Read-only facts about the loaded model.
 struct ModelInfo {
   std::string path;
-  std::string architecture;  // "olmoe", "qwen3moe", "llama"
+  std::string architecture;  // "olmoe", "qwen3moe", "llama", "deepseek2"
   std::string name;          // general.name, or empty
   int n_layer = 0;
   int n_embd = 0;
@@ -183,6 +185,11 @@ struct ModelInfo {
   int n_vocab = 0;
   int n_ctx = 0;  // context length: the longest prompt accepted
   uint64_t weight_bytes = 0;  // bytes of all weights as held in memory
+  // Multiply-adds of a prefill, for op rates: every weight matrix one token meets, summed over
+  // the layers (routed experts: n_expert_used of them; LM head excluded), and the attention's
+  // q.k and p.v per (query, key) pair of the causal prefix, summed over the layers.
+  double weight_macs_per_token = 0;
+  double attention_macs_per_pair = 0;
 };
 
 class Engine {

@@ -16,9 +16,12 @@
 // is fsynced and renamed to `out`: a failure never leaves a partial file at `out` nor a
 // temporary beside it.
 //
-// Sources handled: general.architecture olmoe, qwen3moe or llama (Mixtral), with the merged
+// Sources handled: general.architecture olmoe, qwen3moe, llama (Mixtral) or deepseek2, with the merged
 // blk.N.ffn_{gate,up,down}_exps.weight [n_embd, n_ff, n_expert] / [n_ff, n_embd, n_expert]
-// tensors or the per-expert blk.N.ffn_{gate,up,down}.E.weight of older Mixtral files. Any weight
+// tensors or the per-expert blk.N.ffn_{gate,up,down}.E.weight of older Mixtral files. Blocks
+// without routed experts (DeepSeek's leading dense blocks) get no region, and everything that is
+// not a routed expert (shared experts ffn_*_shexp, dense FFNs, MLA weights) stays a dense tensor
+// of the output. Any weight
 // type GGUF has: the kernels' packed layout where kernels::CanRepack, GGUF rows otherwise.
 //
 // Thread safety: PackModel is re-entrant (no globals). It sets the calling thread's OpenMP team

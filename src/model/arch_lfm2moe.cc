@@ -32,6 +32,7 @@ const ArchTraits& Lfm2MoeArch() {
       .rope_mode = kernels::RopeMode::kNeox,
       .renormalize_routes = true,
       .per_expert_tensors = false,
+      .moe_extensions = true,
       .shortconv = true,
       .output_norm_tensor = "token_embd_norm.weight",
   };

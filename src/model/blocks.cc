@@ -7,6 +7,8 @@
 
 #include "kernels/dispatch.h"
 #include "model/experts.h"
+#include "model/ffn.h"
+#include "model/mla.h"
 #include "quant/quant.h"
 
 namespace estream::model {
@@ -38,9 +40,11 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
   const int64_t C = std::min<int64_t>(kExpertChunkRows, T);
   const int64_t W = std::min<int64_t>(kRouteWindow, T * c.n_expert_used);
   const int64_t d = c.n_embd, k = c.n_expert_used, ff = c.n_ff_expert;
+  // The chunk buffers also serve the dense FFNs (ffn.h), which may be wider than an expert.
+  const int64_t ffw = std::max<int64_t>({ff, c.n_ff, c.n_ff_shexp});
   bool float_in = false, float_down = false;
   for (const LayerWeights& L : model.layers())
-    for (int e = 0; e < c.n_expert; ++e) {
+    for (int e = 0; e < c.n_expert && L.moe; ++e) {
       float_in = float_in || !IsQuantized(L.experts.gate[e].type) || !IsQuantized(L.experts.up[e].type);
       float_down = float_down || !IsQuantized(L.experts.down[e].type);
     }
@@ -50,7 +54,8 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
                   Grow(&w.att, T * c.q_dim()) && Grow(&w.router_logits, T * c.n_expert) &&
                   Grow(&w.route_expert, T * k) && Grow(&w.route_weight, T * k) && Grow(&w.route_token, T * k) &&
                   Grow(&w.route_w, T * k) && Grow(&w.gx, C * d) && Grow(&w.gxq, C * (d / kQK8A)) &&
-                  Grow(&w.gate, C * ff) && Grow(&w.up, C * ff) && Grow(&w.hq, C * (ff / kQK8A)) &&
+                  Grow(&w.gate, C * ffw) && Grow(&w.up, C * ffw) && Grow(&w.hq, C * (ffw / kQK8A)) &&
+                  Grow(&w.mla, std::max<int64_t>(1, T * MlaScratchFloats(c))) &&
                   Grow(&w.down, C * d) && Grow(&w.wxq, W * (d / kQK8A)) && Grow(&w.wx, float_in ? W * d : 1) &&
                   Grow(&w.whq, W * (ff / kQK8A)) && Grow(&w.whf, float_down ? W * ff : 1) &&
                   Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock));
@@ -161,6 +166,7 @@ void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
   bool need_q = IsQuantized(L.router.type);
   for (int e = 0; e < E && !need_q; ++e)
     need_q = AnyQuantized({&L.experts.gate[e], &L.experts.up[e], &L.experts.down[e]});
+  if (L.shexp.present()) need_q = need_q || AnyQuantized({&L.shexp.gate, &L.shexp.up});
   const BlockQ8A* xq = nullptr;
   if (need_q) {
     kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
@@ -169,12 +175,11 @@ void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
 
   // Router: logits, then softmax / top-k / renormalisation per token.
   Linear(L.router, ws->xn.get(), d, xq, T, ws->router_logits.get(), E);
-  const bool renorm = c.arch->renormalize_routes;
   const float* logits = ws->router_logits.get();
   int32_t* idx = ws->route_expert.get();
   float* wt = ws->route_weight.get();
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) kernels::SoftmaxTopK(logits + t * E, E, K, renorm, idx + t * K, wt + t * K);
+  for (int64_t t = 0; t < T; ++t) RouteToken(c, logits + t * E, L.exp_probs_b, idx + t * K, wt + t * K);
 
   // Group routes by expert (counting sort; tokens stay in ascending order within an expert).
   std::vector<int64_t>& begin = ws->expert_begin;

@@ -72,6 +72,7 @@ class Workspace {
   AlignedPtr<BlockQ8A> whq;         // [W x n_ff/32] SwiGLU output, Q8A (quantised down)
   AlignedPtr<float> whf;            // [W x n_ff] SwiGLU output, float (only if some down is float)
   AlignedPtr<float> tiles;          // per thread: 3 tiles of [C x max(kFfBlock, kEmbdBlock)]
+  AlignedPtr<float> mla;            // [T x MlaScratchFloats] multi-head latent attention (mla.h)
   AlignedPtr<float> bcx;            // [T x 3d] LFM2 short-conv in-projection (models with conv layers)
 
  private:

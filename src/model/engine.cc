@@ -19,6 +19,8 @@
 #include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/experts.h"
+#include "model/ffn.h"
+#include "model/mla.h"
 #include "model/model.h"
 #include "model/shortconv_block.h"
 #include "model/virtual_experts.h"
@@ -124,6 +126,32 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
                       .n_vocab = c.n_vocab,
                       .n_ctx = c.n_ctx,
                       .weight_bytes = im.model->weight_bytes()};
+  // Multiply-adds per token and per attention pair (ModelInfo).
+  {
+    const double d = c.n_embd, H = c.n_head, hd = c.head_dim;
+    for (const model::LayerWeights& L : im.model->layers()) {
+      double w = 0, pair = 0;
+      if (L.conv.present()) {  // LFM2 short convolution: in_proj (3d x d), L taps, out_proj (d x d)
+        w += 3 * d * d + double(c.shortconv_l) * d + d * d;
+      } else if (c.arch->attention == model::AttentionKind::kMla) {
+        const double r = c.kv_lora_rank, ql = c.q_lora_rank, vd = c.v_head_dim;
+        w += ql > 0 ? d * ql + ql * H * hd : d * H * hd;
+        w += d * (r + c.qk_rope) + r * H * (c.qk_nope + vd) + H * vd * d;
+        pair = H * (hd + vd);
+      } else {
+        const double q = c.q_dim(), kv = c.kv_dim();
+        w += d * (q + 2 * kv) + q * d;
+        pair = 2 * q;
+      }
+      if (L.moe) {
+        w += d * c.n_expert + double(c.n_expert_used) * 3 * d * c.n_ff_expert + 3 * d * c.n_ff_shexp;
+      } else {
+        w += 3 * d * c.n_ff;
+      }
+      im.info.weight_macs_per_token += w;
+      im.info.attention_macs_per_pair += pair;
+    }
+  }
   return engine;
 }
 
@@ -205,15 +233,29 @@ Result<Response> Engine::Impl::Run(const Request& req) {
   model::EmbedTokens(*model, req.tokens.data(), T, ws.x.get());
   lap(&tm.embed);
   for (int il = 0; il < c.n_layer; ++il) {
-    if (stream) stream->LayerStart(il);
+    const bool moe = model->layers()[il].moe;
+    if (stream && moe) stream->LayerStart(il);
     if (c.is_conv_layer(il)) {
       model::ShortConvBlock(*model, il, T, &ws);
+    } else if (c.arch->attention == model::AttentionKind::kMla) {
+      model::MlaAttentionBlock(*model, il, T, &ws);
     } else {
       model::AttentionBlock(*model, il, T, &ws);
     }
     lap(&tm.attention);
+    if (!moe) {  // a leading dense block (ffn.h): no routes
+      model::DenseFfnBlock(*model, il, T, &ws);
+      lap(&tm.dense_ffn);
+      if (req.return_routing) {
+        std::fill_n(resp.routing.begin() + il * T * K, T * K, -1);
+        std::fill_n(resp.routing_weights.begin() + il * T * K, T * K, 0.0f);
+      }
+      continue;
+    }
     model::RouteBlock(*model, il, T, &ws);
     lap(&tm.router);
+    model::SharedExpertsBlock(*model, il, T, &ws);
+    lap(&tm.dense_ffn);
     if (stream) {
       ESTREAM_RETURN_IF_ERROR(stream->RunExperts(il, T, &ws));
     } else {

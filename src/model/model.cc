@@ -187,32 +187,36 @@ class ModelLoader {
     if (c.n_expert_used < 1 || c.n_expert_used > c.n_expert)
       return Bad(fmt::format("{} = {} must be between 1 and {} = {}", Key("expert_used_count"), c.n_expert_used,
                              Key("expert_count"), c.n_expert));
-    if (c.n_head % c.n_head_kv != 0)
-      return Bad(fmt::format("{} = {} is not a multiple of {} = {}", Key("attention.head_count"), c.n_head,
-                             Key("attention.head_count_kv"), c.n_head_kv));
-    if (f_.Find(Key("attention.key_length"))) {
-      ESTREAM_ASSIGN_OR_RETURN(c.head_dim, GetInt("attention.key_length"));
+    if (c.arch->attention == AttentionKind::kMla) {
+      ESTREAM_RETURN_IF_ERROR(ReadMlaConfig());
     } else {
-      if (c.n_embd % c.n_head != 0)
-        return Bad(fmt::format("{} = {} is not a multiple of {} = {} and {} is absent", Key("embedding_length"),
-                               c.n_embd, Key("attention.head_count"), c.n_head, Key("attention.key_length")));
-      c.head_dim = c.n_embd / c.n_head;
+      if (c.n_head % c.n_head_kv != 0)
+        return Bad(fmt::format("{} = {} is not a multiple of {} = {}", Key("attention.head_count"), c.n_head,
+                               Key("attention.head_count_kv"), c.n_head_kv));
+      if (f_.Find(Key("attention.key_length"))) {
+        ESTREAM_ASSIGN_OR_RETURN(c.head_dim, GetInt("attention.key_length"));
+      } else {
+        if (c.n_embd % c.n_head != 0)
+          return Bad(fmt::format("{} = {} is not a multiple of {} = {} and {} is absent", Key("embedding_length"),
+                                 c.n_embd, Key("attention.head_count"), c.n_head, Key("attention.key_length")));
+        c.head_dim = c.n_embd / c.n_head;
+      }
+      if (c.head_dim < 2 || c.head_dim % 2 != 0)
+        return Bad(fmt::format("head_dim ({}) = {} must be even and >= 2", Key("attention.key_length"), c.head_dim));
+      ESTREAM_ASSIGN_OR_RETURN(const int v_dim, GetIntOr("attention.value_length", c.head_dim));
+      if (v_dim != c.head_dim)
+        return Status::NotSupported(fmt::format("{}: {} = {} differs from {} = {}; estream needs equal key and "
+                                                "value head widths", f_.path(), Key("attention.value_length"), v_dim,
+                                                Key("attention.key_length"), c.head_dim));
+      ESTREAM_ASSIGN_OR_RETURN(const int n_rot, GetIntOr("rope.dimension_count", c.head_dim));
+      if (n_rot != c.head_dim)
+        return Status::NotSupported(fmt::format("{}: {} = {} but head_dim = {}; partial RoPE is not supported",
+                                                f_.path(), Key("rope.dimension_count"), n_rot, c.head_dim));
+      if (const GgufValue* v = f_.Find(Key("rope.scaling.type")); v && v->type == GgufType::kString &&
+                                                                   v->str != "none" && !v->str.empty())
+        return Status::NotSupported(fmt::format("{}: {} = '{}' is not supported (only unscaled RoPE)", f_.path(),
+                                                Key("rope.scaling.type"), v->str));
     }
-    if (c.head_dim < 2 || c.head_dim % 2 != 0)
-      return Bad(fmt::format("head_dim ({}) = {} must be even and >= 2", Key("attention.key_length"), c.head_dim));
-    ESTREAM_ASSIGN_OR_RETURN(const int v_dim, GetIntOr("attention.value_length", c.head_dim));
-    if (v_dim != c.head_dim)
-      return Status::NotSupported(fmt::format("{}: {} = {} differs from {} = {}; estream needs equal key and "
-                                              "value head widths", f_.path(), Key("attention.value_length"), v_dim,
-                                              Key("attention.key_length"), c.head_dim));
-    ESTREAM_ASSIGN_OR_RETURN(const int n_rot, GetIntOr("rope.dimension_count", c.head_dim));
-    if (n_rot != c.head_dim)
-      return Status::NotSupported(fmt::format("{}: {} = {} but head_dim = {}; partial RoPE is not supported",
-                                              f_.path(), Key("rope.dimension_count"), n_rot, c.head_dim));
-    if (const GgufValue* v = f_.Find(Key("rope.scaling.type")); v && v->type == GgufType::kString &&
-                                                                 v->str != "none" && !v->str.empty())
-      return Status::NotSupported(fmt::format("{}: {} = '{}' is not supported (only unscaled RoPE)", f_.path(),
-                                              Key("rope.scaling.type"), v->str));
     ESTREAM_RETURN_IF_ERROR(ReadShortConvConfig());
     if (!(c.rms_eps > 0) || !std::isfinite(c.rms_eps))
       return Bad(fmt::format("{} = {} must be a positive number", Key("attention.layer_norm_rms_epsilon"), c.rms_eps));
@@ -224,10 +228,18 @@ class ModelLoader {
       ESTREAM_ASSIGN_OR_RETURN(c.n_ff_expert, GetInt("feed_forward_length"));
     }
     if (c.n_ff_expert < 1) return Bad(fmt::format("expert feed-forward length {} must be positive", c.n_ff_expert));
+    c.expert_weights_norm = c.arch->renormalize_routes;
+    if (c.arch->moe_extensions) ESTREAM_RETURN_IF_ERROR(ReadMoeVariants());
     // Activations are quantised in blocks of 32 along every GEMM's input dimension.
+    const bool mla = c.arch->attention == AttentionKind::kMla;
     for (auto [what, v] : {std::pair<const char*, int>{"embedding_length", c.n_embd},
-                           {"head_count * key_length", c.q_dim()},
-                           {"expert feed-forward length", c.n_ff_expert}})
+                           {"head_count * key_length", mla ? kQK8A : c.q_dim()},
+                           {"expert feed-forward length", c.n_ff_expert},
+                           {"feed_forward_length (dense blocks)", c.n_layer_dense_lead > 0 ? c.n_ff : kQK8A},
+                           {"shared experts' feed-forward length", c.n_expert_shared > 0 ? c.n_ff_shexp : kQK8A},
+                           {"attention.q_lora_rank", c.q_lora_rank > 0 ? c.q_lora_rank : kQK8A},
+                           {"attention.kv_lora_rank", mla ? c.kv_lora_rank : kQK8A},
+                           {"head_count * value_length", mla ? c.n_head * c.v_head_dim : kQK8A}})
       if (v % kQK8A != 0)
         return Status::NotSupported(fmt::format("{}: {} = {} is not a multiple of {}", f_.path(), what, v, kQK8A));
 
@@ -241,6 +253,192 @@ class ModelLoader {
     ESTREAM_ASSIGN_OR_RETURN(const int vocab_key, GetIntOr("vocab_size", c.n_vocab));
     if (vocab_key != c.n_vocab)
       return Bad(fmt::format("{} = {} but token_embd.weight has {} rows", Key("vocab_size"), vocab_key, c.n_vocab));
+    return Status::Ok();
+  }
+
+  // The MoE variants of ArchTraits::moe_extensions families (llama.cpp's key names).
+  Status ReadMoeVariants() {
+    ModelConfig& c = m_->config_;
+    ESTREAM_ASSIGN_OR_RETURN(c.n_layer_dense_lead, GetIntOr("leading_dense_block_count", 0));
+    if (c.n_layer_dense_lead < 0 || c.n_layer_dense_lead >= c.n_layer)
+      return Bad(fmt::format("{} = {} must be below {} = {} (at least one MoE block)", Key("leading_dense_block_count"),
+                             c.n_layer_dense_lead, Key("block_count"), c.n_layer));
+    if (c.n_layer_dense_lead > 0) {
+      ESTREAM_ASSIGN_OR_RETURN(c.n_ff, GetInt("feed_forward_length"));
+      if (c.n_ff < 1) return Bad(fmt::format("{} = {} must be positive", Key("feed_forward_length"), c.n_ff));
+    }
+    ESTREAM_ASSIGN_OR_RETURN(c.n_expert_shared, GetIntOr("expert_shared_count", 0));
+    if (c.n_expert_shared > 0) {
+      ESTREAM_ASSIGN_OR_RETURN(c.n_ff_shexp,
+                               GetIntOr("expert_shared_feed_forward_length", c.n_ff_expert * c.n_expert_shared));
+      if (c.n_ff_shexp < 1) return Bad(fmt::format("shared experts' feed-forward length {} must be positive", c.n_ff_shexp));
+    }
+    ESTREAM_ASSIGN_OR_RETURN(const int gating, GetIntOr("expert_gating_func", 0));
+    switch (gating) {
+      case 0:  // absent / none: older DeepSeek-V2 files, softmax (as llama.cpp reads them)
+      case 1: c.gating = ExpertGating::kSoftmax; break;
+      case 2: c.gating = ExpertGating::kSigmoid; break;
+      default:
+        return Status::NotSupported(fmt::format("{}: {} = {} is not supported (1 = softmax, 2 = sigmoid)", f_.path(),
+                                                Key("expert_gating_func"), gating));
+    }
+    // Absent: the family's convention (LFM2-MoE files carry no key and always renormalise, as
+    // llama.cpp's lfm2moe graph does; DeepSeek-V2's default is no renormalisation).
+    ESTREAM_ASSIGN_OR_RETURN(c.expert_weights_norm,
+                             f_.GetBoolOr(Key("expert_weights_norm"), c.arch->renormalize_routes));
+    ESTREAM_ASSIGN_OR_RETURN(c.expert_weights_scale, f_.GetF32Or(Key("expert_weights_scale"), 1.0f));
+    if (c.expert_weights_scale == 0.0f) c.expert_weights_scale = 1.0f;  // llama.cpp: 0 = not set
+    if (!std::isfinite(c.expert_weights_scale) || c.expert_weights_scale < 0)
+      return Bad(fmt::format("{} = {} must be a non-negative number", Key("expert_weights_scale"),
+                             c.expert_weights_scale));
+    if (c.n_expert > 1024)
+      return Status::NotSupported(fmt::format("{}: {} = {} experts; estream's routers take at most 1024", f_.path(),
+                                              Key("expert_count"), c.n_expert));
+    ESTREAM_ASSIGN_OR_RETURN(const int groups, GetIntOr("expert_group_count", 1));
+    ESTREAM_ASSIGN_OR_RETURN(const int groups_used, GetIntOr("expert_group_used_count", groups));
+    if (groups > 1 && groups_used < groups)
+      return Status::NotSupported(fmt::format("{}: group-limited routing ({} = {}, {} = {}) is not supported",
+                                              f_.path(), Key("expert_group_count"), groups,
+                                              Key("expert_group_used_count"), groups_used));
+    return Status::Ok();
+  }
+
+  // Multi-head latent attention hyper-parameters (mla.h), as llama.cpp's deepseek2 reads them:
+  // files of newer converters carry key_length = kv_lora_rank + qk_rope and value_length =
+  // kv_lora_rank (the absorbed form) plus key_length_mla / value_length_mla (the per-head q/k
+  // and v widths); older ones only key_length / value_length (the per-head widths).
+  Status ReadMlaConfig() {
+    ModelConfig& c = m_->config_;
+    c.n_head_kv = c.n_head;  // decompressed: every query head has its own k and v
+    ESTREAM_ASSIGN_OR_RETURN(c.q_lora_rank, GetIntOr("attention.q_lora_rank", 0));
+    ESTREAM_ASSIGN_OR_RETURN(c.kv_lora_rank, GetInt("attention.kv_lora_rank"));
+    ESTREAM_ASSIGN_OR_RETURN(c.qk_rope, GetInt("rope.dimension_count"));
+    const bool split = f_.Find(Key("attention.key_length_mla")) != nullptr;
+    ESTREAM_ASSIGN_OR_RETURN(c.head_dim, GetInt(split ? "attention.key_length_mla" : "attention.key_length"));
+    ESTREAM_ASSIGN_OR_RETURN(c.v_head_dim, GetInt(split ? "attention.value_length_mla" : "attention.value_length"));
+    if (c.kv_lora_rank < 1 || c.q_lora_rank < 0)
+      return Bad(fmt::format("{} = {} must be positive and {} = {} non-negative", Key("attention.kv_lora_rank"),
+                             c.kv_lora_rank, Key("attention.q_lora_rank"), c.q_lora_rank));
+    if (c.qk_rope < 2 || c.qk_rope % 2 != 0 || c.qk_rope >= c.head_dim)
+      return Bad(fmt::format("{} = {} must be even, >= 2 and below the q/k head width {} = {}",
+                             Key("rope.dimension_count"), c.qk_rope,
+                             Key(split ? "attention.key_length_mla" : "attention.key_length"), c.head_dim));
+    c.qk_nope = c.head_dim - c.qk_rope;
+    if (c.v_head_dim < 1 || c.v_head_dim > c.head_dim)
+      return Status::NotSupported(fmt::format("{}: value head width {} = {} must be between 1 and the q/k head width "
+                                              "{}", f_.path(), Key(split ? "attention.value_length_mla"
+                                                                         : "attention.value_length"),
+                                              c.v_head_dim, c.head_dim));
+    if (split) {  // the absorbed-form widths, when given, must agree
+      ESTREAM_ASSIGN_OR_RETURN(const int kl, GetIntOr("attention.key_length", c.kv_lora_rank + c.qk_rope));
+      ESTREAM_ASSIGN_OR_RETURN(const int vl, GetIntOr("attention.value_length", c.kv_lora_rank));
+      if (kl != c.kv_lora_rank + c.qk_rope || vl != c.kv_lora_rank)
+        return Bad(fmt::format("{} = {} / {} = {} disagree with kv_lora_rank {} + rope.dimension_count {}",
+                               Key("attention.key_length"), kl, Key("attention.value_length"), vl, c.kv_lora_rank,
+                               c.qk_rope));
+    }
+    // RoPE scaling: none or YaRN.
+    if (const GgufValue* v = f_.Find(Key("rope.scaling.type")); v && v->type == GgufType::kString && v->str == "yarn") {
+      ESTREAM_ASSIGN_OR_RETURN(c.yarn_factor, f_.GetF32Or(Key("rope.scaling.factor"), 1.0f));
+      ESTREAM_ASSIGN_OR_RETURN(c.yarn_orig_ctx, GetIntOr("rope.scaling.original_context_length", c.n_ctx));
+      ESTREAM_ASSIGN_OR_RETURN(c.yarn_beta_fast, f_.GetF32Or(Key("rope.scaling.yarn_beta_fast"), 32.0f));
+      ESTREAM_ASSIGN_OR_RETURN(c.yarn_beta_slow, f_.GetF32Or(Key("rope.scaling.yarn_beta_slow"), 1.0f));
+      ESTREAM_ASSIGN_OR_RETURN(const float log_mul, f_.GetF32Or(Key("rope.scaling.yarn_log_multiplier"), 0.0f));
+      c.yarn_log_mul = log_mul / 0.1f;
+      if (!(c.yarn_factor >= 1.0f) || !std::isfinite(c.yarn_factor) || c.yarn_orig_ctx < 1 ||
+          !std::isfinite(c.yarn_log_mul) || !std::isfinite(c.yarn_beta_fast) || !std::isfinite(c.yarn_beta_slow))
+        return Bad(fmt::format("{}.rope.scaling.factor/original_context_length/yarn_* = {}/{}/{}/{}/{} are not valid "
+                               "YaRN parameters (factor >= 1)", c.arch->gguf_name, c.yarn_factor, c.yarn_orig_ctx,
+                               c.yarn_beta_fast, c.yarn_beta_slow, c.yarn_log_mul));
+    } else if (v && v->type == GgufType::kString && v->str != "none" && !v->str.empty()) {
+      return Status::NotSupported(fmt::format("{}: {} = '{}' is not supported (none or yarn)", f_.path(),
+                                              Key("rope.scaling.type"), v->str));
+    }
+    // llama.cpp (llama-context.cpp, models/deepseek2.cpp): the rotation's magnitude is
+    // 1 + 0.1 ln(factor) without a log multiplier, else 1 (DeepSeek-V2's mscale = mscale_all_dim);
+    // the scores are scaled by mscale^2 / sqrt(head_dim), mscale = that magnitude times
+    // 1 + 0.1 log_mul ln(factor).
+    const double lf = std::log(static_cast<double>(c.yarn_factor));
+    c.yarn_rope_mscale = c.yarn_factor > 1.0f && c.yarn_log_mul == 0.0f ? static_cast<float>(1.0 + 0.1 * lf) : 1.0f;
+    const double mscale = c.yarn_rope_mscale * (1.0 + 0.1 * c.yarn_log_mul * lf);
+    c.attn_scale = static_cast<float>(mscale * mscale / std::sqrt(static_cast<double>(c.head_dim)));
+    return Status::Ok();
+  }
+
+  // A SwiGLU FFN blk.N.ffn_{gate,up,down}{suffix}.weight of width n (dense part of the model).
+  Status Ffn(const std::string& p, const char* suffix, int64_t n, DenseFfn* f) {
+    const int64_t d = m_->config_.n_embd;
+    const bool rd = options_.repack_dense;
+    ESTREAM_RETURN_IF_ERROR(Matrix(p + "ffn_gate" + suffix + ".weight", d, n, rd, &f->gate));
+    ESTREAM_RETURN_IF_ERROR(Matrix(p + "ffn_up" + suffix + ".weight", d, n, rd, &f->up));
+    ESTREAM_RETURN_IF_ERROR(Matrix(p + "ffn_down" + suffix + ".weight", n, d, rd, &f->down));
+    return Status::Ok();
+  }
+
+  // The attention tensors of a multi-head latent attention block (llama.cpp's names and shapes).
+  Status MlaTensors(int il, LayerWeights* L) {
+    ModelConfig& c = m_->config_;
+    const std::string p = fmt::format("blk.{}.", il);
+    const int64_t d = c.n_embd, H = c.n_head, hd = c.head_dim, r = c.kv_lora_rank;
+    const bool rd = options_.repack_dense;
+    MlaWeights& w = L->mla;
+    if (c.q_lora_rank > 0) {
+      ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_q_a.weight", d, c.q_lora_rank, rd, &w.wq_a));
+      ESTREAM_ASSIGN_OR_RETURN(w.q_a_norm, Norm(p + "attn_q_a_norm.weight", c.q_lora_rank));
+      ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_q_b.weight", c.q_lora_rank, H * hd, rd, &w.wq_b));
+    } else {
+      ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_q.weight", d, H * hd, rd, &w.wq));
+    }
+    ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_kv_a_mqa.weight", d, r + c.qk_rope, rd, &w.wkv_a));
+    ESTREAM_ASSIGN_OR_RETURN(w.kv_a_norm, Norm(p + "attn_kv_a_norm.weight", r));
+    if (il == 0) c.kv_b_split = f_.FindTensor(p + "attn_kv_b.weight") == nullptr;
+    if (!c.kv_b_split) {
+      ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_kv_b.weight", r, H * (c.qk_nope + c.v_head_dim), rd, &w.wkv_b));
+    } else {
+      // attn_k_b [qk_nope, kv_lora_rank, n_head]: row c of head h holds k_nope[h][i] / ckv[c] for
+      // every i; the decompression needs rows (h, i) of kv_lora_rank, i.e. the transpose.
+      ESTREAM_ASSIGN_OR_RETURN(const GgufTensorInfo* kb, Tensor(p + "attn_k_b.weight", {c.qk_nope, r, H}));
+      if (!CanDequantize(kb->type))
+        return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which estream cannot read", f_.path(),
+                                                kb->name, TypeName(kb->type)));
+      const int64_t n = H * c.qk_nope;
+      std::vector<float> src(static_cast<size_t>(c.qk_nope)), t(static_cast<size_t>(n * r));
+      const uint8_t* data = f_.TensorData(*kb);
+      const size_t row_bytes = RowBytes(kb->type, c.qk_nope);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t cc = 0; cc < r; ++cc) {
+          DequantizeRow(kb->type, data + (h * r + cc) * row_bytes, src.data(), c.qk_nope);
+          for (int64_t i = 0; i < c.qk_nope; ++i) t[(h * c.qk_nope + i) * r + cc] = src[i];
+        }
+      // Float files stay f32 (exact); quantised ones get Q8_0 (the GEMM's fast path).
+      const bool quantised = kb->type != QuantType::kF32 && kb->type != QuantType::kF16 && kb->type != QuantType::kBF16;
+      const QuantType type = quantised ? QuantType::kQ8_0 : QuantType::kF32;
+      const size_t bytes = static_cast<size_t>(n) * RowBytes(type, r);
+      AlignedPtr<uint8_t> buf = AllocAligned<uint8_t>(bytes, 4096);
+      if (!buf) return Status::ResourceExhausted(fmt::format("{}: cannot allocate {} bytes for '{}' transposed", f_.path(),
+                                                             bytes, kb->name));
+      if (quantised) {
+        for (int64_t row = 0; row < n; ++row) QuantizeRow(type, t.data() + row * r, buf.get() + row * RowBytes(type, r), r);
+      } else {
+        std::memcpy(buf.get(), t.data(), bytes);
+      }
+      w.wk_b = {.type = type, .layout = kernels::WeightLayout::kGguf, .n = n, .k = r, .data = buf.get()};
+      if (rd && kernels::CanRepack(type)) {
+        AlignedPtr<uint8_t> packed = AllocAligned<uint8_t>(kernels::PackedWeightBytes(type, n, r), 4096);
+        if (packed) {
+          kernels::RepackWeights(type, buf.get(), n, r, packed.get());
+          w.wk_b = {.type = type, .layout = kernels::WeightLayout::kPacked, .n = n, .k = r, .data = packed.get()};
+          buf = std::move(packed);
+        }
+      }
+      m_->weight_bytes_ += w.wk_b.layout == kernels::WeightLayout::kPacked ? kernels::PackedWeightBytes(type, n, r) : bytes;
+      m_->packed_.push_back(std::move(buf));
+      // attn_v_b [kv_lora_rank, v_head_dim, n_head]: n_head * v_head_dim rows of kv_lora_rank.
+      ESTREAM_ASSIGN_OR_RETURN(const GgufTensorInfo* vb, Tensor(p + "attn_v_b.weight", {r, c.v_head_dim, H}));
+      ESTREAM_RETURN_IF_ERROR(CheckGemmType(*vb));
+      Matrices(*vb, H * c.v_head_dim, r, 1, rd, &w.wv_b);
+    }
+    ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_output.weight", H * c.v_head_dim, d, rd, &L->wo));
     return Status::Ok();
   }
 
@@ -343,7 +541,7 @@ class ModelLoader {
     const int64_t d = c.n_embd;
     const bool rd = options_.repack_dense;
     // Norm vectors are copied; reserve so the pointers handed out stay put.
-    m_->norms_.reserve(4 * c.n_layer + 1);
+    m_->norms_.reserve(6 * c.n_layer + 1);
 
     const GgufTensorInfo* emb = f_.FindTensor("token_embd.weight");  // shape checked in ReadConfig
     if (!CanDequantize(emb->type))
@@ -363,6 +561,8 @@ class ModelLoader {
       ESTREAM_ASSIGN_OR_RETURN(L.attn_norm, Norm(p + "attn_norm.weight", d));
       if (c.is_conv_layer(il)) {
         ESTREAM_RETURN_IF_ERROR(ConvTensors(p, rd, &L.conv));
+      } else if (c.arch->attention == AttentionKind::kMla) {
+        ESTREAM_RETURN_IF_ERROR(MlaTensors(il, &L));
       } else {
         ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_q.weight", d, c.q_dim(), rd, &L.wq));
         ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_k.weight", d, c.kv_dim(), rd, &L.wk));
@@ -383,7 +583,18 @@ class ModelLoader {
         }
       }
       ESTREAM_ASSIGN_OR_RETURN(L.ffn_norm, Norm(p + "ffn_norm.weight", d));
+      L.moe = c.is_moe_layer(il);
+      if (!L.moe) {  // a leading dense block
+        ESTREAM_RETURN_IF_ERROR(Ffn(p, "", c.n_ff, &L.ffn));
+        continue;
+      }
       ESTREAM_RETURN_IF_ERROR(Matrix(p + "ffn_gate_inp.weight", d, c.n_expert, false, &L.router));
+      // LFM2-MoE always has the selection bias (a missing one is an error naming it).
+      if (c.arch->moe_extensions && (c.arch->shortconv || f_.FindTensor(p + "exp_probs_b.bias"))) {
+        ESTREAM_ASSIGN_OR_RETURN(L.exp_probs_b, Norm(p + "exp_probs_b.bias", c.n_expert));
+        m_->config_.has_exp_probs_b = true;
+      }
+      if (c.n_expert_shared > 0) ESTREAM_RETURN_IF_ERROR(Ffn(p, "_shexp", c.n_ff_shexp, &L.shexp));
       // Packed model: the experts are records in per-layer regions (virtual_experts.h).
       if (!m_->experts_packed_) ESTREAM_RETURN_IF_ERROR(Experts(il, &L.experts));
     }

@@ -6,7 +6,9 @@
 //   - the architecture is one of arch.h's (else NotSupported naming general.architecture);
 //   - every hyper-parameter is present or has its documented default, and they agree with each
 //     other (heads divide, head_dim consistent with the projections, expert_used <= expert_count,
-//     RoPE over the whole head, value width = key width);
+//     RoPE over the whole head, value width = key width; for multi-head latent attention (mla.h)
+//     the ranks and the rope / nope / v widths, and YaRN's parameters; for the MoE variants
+//     (ffn.h) the leading dense blocks, shared experts and gating);
 //   - every tensor the architecture needs exists with exactly the expected shape (a missing tensor
 //     or a wrong shape is a Corruption Status naming the tensor, the expected and the actual
 //     shape) and a type the kernels support (NotSupported naming tensor and type).
@@ -32,6 +34,9 @@
 
 namespace estream::model {
 
+// How router logits become expert probabilities.
+enum class ExpertGating { kSoftmax, kSigmoid };
+
 struct ModelConfig {
   const ArchTraits* arch = nullptr;
   std::string name;     // general.name (may be empty)
@@ -48,6 +53,33 @@ struct ModelConfig {
   float rms_eps = 0;      // attention.layer_norm_rms_epsilon
   float rope_freq_base = 10000.0f;
 
+  // ---- MoE variants (ArchTraits::moe_extensions; defaults = the original three families) ----
+  int n_layer_dense_lead = 0;  // leading_dense_block_count: blocks [0, n) have a dense FFN
+  int n_ff = 0;                // feed_forward_length: width of the dense FFN (0 if none)
+  int n_expert_shared = 0;     // expert_shared_count: shared experts of every MoE block
+  int n_ff_shexp = 0;          // width of the merged shared-expert FFN (n_ff_expert * n_expert_shared)
+  ExpertGating gating = ExpertGating::kSoftmax;  // expert_gating_func (1 softmax, 2 sigmoid)
+  bool expert_weights_norm = false;  // top-k weights divided by their sum (renormalize_routes)
+  float expert_weights_scale = 1.0f; // top-k weights multiplied by this
+  bool has_exp_probs_b = false;      // blk.N.exp_probs_b.bias present (selection bias)
+
+  // ---- multi-head latent attention (AttentionKind::kMla; mla.h). head_dim = qk_nope + qk_rope
+  // (the decompressed q/k head), n_head_kv = n_head; v is v_head_dim wide. ----
+  int q_lora_rank = 0;     // 0: q = attn_q x; else attn_q_b(RMSNorm(attn_q_a x) * attn_q_a_norm)
+  int kv_lora_rank = 0;    // width of the compressed kv
+  int qk_rope = 0;         // rope.dimension_count: the decoupled RoPE part of every q/k head
+  int qk_nope = 0;         // head_dim - qk_rope
+  int v_head_dim = 0;      // value_length(_mla)
+  bool kv_b_split = false; // attn_k_b/attn_v_b (newer converters) instead of attn_kv_b
+  // YaRN RoPE (rope.scaling.type = yarn): factor 1 = unscaled.
+  float yarn_factor = 1.0f;
+  int yarn_orig_ctx = 0;
+  float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+  float yarn_log_mul = 0.0f;  // rope.scaling.yarn_log_multiplier / 0.1 (as llama.cpp undoes it)
+  float yarn_rope_mscale = 1.0f;  // magnitude of the rotated values (cos, sin times this)
+  float attn_scale = 0.0f;    // softmax scale of the MLA scores (mscale^2 / sqrt(head_dim))
+
+  bool is_moe_layer(int il) const { return il >= n_layer_dense_lead; }
   // LFM2 (ArchTraits::shortconv): kernel length of the short convolutions (shortconv.l_cache) and
   // which layers are short-convolution blocks (attention.head_count_kv[il] == 0); empty: none.
   int shortconv_l = 0;
@@ -65,6 +97,31 @@ struct ExpertWeights {
   std::vector<kernels::WeightView> gate;  // [n_expert]
   std::vector<kernels::WeightView> up;    // [n_expert]
   std::vector<kernels::WeightView> down;  // [n_expert]
+};
+
+// A SwiGLU feed-forward network: x += down(silu(gate x) * up x). gate, up: n x n_embd; down:
+// n_embd x n (the dense FFN of leading dense blocks, or the merged shared experts).
+struct DenseFfn {
+  kernels::WeightView gate, up, down;
+  bool present() const { return gate.data != nullptr; }
+};
+
+// Multi-head latent attention weights (mla.h). Rows are output features.
+struct MlaWeights {
+  kernels::WeightView wq;       // n_head*head_dim x n_embd (q_lora_rank == 0)
+  kernels::WeightView wq_a;     // q_lora_rank x n_embd
+  const float* q_a_norm = nullptr;  // [q_lora_rank]
+  kernels::WeightView wq_b;     // n_head*head_dim x q_lora_rank
+  kernels::WeightView wkv_a;    // (kv_lora_rank + qk_rope) x n_embd (attn_kv_a_mqa)
+  const float* kv_a_norm = nullptr;  // [kv_lora_rank]
+  // The decompression of the normed compressed kv, either one matrix (older converters'
+  // attn_kv_b: per head h, qk_nope k rows then v_head_dim v rows)
+  kernels::WeightView wkv_b;    // n_head*(qk_nope + v_head_dim) x kv_lora_rank
+  // or two (newer converters): attn_k_b [qk_nope, kv_lora_rank, n_head] is stored transposed
+  // for this use, so it is transposed at load (into f32 for float files, into Q8_0 for quantised
+  // ones: a second rounding of 2^-8 relative on top of the file's own); attn_v_b is used as it is.
+  kernels::WeightView wk_b;     // n_head*qk_nope x kv_lora_rank (built at load)
+  kernels::WeightView wv_b;     // n_head*v_head_dim x kv_lora_rank
 };
 
 // An LFM2 short-convolution block (shortconv_block.h). Rows are output features.
@@ -86,6 +143,11 @@ struct LayerWeights {
   const float* ffn_norm = nullptr;   // [n_embd]
   kernels::WeightView router;        // n_expert x n_embd (ffn_gate_inp)
   ExpertWeights experts;
+  bool moe = true;                   // false: a leading dense block (ffn below, no router)
+  DenseFfn ffn;                      // dense blocks: ffn_gate/ffn_up/ffn_down
+  DenseFfn shexp;                    // MoE blocks with shared experts: ffn_*_shexp
+  const float* exp_probs_b = nullptr;  // [n_expert] selection bias, or nullptr
+  MlaWeights mla;                    // AttentionKind::kMla only (wq..wo above unused but wo)
   ShortConvWeights conv;             // LFM2 conv layers (then wq..k_norm are unset)
 };
 
@@ -137,7 +199,7 @@ class Model {
   uint64_t weight_bytes_ = 0;
   // Norm vectors as f32 (copied from whatever type the file has).
   std::vector<std::vector<float>> norms_;
-  // Repacked matrices.
+  // Repacked matrices (and matrices built at load: MLA's transposed attn_k_b).
   std::vector<AlignedPtr<uint8_t>> packed_;
 };
 

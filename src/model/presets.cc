@@ -3,7 +3,7 @@
 namespace estream::synth {
 namespace {
 
-const char* const kArchs[] = {"olmoe", "qwen3moe", "llama", "lfm2moe"};
+const char* const kArchs[] = {"olmoe", "qwen3moe", "llama", "deepseek2", "lfm2moe"};
 
 // The tiny models follow shared/testdata/models (2 layers, n_embd 256, 8 experts top-2, vocab
 // 512), so a synthesised tiny model has the same shapes as the reference ones of its arch.
@@ -34,6 +34,30 @@ ModelShape Tiny(const std::string& arch) {
     s.n_ff_exp = 128;
     s.rms_eps = 1e-6f;
     s.rope_freq_base = 1000000.0f;
+  } else if (arch == "deepseek2") {
+    // shared/testdata/models/deepseek2-tiny's shapes (3 layers, the first dense, 16 experts top-6
+    // + 2 shared), plus a q LoRA so that every structural part is present.
+    s.family = "DeepSeek-V2-tiny";
+    s.n_layer = 3;
+    s.n_head = 4;
+    s.n_head_kv = 4;
+    s.head_dim = 96;
+    s.qk_rope = 32;
+    s.v_head_dim = 64;
+    s.kv_lora_rank = 128;
+    s.q_lora_rank = 64;
+    s.n_ff = 512;
+    s.n_ff_exp = 128;
+    s.n_expert = 16;
+    s.n_expert_used = 6;
+    s.n_expert_shared = 2;
+    s.n_layer_dense_lead = 1;
+    s.n_ctx = 163840;
+    s.rms_eps = 1e-6f;
+    s.rope_freq_base = 10000.0f;
+    s.yarn_factor = 40.0f;
+    s.yarn_orig_ctx = 4096;
+    s.yarn_log_mul = 0.0707f;
   } else if (arch == "lfm2moe") {
     // As shared/testdata/models/lfm2moe-tiny: conv, conv, attention, conv; two dense layers.
     s.family = "LFM2-MoE-tiny";
@@ -44,7 +68,7 @@ ModelShape Tiny(const std::string& arch) {
     s.n_ff_exp = 128;
     s.n_expert = 16;
     s.n_expert_used = 4;
-    s.n_dense_lead = 2;
+    s.n_layer_dense_lead = 2;
     s.conv_l = 3;
     s.attn_layers = {2};
     s.pattern_depth = 4;
@@ -131,6 +155,40 @@ ModelShape Mixtral8x7b() {
   return s;
 }
 
+// DeepSeek-V2-Lite (deepseek-ai/DeepSeek-V2-Lite config.json): 27 layers, d 2048, 16 heads of
+// q/k 192 (nope 128 + rope 64) and v 128, kv_lora_rank 512, no q LoRA, the first layer dense
+// (d_ff 10944), then 64 routed experts of d_ff 1408 top-6 + 2 shared; YaRN factor 40 over 4096
+// (mscale_all_dim 0.707: yarn_log_multiplier 0.0707), rope base 10000, vocab 102400.
+ModelShape DeepseekV2Lite() {
+  ModelShape s;
+  s.preset = "deepseek-v2-lite";
+  s.arch = "deepseek2";
+  s.family = "DeepSeek-V2-Lite";
+  s.n_layer = 27;
+  s.n_embd = 2048;
+  s.n_head = 16;
+  s.n_head_kv = 16;
+  s.head_dim = 192;
+  s.qk_rope = 64;
+  s.v_head_dim = 128;
+  s.kv_lora_rank = 512;
+  s.q_lora_rank = 0;
+  s.n_ff = 10944;
+  s.n_ff_exp = 1408;
+  s.n_expert = 64;
+  s.n_expert_used = 6;
+  s.n_expert_shared = 2;
+  s.n_layer_dense_lead = 1;
+  s.n_vocab = 102400;
+  s.n_ctx = 163840;
+  s.rms_eps = 1e-6f;
+  s.rope_freq_base = 10000.0f;
+  s.yarn_factor = 40.0f;
+  s.yarn_orig_ctx = 4096;
+  s.yarn_log_mul = 0.0707f;
+  return s;
+}
+
 // LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B, config.json): 24 layers, d 2048, attention at layers 2, 6, 10,
 // 14, 18, 21 (32 heads / 8 kv, head_dim 64) and short convolutions (L = 3) elsewhere; the first two
 // layers dense (intermediate_size 7168), then 32 experts of d_ff 1792 (moe_intermediate_size),
@@ -154,7 +212,7 @@ ModelShape Lfm2_8bA1b() {
   s.n_ctx = 128000;
   s.rms_eps = 1e-5f;
   s.rope_freq_base = 1000000.0f;
-  s.n_dense_lead = 2;
+  s.n_layer_dense_lead = 2;
   s.conv_l = 3;
   s.attn_layers = {2, 6, 10, 14, 18, 21};
   s.pattern_depth = 24;
@@ -182,6 +240,7 @@ std::string ModelShape::tokenizer_pre() const {
   // SentencePiece one; for the built-in byte-level BPE the GPT-2 split is the natural choice.
   if (arch == "olmoe") return "olmo";
   if (arch == "qwen3moe") return "qwen2";
+  if (arch == "deepseek2") return "deepseek-llm";
   if (arch == "lfm2moe") return "lfm2";
   return "gpt-2";
 }
@@ -204,18 +263,30 @@ Status ModelShape::Validate() const {
     return bad("--top-k", "must be between 1 and the expert count (" + std::to_string(n_expert) + ")");
   if (n_vocab < 1) return bad("n_vocab", "must be >= 1");
   if (n_ctx < 1) return bad("--ctx", "must be >= 1");
+  if (mla()) {
+    if (n_head_kv != n_head) return bad("n_head_kv", "must equal n_head (decompressed multi-head latent attention)");
+    if (qk_rope < 2 || qk_rope % 2 != 0 || qk_rope >= head_dim) return bad("qk_rope", "must be even and below head_dim");
+    if (v_head_dim < 1 || v_head_dim > head_dim || (n_head * v_head_dim) % 32 != 0)
+      return bad("v_head_dim", "must be at most head_dim with n_head*v_head_dim a multiple of 32");
+    if ((head_dim - qk_rope) % 32 != 0) return bad("qk_nope", "must be a multiple of 32");
+    if (kv_lora_rank < 32 || kv_lora_rank % 32 != 0) return bad("kv_lora_rank", "must be a positive multiple of 32");
+    if (q_lora_rank < 0 || q_lora_rank % 32 != 0) return bad("q_lora_rank", "must be a multiple of 32 (0: none)");
+    if (n_layer_dense_lead < 0 || n_layer_dense_lead >= n_layer)
+      return bad("n_layer_dense_lead", "must leave at least one MoE layer (use --layers >= 2)");
+    if (n_layer_dense_lead > 0 && n_ff % 32 != 0) return bad("n_ff", "must be a multiple of 32");
+  }
   if (lfm2()) {
     if (n_embd_q() != n_embd) return bad("n_head*head_dim", "must equal n_embd for lfm2moe");
     if (conv_l < 1) return bad("conv_l", "must be >= 1");
-    if (n_dense_lead >= n_layer) return bad("--layers", "must leave at least one MoE layer after the dense ones");
+    if (n_layer_dense_lead >= n_layer) return bad("--layers", "must leave at least one MoE layer after the dense ones");
   }
   return Status::Ok();
 }
 
-std::string SupportedArchNames() { return "olmoe, qwen3moe, llama, lfm2moe"; }
+std::string SupportedArchNames() { return "olmoe, qwen3moe, llama, deepseek2, lfm2moe"; }
 
 std::vector<std::string> PresetNames() {
-  return {"tiny", "olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b", "lfm2-8b-a1b"};
+  return {"tiny", "olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "deepseek2-tiny", "lfm2-8b-a1b"};
 }
 
 std::string SupportedPresetNames() {
@@ -229,9 +300,18 @@ Result<ModelShape> FindPreset(const std::string& name, const std::string& arch) 
     return Status::InvalidArgument("unknown architecture '" + arch + "'; supported: " + SupportedArchNames());
   ModelShape s;
   if (name == "tiny") return Tiny(arch.empty() ? "olmoe" : arch);
+  if (name == "deepseek2-tiny") {
+    if (!arch.empty() && arch != "deepseek2")
+      return Status::InvalidArgument("preset 'deepseek2-tiny' is a deepseek2 model; --arch " + arch +
+                                     " applies to the tiny preset only");
+    s = Tiny("deepseek2");
+    s.preset = "deepseek2-tiny";
+    return s;
+  }
   if (name == "olmoe-1b-7b") s = Olmoe1b7b();
   else if (name == "qwen3-30b-a3b") s = Qwen3_30bA3b();
   else if (name == "mixtral-8x7b") s = Mixtral8x7b();
+  else if (name == "deepseek-v2-lite") s = DeepseekV2Lite();
   else if (name == "lfm2-8b-a1b") s = Lfm2_8bA1b();
   else return Status::InvalidArgument("unknown preset '" + name + "'; supported: " + SupportedPresetNames());
   if (!arch.empty() && arch != s.arch)

@@ -1,6 +1,6 @@
 // Model shape presets for `estream synth`: the hyper-parameters of the reference MoE models of
-// DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B, LFM2-8B-A1B) and a `tiny` model for
-// tests.
+// DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V2-Lite, LFM2-8B-A1B) and a
+// `tiny` model for tests (`deepseek2-tiny` = `tiny` with --arch deepseek2).
 //
 // A ModelShape is plain data: everything a synthetic GGUF's tensor shapes and metadata follow
 // from. Conventions per architecture (GGUF `general.architecture`):
@@ -10,8 +10,10 @@
 //             feed_forward_length (the dense size of the family) and expert_feed_forward_length.
 //   llama     (Mixtral) no q/k norm; router renormalised; feed_forward_length is the expert size
 //             and there is no expert_feed_forward_length key, as in real Mixtral files.
+//   deepseek2 multi-head latent attention (split attn_k_b / attn_v_b, as newer converters write),
+//             YaRN, leading dense blocks, shared experts; router softmax, not renormalised.
 //   lfm2moe   (LFM2-MoE) conv and attention layers (head_count_kv per layer, 0 = conv), per-head
-//             q/k norm, n_dense_lead dense FFN layers of feed_forward_length, sigmoid router with
+//             q/k norm, n_layer_dense_lead dense FFN layers of feed_forward_length, sigmoid router with
 //             exp_probs_b, renormalised; token_embd_norm as the final norm, LM head tied.
 //
 // Thread safety: all functions are pure.
@@ -41,10 +43,20 @@ struct ModelShape {
   int n_ctx = 0;             // context_length
   float rms_eps = 1e-5f;     // attention.layer_norm_rms_epsilon
   float rope_freq_base = 10000.0f;
+  // deepseek2 only (multi-head latent attention, model/mla.h; MoE variants, model/ffn.h).
+  // head_dim = qk_nope + qk_rope is the per-head q/k width; n_head_kv = n_head.
+  int n_layer_dense_lead = 0;  // leading_dense_block_count (a dense FFN of n_ff)
+  int n_expert_shared = 0;     // expert_shared_count (one merged FFN of n_ff_exp * this)
+  int q_lora_rank = 0;         // 0: attn_q; else attn_q_a / attn_q_a_norm / attn_q_b
+  int kv_lora_rank = 0;
+  int qk_rope = 0;             // rope.dimension_count
+  int v_head_dim = 0;          // value_length_mla
+  float yarn_factor = 0;       // rope.scaling.factor (0: no scaling)
+  int yarn_orig_ctx = 0;       // rope.scaling.original_context_length
+  float yarn_log_mul = 0;      // rope.scaling.yarn_log_multiplier (the GGUF value)
   // lfm2moe (LFM2-MoE): short-convolution layers, dense leading layers, sigmoid routing with an
-  // expert bias, tied LM head (arch_lfm2moe.cc). attn_layers: the attention layers of the preset's
+  // expert bias, tied LM head (arch_lfm2moe.cc); n_layer_dense_lead (above) dense layers. attn_layers: the attention layers of the preset's
   // own depth (pattern_depth); a deeper override continues with every 4th layer (i % 4 == 2).
-  int n_dense_lead = 0;      // leading_dense_block_count
   int conv_l = 0;            // shortconv.l_cache (0: no conv layers)
   std::vector<int> attn_layers;
   int pattern_depth = 0;     // layers the preset's own pattern covers
@@ -58,7 +70,8 @@ struct ModelShape {
   bool qk_norm_whole() const { return arch == "olmoe"; }
   bool qk_norm_per_head() const { return arch == "qwen3moe" || arch == "lfm2moe"; }
   // Router weights divided by their sum after top-k (qwen3moe, llama); olmoe uses them raw.
-  bool renormalize_routes() const { return arch != "olmoe"; }
+  bool renormalize_routes() const { return arch != "olmoe" && arch != "deepseek2"; }
+  bool mla() const { return arch == "deepseek2"; }
   // Whether the expert_feed_forward_length key is written (not by llama/Mixtral files).
   bool has_expert_ff_key() const { return arch != "llama"; }
   // Value of tokenizer.ggml.pre for the built-in BPE (the pre-tokenizer of the family's files).

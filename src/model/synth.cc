@@ -195,7 +195,7 @@ float MeanRouteWeightEnergy(const std::vector<float>& beta, int top_k, bool reno
 }
 
 // One lfm2moe layer after its attn_norm (arch_lfm2moe.cc): a short-convolution or an attention
-// block, then a dense FFN (the first n_dense_lead layers) or the MoE with its expert bias. Scales
+// block, then a dense FFN (the first n_layer_dense_lead layers) or the MoE with its expert bias. Scales
 // as for the other families (synth.h): every branch adds rms b. Conv block: in_proj N(0, 1/n_embd)
 // gives B, C, x of unit variance, so C * sum_j w_j B x has variance L var(w): taps N(0, 1/L) keep
 // it 1, and out_proj N(0, (b / sqrt(n_embd))^2) scales it to b. Dense FFN: gate/up N(0, 1/n_embd),
@@ -220,7 +220,7 @@ void AddLfm2Layer(const ModelShape& s, int l, QuantType w, float b, Add& add) {
     add(p + "attn_k_norm.weight", f32, {s.head_dim}, InitKind::kNorm, kAttnGain, l);
   }
   add(p + "ffn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
-  if (l < s.n_dense_lead) {
+  if (l < s.n_layer_dense_lead) {
     const float down = b / (kSiluRms * std::sqrt(static_cast<float>(s.n_ff)));
     add(p + "ffn_gate.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
     add(p + "ffn_up.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
@@ -375,11 +375,54 @@ Status SynthModel::Build() {
   const QuantType w = o.type;
   const QuantType f32 = QuantType::kF32;
   add("token_embd.weight", w, {s.n_embd, s.n_vocab}, InitKind::kEmbedding, 1.0f, -1);
+  // deepseek2: the attention output reads n_head * v_head_dim values; the MoE branch's energy is
+  // split evenly between the routed and the shared experts; dense blocks carry all of it.
+  const float v_width = static_cast<float>(s.mla() ? s.n_head * s.v_head_dim : s.n_embd_q());
+  const float mla_o_std = b / (kAttnAvgRms * std::sqrt(v_width));
+  const float split = s.n_expert_shared > 0 ? std::sqrt(0.5f) : 1.0f;
+  const int64_t ff_shexp = int64_t{s.n_ff_exp} * s.n_expert_shared;
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
     if (s.lfm2()) {
       AddLfm2Layer(s, l, w, b, add);
+      continue;
+    }
+    if (s.mla()) {
+      // Multi-head latent attention (model/mla.h), llama.cpp's tensor names and shapes.
+      const int64_t H = s.n_head, hd = s.head_dim, nope = s.head_dim - s.qk_rope, r = s.kv_lora_rank;
+      if (s.q_lora_rank > 0) {
+        add(p + "attn_q_a.weight", w, {s.n_embd, s.q_lora_rank}, InitKind::kGaussian, inv_sqrt_embd, l);
+        add(p + "attn_q_a_norm.weight", f32, {s.q_lora_rank}, InitKind::kNorm, 1.0f, l);
+        add(p + "attn_q_b.weight", w, {s.q_lora_rank, H * hd}, InitKind::kGaussian,
+            kAttnGain / std::sqrt(static_cast<float>(s.q_lora_rank)), l);
+      } else {
+        add(p + "attn_q.weight", w, {s.n_embd, H * hd}, InitKind::kGaussian, kAttnGain * inv_sqrt_embd, l);
+      }
+      add(p + "attn_kv_a_mqa.weight", w, {s.n_embd, r + s.qk_rope}, InitKind::kGaussian, kAttnGain * inv_sqrt_embd, l);
+      add(p + "attn_kv_a_norm.weight", f32, {r}, InitKind::kNorm, 1.0f, l);
+      const float inv_sqrt_r = 1.0f / std::sqrt(static_cast<float>(r));
+      add(p + "attn_k_b.weight", w, {nope, r, H}, InitKind::kGaussian, inv_sqrt_r, l);
+      add(p + "attn_v_b.weight", w, {r, s.v_head_dim, H}, InitKind::kGaussian, inv_sqrt_r, l);
+      add(p + "attn_output.weight", w, {H * s.v_head_dim, s.n_embd}, InitKind::kGaussian, mla_o_std, l);
+      add(p + "ffn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
+      if (l < s.n_layer_dense_lead) {
+        add(p + "ffn_gate.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
+        add(p + "ffn_up.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
+        add(p + "ffn_down.weight", w, {s.n_ff, s.n_embd}, InitKind::kGaussian,
+            b / (kSiluRms * std::sqrt(static_cast<float>(s.n_ff))), l);
+        continue;
+      }
+      add(p + "ffn_gate_inp.weight", f32, {s.n_embd, s.n_expert}, InitKind::kRouter, inv_sqrt_embd, l);
+      add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+      add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+      add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, split * down_std, l);
+      if (s.n_expert_shared > 0) {
+        add(p + "ffn_gate_shexp.weight", w, {s.n_embd, ff_shexp}, InitKind::kGaussian, inv_sqrt_embd, l);
+        add(p + "ffn_up_shexp.weight", w, {s.n_embd, ff_shexp}, InitKind::kGaussian, inv_sqrt_embd, l);
+        add(p + "ffn_down_shexp.weight", w, {ff_shexp, s.n_embd}, InitKind::kGaussian,
+            split * b / (kSiluRms * std::sqrt(static_cast<float>(ff_shexp))), l);
+      }
       continue;
     }
     add(p + "attn_q.weight", w, {s.n_embd, s.n_embd_q()}, InitKind::kGaussian, qk_std, l);
@@ -423,11 +466,42 @@ Status SynthModel::Build() {
   kv.push_back({a + ".embedding_length", u32(s.n_embd)});
   kv.push_back({a + ".block_count", u32(s.n_layer)});
   kv.push_back({a + ".feed_forward_length", u32(s.n_ff)});
-  if (s.has_expert_ff_key()) kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
-  if (s.lfm2()) {
+  if (s.mla()) {
+    // The key set of shared/testdata/models/deepseek2-tiny (llama.cpp's newer converter: the
+    // absorbed-form key/value lengths plus the per-head *_mla ones, head_count_kv 1).
+    kv.push_back({a + ".leading_dense_block_count", u32(s.n_layer_dense_lead)});
+    kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
+    kv.push_back({a + ".expert_count", u32(s.n_expert)});
+    kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
+    kv.push_back({a + ".expert_shared_count", u32(s.n_expert_shared)});
+    kv.push_back({a + ".expert_group_count", u32(1)});
+    kv.push_back({a + ".expert_group_used_count", u32(1)});
+    kv.push_back({a + ".expert_gating_func", u32(1)});
+    kv.push_back({a + ".expert_weights_scale", GgufValue::F32(1.0f)});
+    kv.push_back({a + ".attention.head_count", u32(s.n_head)});
+    kv.push_back({a + ".attention.head_count_kv", u32(1)});
+    kv.push_back({a + ".attention.q_lora_rank", u32(s.q_lora_rank)});
+    kv.push_back({a + ".attention.kv_lora_rank", u32(s.kv_lora_rank)});
+    kv.push_back({a + ".attention.key_length", u32(s.kv_lora_rank + s.qk_rope)});
+    kv.push_back({a + ".attention.value_length", u32(s.kv_lora_rank)});
+    kv.push_back({a + ".attention.key_length_mla", u32(s.head_dim)});
+    kv.push_back({a + ".attention.value_length_mla", u32(s.v_head_dim)});
+    kv.push_back({a + ".attention.layer_norm_rms_epsilon", GgufValue::F32(s.rms_eps)});
+    kv.push_back({a + ".rope.dimension_count", u32(s.qk_rope)});
+    kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
+    if (s.yarn_factor > 0) {
+      kv.push_back({a + ".rope.scaling.type", GgufValue::String("yarn")});
+      kv.push_back({a + ".rope.scaling.factor", GgufValue::F32(s.yarn_factor)});
+      kv.push_back({a + ".rope.scaling.original_context_length", u32(s.yarn_orig_ctx)});
+      kv.push_back({a + ".rope.scaling.yarn_beta_fast", GgufValue::F32(32.0f)});
+      kv.push_back({a + ".rope.scaling.yarn_beta_slow", GgufValue::F32(1.0f)});
+      kv.push_back({a + ".rope.scaling.yarn_log_multiplier", GgufValue::F32(s.yarn_log_mul)});
+    }
+  } else if (s.lfm2()) {
+    kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
     // The key set of llama.cpp's LFM2-MoE files (and the reference tiny model): the layer pattern
     // as a per-layer head_count_kv, no key/value/rope lengths (head_dim = n_embd / n_head).
-    kv.push_back({a + ".leading_dense_block_count", u32(s.n_dense_lead)});
+    kv.push_back({a + ".leading_dense_block_count", u32(s.n_layer_dense_lead)});
     kv.push_back({a + ".expert_count", u32(s.n_expert)});
     kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
     kv.push_back({a + ".expert_gating_func", u32(2)});  // sigmoid
@@ -439,6 +513,7 @@ Status SynthModel::Build() {
     kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
     kv.push_back({a + ".shortconv.l_cache", u32(s.conv_l)});
   } else {
+    if (s.has_expert_ff_key()) kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
     kv.push_back({a + ".attention.head_count", u32(s.n_head)});
     kv.push_back({a + ".attention.head_count_kv", u32(s.n_head_kv)});
     kv.push_back({a + ".attention.key_length", u32(s.head_dim)});

@@ -13,6 +13,7 @@
 #include "config/profile.h"
 #include "kernels/kernels.h"
 #include "model/experts.h"
+#include "model/mla.h"
 #include "moe/expert_op.h"
 
 namespace estream::model {
@@ -39,6 +40,9 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
                C * (ff / 32) * q8 + W * (d / 32) * q8 + W * (ff / 32) * q8 +
                static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4;
   if (float_experts) b += W * d * 4 + W * ff * 4;
+  // Dense FFNs wider than an expert (ffn.h) widen the chunk buffers; the MLA scratch (mla.h).
+  const uint64_t ffw = std::max<uint64_t>({ff, static_cast<uint64_t>(c.n_ff), static_cast<uint64_t>(c.n_ff_shexp)});
+  b += (C * (ffw - ff) * 4 * 2 + C * ((ffw - ff) / 32) * q8) + T * static_cast<uint64_t>(MlaScratchFloats(c)) * 4;
   if (c.has_conv_layers()) b += T * 3 * d * 4;  // the short convolutions' in-projection
   // Engine: final hidden states, one logits chunk (at most 8 MiB of floats, or one row), the
   // prompt's log-probabilities and the LM head's double scratch.
@@ -80,11 +84,16 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
     v->ordinal_of_block_[blk] = static_cast<int>(i);
   }
   for (int il = 0; il < c.n_layer; ++il)
-    if (v->ordinal_of_block_[il] < 0)
-      return Status::Corruption(fmt::format("{}: block {} has no packed expert region ({}); re-pack the model",
-                                            model->path(), il, io::packed_keys::RegionTensor(il)));
+    if ((v->ordinal_of_block_[il] < 0) == model->layers()[il].moe)
+      return Status::Corruption(!model->layers()[il].moe
+                                    ? fmt::format("{}: block {} is a dense block ({}) but has a packed expert region; "
+                                                  "re-pack the model", model->path(), il,
+                                                  "leading_dense_block_count")
+                                    : fmt::format("{}: block {} has no packed expert region ({}); re-pack the model",
+                                                  model->path(), il, io::packed_keys::RegionTensor(il)));
   // Every layer gets views of the right types and shapes; data is bound later (or now, resident).
   for (int il = 0; il < c.n_layer; ++il) {
+    if (v->ordinal_of_block_[il] < 0) continue;  // a dense block
     const io::PackedLayerInfo& li = v->layout_.layers[v->ordinal_of_block_[il]];
     ExpertWeights& ex = model->layers_[il].experts;
     for (auto [part, vec] : {std::pair{io::ExpertPart::kGate, &ex.gate}, std::pair{io::ExpertPart::kUp, &ex.up},
@@ -150,6 +159,7 @@ Status VirtualExperts::LoadResident() {
   }
   const ModelConfig& c = model_->config();
   for (int il = 0; il < c.n_layer; ++il) {
+    if (ordinal_of_block_[il] < 0) continue;  // a dense block
     const io::PackedLayerInfo& li = layout_.layers[ordinal_of_block_[il]];
     const uint64_t bytes = li.record_bytes * li.n_expert;
     AlignedPtr<uint8_t> buf = AllocAligned<uint8_t>(bytes, 4096);

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -27,9 +28,17 @@ enum class PreType {
   kGpt2,      // "gpt-2", "olmo" (GPT-2's split; OLMo reuses it)
   kQwen2,     // "qwen2" (Qwen2, Qwen2.5, Qwen3): single digits, (?i:) contractions
   kLlama3,    // "llama-bpe", "llama3", "llama-v3", "lfm2": digits in runs of 1..3
+  kDeepseekLlm,  // "deepseek-llm" (DeepSeek LLM, DeepSeek-V2): a SEQUENCE of six splits (below)
+  kDefault,   // no tokenizer.ggml.pre (older converters): llama.cpp's default sequence of four
 };
 
-// The regex (PCRE2 syntax) used for a family; exposed for tests and documentation.
+// Families whose Hugging Face pre-tokenizer is a Sequence of Split(Isolated) steps apply their
+// regexes one after another: the first splits the text, each next one splits every word of the
+// previous step (its anchors, e.g. '$', see one word). Single-regex families are the case n = 1.
+int PreTypeRegexCount(PreType type);
+const char* PreTypeRegexAt(PreType type, int i);
+
+// The (first) regex (PCRE2 syntax) used for a family; exposed for tests and documentation.
 const char* PreTypeRegex(PreType type);
 
 class Pretokenizer {
@@ -56,9 +65,10 @@ class Pretokenizer {
     (*static_cast<F*>(ctx))(begin, end);
   }
   void SplitImpl(std::string_view text, WordFn fn, void* ctx) const;
+  static void SplitWith(void* code, std::string_view text, WordFn fn, void* ctx);
 
   Pretokenizer() = default;
-  void* code_ = nullptr;  // pcre2_code_8*, owned
+  std::vector<void*> codes_;  // pcre2_code_8*, owned, applied in order
 };
 
 }  // namespace estream::tok

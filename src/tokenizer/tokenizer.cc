@@ -1,6 +1,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "gguf/gguf.h"
@@ -12,7 +13,8 @@ namespace estream {
 namespace {
 
 constexpr const char kSupportedModels[] = "gpt2 (byte-level BPE), llama (SentencePiece BPE)";
-constexpr const char kSupportedPre[] = "qwen2, gpt-2, olmo, llama-bpe (llama3, llama-v3, lfm2)";
+constexpr const char kSupportedPre[] =
+    "qwen2, gpt-2, olmo, llama-bpe (llama3, llama-v3, lfm2), deepseek-llm, default (also when absent)";
 constexpr const char kSpaceMark[] = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 constexpr const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
@@ -159,6 +161,15 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab v, std::s
       pre_type = tok::PreType::kLlama3;
       ignore_merges = true;
       default_add_bos = true;
+    } else if (v.pre == "deepseek-llm") {
+      pre_type = tok::PreType::kDeepseekLlm;
+    } else if (v.pre.empty() || v.pre == "default") {
+      // Older converters wrote no tokenizer.ggml.pre: llama.cpp then warns and uses its default
+      // pre-tokenizer; so does estream (the warning once, on stderr).
+      pre_type = tok::PreType::kDefault;
+      if (v.pre.empty())
+        std::fprintf(stderr, "warning: %s: tokenizer.ggml.pre is missing; using the default pre-tokenizer (as "
+                     "llama.cpp does); tokens may differ from the model's own tokenizer\n", source.c_str());
     } else {
       return Status::NotSupported(source + ": tokenizer.ggml.pre '" + v.pre +
                                   (v.pre.empty() ? "' (missing)" : "'") +

@@ -54,6 +54,10 @@ struct RefOptions {
 Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t>& tokens,
                               const RefOptions& options = {});
 
+// DeepSeek-V2 (ref_deepseek2.cc), called by RefForward for general.architecture deepseek2.
+Result<RefOutputs> RefForwardDeepseek2(const GgufFile& f, const std::vector<int32_t>& tokens,
+                                       const RefOptions& options);
+
 // The lfm2moe branch of RefForward (ref_lfm2moe.cc: short-convolution and attention layers, dense
 // leading FFN layers, sigmoid routing with an expert bias). router_gap is in selection-score units
 // (sigmoid + bias), 1e30 for dense layers.

@@ -238,7 +238,8 @@ class PrefillCommand : public Command {
       j["tokens_per_second"] = tps;
       if (repeat_ > 1) j["seconds_all"] = seconds;
       j["timing"] = {{"embed", resp.timing.embed}, {"attention", resp.timing.attention}, {"router", resp.timing.router},
-                     {"experts", resp.timing.experts}, {"head", resp.timing.head}};
+                     {"experts", resp.timing.experts}, {"dense_ffn", resp.timing.dense_ffn},
+                     {"head", resp.timing.head}};
       j["peak_rss_bytes"] = peak;
       j["expert_seconds"] = resp.expert_seconds;
       j["nonexpert_seconds"] = resp.nonexpert_seconds;
@@ -282,6 +283,8 @@ class PrefillCommand : public Command {
                 repeat_ > 1 ? (", median of " + std::to_string(repeat_) + " runs").c_str() : "");
     std::printf("  attention %.3f s, router %.3f s, experts %.3f s, embeddings + head %.3f s (last run)\n",
                 resp.timing.attention, resp.timing.router, resp.timing.experts, resp.timing.embed + resp.timing.head);
+    if (resp.timing.dense_ffn > 0)
+      std::printf("  dense FFN blocks and shared experts %.3f s\n", resp.timing.dense_ffn);
     std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
     if (resp.config.streamed) {
       const Response::StreamConfig& k = resp.config;
@@ -355,12 +358,10 @@ class PrefillCommand : public Command {
   // Multiply-adds of one prefill of n tokens with the top-1 LM head row: every weight matrix a token
   // meets (Q/K/V/O, router, its experts' gate/up/down) plus the attention scores and the weighted
   // sums over the causal prefix.
+  // (ModelInfo: per architecture, dense blocks, shared experts and MLA included.)
   static double PrefillMacs(const ModelInfo& i, int64_t n) {
-    const double d = i.n_embd, q = double(i.n_head) * i.head_dim, kv = double(i.n_head_kv) * i.head_dim;
-    const double per_token_layer =
-        d * (q + 2 * kv) + q * d + d * i.n_expert + double(i.n_expert_used) * 3 * d * i.n_ff_expert;
-    const double attention_layer = double(n) * double(n + 1) / 2 * 2 * q;  // q.k and p.v over the prefix
-    return i.n_layer * (n * per_token_layer + attention_layer) + d * i.n_vocab;
+    const double attention = double(n) * double(n + 1) / 2 * i.attention_macs_per_pair;  // over the prefix
+    return n * i.weight_macs_per_token + attention + double(i.n_embd) * i.n_vocab;
   }
 
   Result<int> Sweep(Engine& engine, const std::vector<int32_t>& ids) {
@@ -390,15 +391,16 @@ class PrefillCommand : public Command {
                       {"cpu_seconds_per_thread", cpu_wall}, {"tokens_per_cpu_second_per_thread", n / cpu_wall},
                       {"gops", 2 * macs / med / 1e9}, {"int8_peak_share", share},
                       {"timing", {{"attention", last.timing.attention}, {"router", last.timing.router},
-                                  {"experts", last.timing.experts}, {"head", last.timing.embed + last.timing.head}}}});
+                                  {"experts", last.timing.experts}, {"dense_ffn", last.timing.dense_ffn},
+                                  {"head", last.timing.embed + last.timing.head}}}});
       if (!json_) {
         std::printf("T=%5d  median %8.3f s  %8.1f tok/s  %6.1f GOP/s  %5.1f%% of int8 peak | CPU/thread %.3f s  %.1f tok/s"
                     "  %.1f%% | runs:",
                     n, med, n / med, 2 * macs / med / 1e9, 100 * share, cpu_wall, n / cpu_wall,
                     100 * 2 * macs / cpu_wall / kInt8PeakOps);
         for (double v : secs) std::printf(" %.3f", v);
-        std::printf("   (last: attention %.3f, router %.3f, experts %.3f)\n", last.timing.attention, last.timing.router,
-                    last.timing.experts);
+        std::printf("   (last: attention %.3f, router %.3f, experts %.3f, dense FFN %.3f)\n", last.timing.attention,
+                    last.timing.router, last.timing.experts, last.timing.dense_ffn);
         std::fflush(stdout);
       }
     }
