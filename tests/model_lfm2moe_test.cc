@@ -140,6 +140,11 @@ TEST(Lfm2Moe, MissingOrMisshapenTensors) {
               StatusCode::kCorruption, {"blk.2.attn_q_norm.weight", "missing", "[64]"});
   ExpectError(LoadEdited([](GgufContents* c) { c->EraseTensor("token_embd_norm.weight"); }),
               StatusCode::kCorruption, {"token_embd_norm.weight", "missing"});
+  // The MoE and dense-FFN parts: the expert bias is required (llama.cpp's lfm2moe loader requires it).
+  ExpectError(LoadEdited([](GgufContents* c) { c->EraseTensor("blk.3.exp_probs_b.bias"); }),
+              StatusCode::kCorruption, {"blk.3.exp_probs_b.bias", "missing", "[16]"});
+  ExpectError(LoadEdited([](GgufContents* c) { c->EraseTensor("blk.1.ffn_up.weight"); }),
+              StatusCode::kCorruption, {"blk.1.ffn_up.weight", "missing", "[256, 512]"});
   ExpectError(LoadEdited([](GgufContents* c) { c->FindTensor("blk.0.shortconv.conv.weight")->dims = {256, 3}; }),
               StatusCode::kCorruption, {"blk.0.shortconv.conv.weight", "[256, 3]", "expected [3, 256]"});
   ExpectError(LoadEdited([](GgufContents* c) { c->FindTensor("blk.1.shortconv.in_proj.weight")->dims = {768, 256}; }),
