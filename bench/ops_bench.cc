@@ -261,6 +261,21 @@ void BM_SwiGlu(benchmark::State& state) {
 }
 BENCHMARK(BM_SwiGlu)->ArgNames({"n", "isa"})->ArgsProduct({{768 * 64}, {0, 1, 2}});
 
+// LFM2's short convolution over 256 tokens of LFM2-8B-A1B's width (d 2048, L 3), one thread: reads
+// 3 x 2048 floats and writes 2048 per token (the L - 1 earlier rows stay in cache).
+void BM_ShortConv(benchmark::State& state) {
+  const int64_t T = 256, d = 2048;
+  const int L = 3;
+  const KernelTable& kt = KernelsFor(static_cast<Isa>(state.range(0)));
+  std::vector<float> bcx = Random(T * 3 * d, -1, 1, 9), w = Random(L * d, -1, 1, 10), y(T * d);
+  for (auto _ : state) {
+    kt.short_conv_rows(bcx.data(), 3 * d, w.data(), L, d, 0, T, y.data(), d);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * T * d * 16);
+}
+BENCHMARK(BM_ShortConv)->ArgNames({"isa"})->DenseRange(0, 2);
+
 }  // namespace
 }  // namespace estream::kernels
 

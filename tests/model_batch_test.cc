@@ -121,7 +121,8 @@ void CheckBatchMatchesSingles(Engine& e, const std::vector<Request>& batch, cons
 }
 
 TEST(Batch, EveryArchMatchesSingleRequests) {
-  for (const char* name : {"olmoe-tiny-f32.gguf", "qwen3moe-tiny-f32.gguf", "mixtral-tiny-f32.gguf", "deepseek2-tiny-f32.gguf"}) {
+  for (const char* name : {"olmoe-tiny-f32.gguf", "qwen3moe-tiny-f32.gguf", "mixtral-tiny-f32.gguf", "deepseek2-tiny-f32.gguf",
+                           "lfm2moe-tiny-f32.gguf"}) {
     auto e = Engine::Load(kModels + name, {.n_threads = 2});
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     CheckBatchMatchesSingles(**e, MixedBatch((*e)->info().n_vocab), name);
@@ -233,7 +234,8 @@ void CheckContinuations(Engine& e, const std::string& what) {
 }
 
 TEST(Candidates, EqualSeparateScoring) {
-  for (const char* name : {"olmoe-tiny-f32.gguf", "qwen3moe-tiny-f32.gguf", "mixtral-tiny-f32.gguf", "deepseek2-tiny-f32.gguf"}) {
+  for (const char* name : {"olmoe-tiny-f32.gguf", "qwen3moe-tiny-f32.gguf", "mixtral-tiny-f32.gguf", "deepseek2-tiny-f32.gguf",
+                           "lfm2moe-tiny-f32.gguf"}) {
     auto e = Engine::Load(kModels + name, {.n_threads = 2});
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     CheckContinuations(**e, name);

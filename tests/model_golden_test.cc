@@ -121,7 +121,7 @@ TEST_P(GoldenTest, EngineMatchesGolden) {
   for (size_t j = 1; j < resp->top.size(); ++j) EXPECT_LE(resp->top[j].logprob, resp->top[j - 1].logprob);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, GoldenTest, ::testing::Values("olmoe", "qwen3moe", "mixtral", "deepseek2"),
+INSTANTIATE_TEST_SUITE_P(Archs, GoldenTest, ::testing::Values("olmoe", "qwen3moe", "mixtral", "deepseek2", "lfm2moe"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -132,7 +132,7 @@ TEST_P(SynthVsReference, LogitsAndRouting) {
     for (int64_t t = 0; t < T; ++t) {
       std::vector<int32_t> a(resp->routing.begin() + (l * T + t) * K, resp->routing.begin() + (l * T + t + 1) * K);
       std::vector<int32_t> b(ref->routing.begin() + (l * T + t) * K, ref->routing.begin() + (l * T + t + 1) * K);
-      if (a[0] < 0 && b[0] < 0) continue;  // a leading dense block (deepseek2): no router
+      if (a[0] < 0 && b[0] < 0) continue;  // a leading dense block (deepseek2, lfm2moe): no router
       std::sort(a.begin(), a.end());
       std::sort(b.begin(), b.end());
       EXPECT_EQ(std::adjacent_find(a.begin(), a.end()), a.end()) << "expert chosen twice, layer " << l << " token " << t;
@@ -173,7 +173,9 @@ INSTANTIATE_TEST_SUITE_P(All, SynthVsReference,
                                            Case{"qwen3moe", QuantType::kQ8_0}, Case{"qwen3moe", QuantType::kQ4_0},
                                            Case{"llama", QuantType::kF32}, Case{"llama", QuantType::kQ8_0},
                                            Case{"llama", QuantType::kQ4_0}, Case{"deepseek2", QuantType::kF32},
-                                           Case{"deepseek2", QuantType::kQ8_0}, Case{"deepseek2", QuantType::kQ4_0}),
+                                           Case{"deepseek2", QuantType::kQ8_0}, Case{"deepseek2", QuantType::kQ4_0},
+                                           Case{"lfm2moe", QuantType::kF32}, Case{"lfm2moe", QuantType::kQ8_0},
+                                           Case{"lfm2moe", QuantType::kQ4_0}),
                          CaseName);
 
 // llama-quantize mixes (synth --type): every new weight type appears in one of them on the tiny

@@ -238,6 +238,46 @@ TEST(SynthMixes, NamesAndRules) {
   EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_v.weight", {4096, 1024}), QuantType::kQ8_0);
   EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_k.weight", {4096, 1024}), QuantType::kQ8_0);
   EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_output.weight", {4096, 4096}), QuantType::kQ5_K);
+// LFM2-8B-A1B (config.json of LiquidAI/LFM2-8B-A1B): the published shapes and layer pattern,
+// 8.3B parameters in total.
+TEST(SynthPresets, Lfm2_8bA1b) {
+  auto l = FindPreset("lfm2-8b-a1b");
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->arch, "lfm2moe");
+  EXPECT_EQ(l->n_layer, 24);
+  EXPECT_EQ(l->n_embd, 2048);
+  EXPECT_EQ(l->n_head, 32);
+  EXPECT_EQ(l->n_head_kv, 8);
+  EXPECT_EQ(l->head_dim, 64);
+  EXPECT_EQ(l->n_ff, 7168);
+  EXPECT_EQ(l->n_ff_exp, 1792);
+  EXPECT_EQ(l->n_expert, 32);
+  EXPECT_EQ(l->n_expert_used, 4);
+  EXPECT_EQ(l->n_layer_dense_lead, 2);
+  EXPECT_EQ(l->conv_l, 3);
+  EXPECT_EQ(l->n_vocab, 65536);
+  std::vector<int> attn;
+  for (int il = 0; il < l->n_layer; ++il)
+    if (!l->conv_layer(il)) attn.push_back(il);
+  EXPECT_EQ(attn, (std::vector<int>{2, 6, 10, 14, 18, 21}));
+  SynthOptions o;
+  o.preset = "lfm2-8b-a1b";
+  o.type = QuantType::kF32;
+  auto m = MustCreate(o);
+  ASSERT_NE(m, nullptr);
+  const double params = m->TensorBytes() / 4.0;
+  EXPECT_GT(params, 8.2e9);
+  EXPECT_LT(params, 8.45e9);
+  EXPECT_EQ(m->FindTensor("output.weight"), nullptr);  // tied
+  EXPECT_NE(m->FindTensor("token_embd_norm.weight"), nullptr);
+  EXPECT_NE(m->FindTensor("blk.0.ffn_gate.weight"), nullptr);
+  EXPECT_NE(m->FindTensor("blk.2.attn_q_norm.weight"), nullptr);
+  EXPECT_NE(m->FindTensor("blk.23.exp_probs_b.bias"), nullptr);
+  EXPECT_NE(m->FindTensor("blk.3.shortconv.conv.weight"), nullptr);
+  auto tiny = FindPreset("tiny", "lfm2moe");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_TRUE(tiny->Validate().ok());
+  EXPECT_EQ(tiny->tokenizer_pre(), "lfm2");
 }
 
 // ---- BPE builder ----------------------------------------------------------------------------
@@ -469,7 +509,8 @@ TEST(SynthReload, EveryPresetAtReducedDepth) {
 TEST(SynthReload, MatchesReferenceTinyModels) {
   TempDir dir;
   const std::pair<const char*, const char*> refs[] = {
-      {"olmoe", "olmoe-tiny-f32.gguf"}, {"qwen3moe", "qwen3moe-tiny-f32.gguf"}, {"llama", "mixtral-tiny-f32.gguf"}};
+      {"olmoe", "olmoe-tiny-f32.gguf"}, {"qwen3moe", "qwen3moe-tiny-f32.gguf"}, {"llama", "mixtral-tiny-f32.gguf"},
+      {"lfm2moe", "lfm2moe-tiny-f32.gguf"}};
   for (auto [arch, file] : refs) {
     auto ref = GgufFile::Open(kShared + "models/" + file);
     ASSERT_TRUE(ref.ok()) << ref.status().message();

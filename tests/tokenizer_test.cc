@@ -640,6 +640,26 @@ TEST(TokenizerFamilies, Llama3IgnoreMergesAndBos) {
   EXPECT_EQ((*llama3)->Decode((*llama3)->Encode("abc abc", true, false)), "abc abc");
 }
 
+TEST(TokenizerFamilies, Lfm2IsLlama3Split) {
+  // LFM2 files say tokenizer.ggml.pre = "lfm2": Llama 3's split, merges ignored, BOS by default.
+  TokenizerVocab v = TinyBpe();
+  v.tokens.push_back("abc");
+  v.tokens.push_back("<|startoftext|>");
+  v.token_types.assign(v.tokens.size(), 1);
+  v.token_types.back() = 3;
+  v.bos_id = static_cast<int32_t>(v.tokens.size() - 1);
+  v.pre = "lfm2";
+  auto lfm2 = Tokenizer::FromVocab(v);
+  ASSERT_TRUE(lfm2.ok()) << lfm2.status().ToString();
+  EXPECT_TRUE((*lfm2)->add_bos());
+  EXPECT_EQ((*lfm2)->Encode("abc", true, false), (std::vector<int32_t>{*v.bos_id, 257}));
+  v.pre = "llama-bpe";
+  auto llama3 = Tokenizer::FromVocab(v);
+  ASSERT_TRUE(llama3.ok());
+  for (const char* text : {"abc 12345 ab's", "  x\n\n  y 7"})
+    EXPECT_EQ((*lfm2)->Encode(text, false, false), (*llama3)->Encode(text, false, false)) << text;
+}
+
 TEST(TokenizerErrors, InconsistentMetadata) {
   TokenizerVocab v = TinyBpe();
   v.token_types = {1, 1};

@@ -277,9 +277,9 @@ Result<SourceExperts> FindSourceExperts(const GgufFile& in) {
   SourceExperts src;
   ESTREAM_ASSIGN_OR_RETURN(src.architecture, in.GetString("general.architecture"));
   const std::string& arch = src.architecture;
-  if (arch != "olmoe" && arch != "qwen3moe" && arch != "llama" && arch != "deepseek2")
+  if (arch != "olmoe" && arch != "qwen3moe" && arch != "llama" && arch != "deepseek2" && arch != "lfm2moe")
     return Status::NotSupported(fmt::format("{}: general.architecture '{}' is not supported by estream pack "
-                                            "(supported: olmoe, qwen3moe, llama, deepseek2)", in.path(), arch));
+                                            "(supported: olmoe, qwen3moe, llama, deepseek2, lfm2moe)", in.path(), arch));
   const std::string count_key = arch + ".expert_count";
   const GgufValue* count_v = in.Find(count_key);
   ESTREAM_ASSIGN_OR_RETURN(uint32_t n_expert, in.GetU32Or(count_key, 0));

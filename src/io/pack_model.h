@@ -89,7 +89,7 @@ struct SourceExperts {
 
 // Finds and checks the expert tensors of `in`. Errors: InvalidArgument when `in` is already
 // packed or is not a MoE model (no {arch}.expert_count, or no expert tensors); NotSupported for
-// an architecture other than olmoe, qwen3moe, llama; Corruption for missing or misshapen
+// an architecture other than olmoe, qwen3moe, llama, lfm2moe; Corruption for missing or misshapen
 // expert tensors (naming the tensor); NotSupported when the experts of one block differ in type.
 Result<SourceExperts> FindSourceExperts(const GgufFile& in);
 

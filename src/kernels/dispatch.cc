@@ -9,13 +9,16 @@ KernelTable Build(Isa isa) {
   KernelTable t;
   FillScalarGemm(&t);
   FillScalarOps(&t);
+  FillScalarShortConv(&t);
   if (static_cast<int>(isa) >= static_cast<int>(Isa::kAvx2) && isa != Isa::kNeon) {
     FillAvx2Gemm(&t);
     FillAvx2Ops(&t);
+    FillAvx2ShortConv(&t);
   }
   if (isa == Isa::kAvx512) {
     FillAvx512Gemm(&t);
     FillAvx512Ops(&t);
+    FillAvx512ShortConv(&t);
   }
   t.isa = isa;
   return t;

@@ -84,6 +84,9 @@ struct KernelTable {
   void (*softmax_topk)(const float* logits, int n_expert, int k, bool renormalize, int32_t* idx,
                        float* w) = nullptr;
   void (*add)(float* y, const float* x, int64_t n) = nullptr;
+  // ShortConv (kernels.h) for tokens [t_begin, t_end) (each reads the L - 1 rows before it).
+  void (*short_conv_rows)(const float* bcx, int64_t ldb, const float* w, int L, int64_t d, int64_t t_begin,
+                          int64_t t_end, float* y, int64_t ldy) = nullptr;
 };
 
 // Single-threaded GEMM over columns [n_begin, n_end) of W for rows [0, m), through `kt`:
@@ -106,5 +109,9 @@ void FillAvx2Gemm(KernelTable* t);
 void FillAvx2Ops(KernelTable* t);
 void FillAvx512Gemm(KernelTable* t);
 void FillAvx512Ops(KernelTable* t);
+// LFM2's short convolution, one translation unit per ISA (ref/shortconv_ref.cc, ...).
+void FillScalarShortConv(KernelTable* t);
+void FillAvx2ShortConv(KernelTable* t);
+void FillAvx512ShortConv(KernelTable* t);
 
 }  // namespace estream::kernels

@@ -1,5 +1,5 @@
 // The compute kernels of estream: quantised GEMM, causal attention for prefill, norms, RoPE,
-// SwiGLU, router softmax/top-k, residual add.
+// SwiGLU, router softmax/top-k, residual add, LFM2's short convolution.
 //
 // Each function here dispatches through the table of ActiveIsa() (dispatch.h): AVX-512 VNNI,
 // AVX2 or the scalar reference, chosen once at start (ESTREAM_ISA forces a lower level).
@@ -134,5 +134,18 @@ void SoftmaxTopK(const float* logits, int n_expert, int k, bool renormalize, int
 
 // y += x, n values.
 void Add(float* y, const float* x, int64_t n);
+
+// ---- short convolution (LFM2) ---------------------------------------------------------------
+
+// The middle of an LFM2 short-convolution block over one prompt at positions 0..n_tokens-1 (the
+// projections around it are ordinary GEMMs). Row t of bcx holds the input projection of token t,
+// [B | C | x], three runs of d values at bcx + t * ldb; w is the depthwise causal kernel of L taps,
+// TAP-major: w[j * d + c] (GGUF stores it channel-major [d][L]; the loader transposes), tap L - 1
+// weighting the current token. For every token t and channel c:
+//   y[t * ldy + c] = C[t][c] * sum_{j=0}^{L-1} w[j * d + c] * B[s][c] * x[s][c],  s = t - (L - 1) + j,
+// with the terms of s < 0 zero (the prompt starts from an empty conv state, as a KV cache does).
+// REQUIRES: L >= 1; y does not overlap bcx. [parallel]
+void ShortConv(const float* bcx, int64_t ldb, const float* w, int L, int64_t d, int64_t n_tokens, float* y,
+               int64_t ldy);
 
 }  // namespace estream::kernels

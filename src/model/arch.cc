@@ -4,7 +4,8 @@ namespace estream::model {
 namespace {
 
 const ArchTraits* const* AllArchs() {
-  static const ArchTraits* const kAll[] = {&OlmoeArch(), &Qwen3MoeArch(), &LlamaMoeArch(), &Deepseek2Arch(), nullptr};
+  static const ArchTraits* const kAll[] = {&OlmoeArch(), &Qwen3MoeArch(), &LlamaMoeArch(), &Deepseek2Arch(),
+                                           &Lfm2MoeArch(), nullptr};
   return kAll;
 }
 

@@ -1,9 +1,10 @@
 // The architectures estream runs, as data: what differs between OLMoE, Qwen3-MoE and Mixtral is
 // small enough to be a handful of flags read by the shared blocks (blocks.h). DeepSeek-V2 adds an
 // attention kind (multi-head latent attention, mla.h) and the MoE variants of ffn.h (leading dense
-// blocks, shared experts, gating), whose parameters are per-model data (ModelConfig). Each
-// architecture's conventions are described, with the reasons, in its own file (arch_olmoe.cc,
-// arch_qwen3moe.cc, arch_llama.cc, arch_deepseek2.cc). docs/DESIGN.md section 8 is the summary table.
+// blocks, shared experts, gating), whose parameters are per-model data (ModelConfig); LFM2 adds
+// short-convolution layers (shortconv_block.h). Each architecture's conventions are described,
+// with the reasons, in its own file (arch_olmoe.cc, arch_qwen3moe.cc, arch_llama.cc,
+// arch_deepseek2.cc, arch_lfm2moe.cc). docs/DESIGN.md section 8 is the summary table.
 //
 // Thread safety: the traits are immutable statics.
 #pragma once
@@ -46,16 +47,22 @@ struct ArchTraits {
   // expert_gating_func, expert_weights_norm / _scale, exp_probs_b) is read. The three original
   // families never carry it; their routing is the softmax of `renormalize_routes` above.
   bool moe_extensions = false;
+  // LFM2: layers are short-convolution or attention blocks, per attention.head_count_kv given per
+  // layer (0 = short convolution; arch_lfm2moe.cc, shortconv_block.h).
+  bool shortconv = false;
+  // The final norm's tensor (LFM2 names it token_embd_norm).
+  const char* output_norm_tensor = "output_norm.weight";
 };
 
 const ArchTraits& OlmoeArch();
 const ArchTraits& Qwen3MoeArch();
 const ArchTraits& LlamaMoeArch();
 const ArchTraits& Deepseek2Arch();
+const ArchTraits& Lfm2MoeArch();
 
 // The traits for a general.architecture value, or nullptr if estream does not run it.
 const ArchTraits* FindArch(std::string_view gguf_name);
-// "olmoe, qwen3moe, llama" for error messages.
+// "olmoe, qwen3moe, llama, lfm2moe" for error messages.
 std::string SupportedArchNames();
 
 }  // namespace estream::model

@@ -123,7 +123,8 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
                   Grow(&w.whq, W * (ff / kQK8A)) && Grow(&w.whf, float_down ? W * ff : 1) &&
                   Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock)) &&
                   Grow(&w.tree_k, T * c.kv_dim()) && Grow(&w.tree_v, T * c.kv_dim());
-  if (!ok) {
+  const bool ok_conv = !c.has_conv_layers() || Grow(&w.bcx, T * 3 * d);
+  if (!ok || !ok_conv) {
     return Status::ResourceExhausted(
         "cannot allocate the activation buffers for a prompt of " + std::to_string(n_tokens) +
         " tokens; use a shorter prompt or free memory");

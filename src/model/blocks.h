@@ -77,6 +77,7 @@ class Workspace {
   AlignedPtr<float> tree_k;         // [T x kv_dim]
   AlignedPtr<float> tree_v;         // [T x kv_dim]
   AlignedPtr<float> mla;            // [T x MlaScratchFloats] multi-head latent attention (mla.h)
+  AlignedPtr<float> bcx;            // [T x 3d] LFM2 short-conv in-projection (models with conv layers)
 
  private:
   int64_t capacity_ = 0;

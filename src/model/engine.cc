@@ -22,6 +22,7 @@
 #include "model/ffn.h"
 #include "model/mla.h"
 #include "model/model.h"
+#include "model/shortconv_block.h"
 #include "model/virtual_experts.h"
 #include "pipeline/trace.h"
 
@@ -157,7 +158,9 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
     const double d = c.n_embd, H = c.n_head, hd = c.head_dim;
     for (const model::LayerWeights& L : im.model->layers()) {
       double w = 0, pair = 0;
-      if (c.arch->attention == model::AttentionKind::kMla) {
+      if (L.conv.present()) {  // LFM2 short convolution: in_proj (3d x d), L taps, out_proj (d x d)
+        w += 3 * d * d + double(c.shortconv_l) * d + d * d;
+      } else if (c.arch->attention == model::AttentionKind::kMla) {
         const double r = c.kv_lora_rank, ql = c.q_lora_rank, vd = c.v_head_dim;
         w += ql > 0 ? d * ql + ql * H * hd : d * H * hd;
         w += d * (r + c.qk_rope) + r * H * (c.qk_nope + vd) + H * vd * d;
@@ -337,7 +340,9 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
     for (int il = 0; il < c.n_layer; ++il) {
       const bool moe = model->layers()[il].moe;
       if (stream && moe) stream->LayerStart(il);
-      if (c.arch->attention == model::AttentionKind::kMla) {
+      if (c.is_conv_layer(il)) {
+        model::ShortConvBlock(*model, il, T, &ws, seqs);
+      } else if (c.arch->attention == model::AttentionKind::kMla) {
         model::MlaAttentionBlock(*model, il, T, &ws, seqs);
       } else {
         model::AttentionBlock(*model, il, T, &ws, seqs);

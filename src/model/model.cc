@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <initializer_list>
+#include <vector>
 
 #include "quant/quant.h"
 
@@ -63,6 +65,97 @@ class ModelLoader {
     return GetInt(suffix);
   }
 
+  // attention.head_count_kv: one number, or (llama.cpp's per-layer form) an array of block_count
+  // numbers. In the array every attention layer must have the same count (estream's attention
+  // block has one shape); 0 marks an LFM2 short-convolution layer (ArchTraits::shortconv), and
+  // only there. REQUIRES: block_count and head_count read.
+  Status ReadHeadCountKv() {
+    ModelConfig& c = m_->config_;
+    const std::string key = Key("attention.head_count_kv");
+    const GgufValue* v = f_.Find(key);
+    if (!v || v->type != GgufType::kArray) {
+      ESTREAM_ASSIGN_OR_RETURN(c.n_head_kv, GetIntOr("attention.head_count_kv", c.n_head));
+      if (c.arch->shortconv) c.conv_layer.assign(c.n_layer, 0);
+      return Status::Ok();
+    }
+    if (v->array.size() != static_cast<size_t>(c.n_layer))
+      return Bad(fmt::format("{} has {} entries but {} = {} (one per layer expected)", key, v->array.size(),
+                             Key("block_count"), c.n_layer));
+    c.n_head_kv = 0;
+    c.conv_layer.assign(c.n_layer, 0);
+    for (int il = 0; il < c.n_layer; ++il) {
+      const GgufValue& e = v->array[il];
+      int64_t n = -1;
+      if (e.type == GgufType::kU8 || e.type == GgufType::kU16 || e.type == GgufType::kU32 || e.type == GgufType::kU64)
+        n = e.u > (1u << 30) ? -1 : static_cast<int64_t>(e.u);
+      else if (e.type == GgufType::kI8 || e.type == GgufType::kI16 || e.type == GgufType::kI32 || e.type == GgufType::kI64)
+        n = e.i;
+      if (n < 0 || n > (1 << 30))
+        return Bad(fmt::format("{}[{}] is not a non-negative integer", key, il));
+      if (n == 0) {
+        if (!c.arch->shortconv)
+          return Status::NotSupported(fmt::format("{}: {}[{}] = 0 (a layer without attention) is not supported for "
+                                                  "{}", f_.path(), key, il, c.arch->gguf_name));
+        c.conv_layer[il] = 1;
+        continue;
+      }
+      if (c.n_head_kv != 0 && n != c.n_head_kv)
+        return Status::NotSupported(fmt::format("{}: {} gives layer {} {} kv heads but an earlier attention layer {}; "
+                                                "estream needs one kv head count for all attention layers",
+                                                f_.path(), key, il, n, c.n_head_kv));
+      c.n_head_kv = static_cast<int>(n);
+    }
+    // No attention layer at all: the attention shape is unused; keep it valid.
+    if (c.n_head_kv == 0) c.n_head_kv = c.n_head;
+    return Status::Ok();
+  }
+
+  // LFM2's short-convolution hyper-parameters. REQUIRES: ReadHeadCountKv ran.
+  Status ReadShortConvConfig() {
+    ModelConfig& c = m_->config_;
+    if (!c.arch->shortconv) return Status::Ok();
+    const bool any_conv = std::find(c.conv_layer.begin(), c.conv_layer.end(), 1) != c.conv_layer.end();
+    if (!f_.Find(Key("shortconv.l_cache"))) {
+      if (any_conv)
+        return Bad(fmt::format("metadata {} is missing (the kernel length of the short-convolution layers)",
+                               Key("shortconv.l_cache")));
+      return Status::Ok();
+    }
+    ESTREAM_ASSIGN_OR_RETURN(c.shortconv_l, GetInt("shortconv.l_cache"));
+    if (c.shortconv_l < 1 || c.shortconv_l > 64)
+      return Bad(fmt::format("{} = {} must be between 1 and 64", Key("shortconv.l_cache"), c.shortconv_l));
+    // The block's q buffer holds the convolution output and its in-projection is n_embd wide.
+    if (c.q_dim() != c.n_embd)
+      return Status::NotSupported(fmt::format("{}: {} needs head_count * head_dim = embedding_length (got {} * {} "
+                                              "vs {})", f_.path(), c.arch->gguf_name, c.n_head, c.head_dim, c.n_embd));
+    return Status::Ok();
+  }
+
+  // One short-convolution layer's weights: in_proj [n_embd, 3 n_embd], conv [L, n_embd] (copied
+  // to f32 and transposed to tap-major [L][n_embd] for kernels::ShortConv), out_proj
+  // [n_embd, n_embd].
+  Status ConvTensors(const std::string& p, bool repack, ShortConvWeights* w) {
+    const ModelConfig& c = m_->config_;
+    const int64_t d = c.n_embd, L = c.shortconv_l;
+    ESTREAM_RETURN_IF_ERROR(Matrix(p + "shortconv.in_proj.weight", d, 3 * d, repack, &w->in_proj));
+    ESTREAM_RETURN_IF_ERROR(Matrix(p + "shortconv.out_proj.weight", d, d, repack, &w->out_proj));
+    const std::string name = p + "shortconv.conv.weight";
+    ESTREAM_ASSIGN_OR_RETURN(const GgufTensorInfo* t, Tensor(name, {L, d}));
+    if (!CanDequantize(t->type))
+      return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which estream cannot read (supported: {})",
+                                              f_.path(), name, TypeName(t->type), SupportedTypeNames()));
+    std::vector<float> cl(static_cast<size_t>(L * d));  // GGUF order: channel c's L taps at c * L
+    const size_t row_bytes = RowBytes(t->type, L);
+    for (int64_t ch = 0; ch < d; ++ch) DequantizeRow(t->type, f_.TensorData(*t) + ch * row_bytes, cl.data() + ch * L, L);
+    m_->norms_.emplace_back(static_cast<size_t>(L * d));
+    float* tap_major = m_->norms_.back().data();
+    for (int64_t ch = 0; ch < d; ++ch)
+      for (int64_t j = 0; j < L; ++j) tap_major[j * d + ch] = cl[ch * L + j];
+    m_->weight_bytes_ += L * d * sizeof(float);
+    w->kernel = tap_major;
+    return Status::Ok();
+  }
+
   Status ReadConfig() {
     ModelConfig& c = m_->config_;
     ESTREAM_ASSIGN_OR_RETURN(std::string arch, f_.GetString("general.architecture"));
@@ -77,7 +170,7 @@ class ModelLoader {
     ESTREAM_ASSIGN_OR_RETURN(c.n_layer, GetInt("block_count"));
     ESTREAM_ASSIGN_OR_RETURN(c.n_embd, GetInt("embedding_length"));
     ESTREAM_ASSIGN_OR_RETURN(c.n_head, GetInt("attention.head_count"));
-    ESTREAM_ASSIGN_OR_RETURN(c.n_head_kv, GetIntOr("attention.head_count_kv", c.n_head));
+    ESTREAM_RETURN_IF_ERROR(ReadHeadCountKv());
     ESTREAM_ASSIGN_OR_RETURN(c.n_ctx, GetInt("context_length"));
     ESTREAM_ASSIGN_OR_RETURN(c.n_expert, GetIntOr("expert_count", 0));
     ESTREAM_ASSIGN_OR_RETURN(c.n_expert_used, GetIntOr("expert_used_count", 0));
@@ -124,6 +217,7 @@ class ModelLoader {
         return Status::NotSupported(fmt::format("{}: {} = '{}' is not supported (only unscaled RoPE)", f_.path(),
                                                 Key("rope.scaling.type"), v->str));
     }
+    ESTREAM_RETURN_IF_ERROR(ReadShortConvConfig());
     if (!(c.rms_eps > 0) || !std::isfinite(c.rms_eps))
       return Bad(fmt::format("{} = {} must be a positive number", Key("attention.layer_norm_rms_epsilon"), c.rms_eps));
     if (!(c.rope_freq_base > 0) || !std::isfinite(c.rope_freq_base))
@@ -188,7 +282,10 @@ class ModelLoader {
         return Status::NotSupported(fmt::format("{}: {} = {} is not supported (1 = softmax, 2 = sigmoid)", f_.path(),
                                                 Key("expert_gating_func"), gating));
     }
-    ESTREAM_ASSIGN_OR_RETURN(c.expert_weights_norm, f_.GetBoolOr(Key("expert_weights_norm"), false));
+    // Absent: the family's convention (LFM2-MoE files carry no key and always renormalise, as
+    // llama.cpp's lfm2moe graph does; DeepSeek-V2's default is no renormalisation).
+    ESTREAM_ASSIGN_OR_RETURN(c.expert_weights_norm,
+                             f_.GetBoolOr(Key("expert_weights_norm"), c.arch->renormalize_routes));
     ESTREAM_ASSIGN_OR_RETURN(c.expert_weights_scale, f_.GetF32Or(Key("expert_weights_scale"), 1.0f));
     if (c.expert_weights_scale == 0.0f) c.expert_weights_scale = 1.0f;  // llama.cpp: 0 = not set
     if (!std::isfinite(c.expert_weights_scale) || c.expert_weights_scale < 0)
@@ -465,7 +562,9 @@ class ModelLoader {
       LayerWeights& L = m_->layers_[il];
       const std::string p = fmt::format("blk.{}.", il);
       ESTREAM_ASSIGN_OR_RETURN(L.attn_norm, Norm(p + "attn_norm.weight", d));
-      if (c.arch->attention == AttentionKind::kMla) {
+      if (c.is_conv_layer(il)) {
+        ESTREAM_RETURN_IF_ERROR(ConvTensors(p, rd, &L.conv));
+      } else if (c.arch->attention == AttentionKind::kMla) {
         ESTREAM_RETURN_IF_ERROR(MlaTensors(il, &L));
       } else {
         ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_q.weight", d, c.q_dim(), rd, &L.wq));
@@ -493,7 +592,8 @@ class ModelLoader {
         continue;
       }
       ESTREAM_RETURN_IF_ERROR(Matrix(p + "ffn_gate_inp.weight", d, c.n_expert, false, &L.router));
-      if (c.arch->moe_extensions && f_.FindTensor(p + "exp_probs_b.bias")) {
+      // LFM2-MoE always has the selection bias (a missing one is an error naming it).
+      if (c.arch->moe_extensions && (c.arch->shortconv || f_.FindTensor(p + "exp_probs_b.bias"))) {
         ESTREAM_ASSIGN_OR_RETURN(L.exp_probs_b, Norm(p + "exp_probs_b.bias", c.n_expert));
         m_->config_.has_exp_probs_b = true;
       }
@@ -501,7 +601,7 @@ class ModelLoader {
       // Packed model: the experts are records in per-layer regions (virtual_experts.h).
       if (!m_->experts_packed_) ESTREAM_RETURN_IF_ERROR(Experts(il, &L.experts));
     }
-    ESTREAM_ASSIGN_OR_RETURN(m_->output_norm_, Norm("output_norm.weight", d));
+    ESTREAM_ASSIGN_OR_RETURN(m_->output_norm_, Norm(c.arch->output_norm_tensor, d));
     if (f_.FindTensor("output.weight")) {
       ESTREAM_RETURN_IF_ERROR(Matrix("output.weight", d, c.n_vocab, rd, &m_->output_));
     } else {

@@ -80,6 +80,13 @@ struct ModelConfig {
   float attn_scale = 0.0f;    // softmax scale of the MLA scores (mscale^2 / sqrt(head_dim))
 
   bool is_moe_layer(int il) const { return il >= n_layer_dense_lead; }
+  // LFM2 (ArchTraits::shortconv): kernel length of the short convolutions (shortconv.l_cache) and
+  // which layers are short-convolution blocks (attention.head_count_kv[il] == 0); empty: none.
+  int shortconv_l = 0;
+  std::vector<uint8_t> conv_layer;  // [n_layer] 1 = short convolution, 0 = attention
+
+  bool is_conv_layer(int il) const { return !conv_layer.empty() && conv_layer[il] != 0; }
+  bool has_conv_layers() const { return shortconv_l > 0; }
   int q_dim() const { return n_head * head_dim; }      // width of q and of the attention output
   int kv_dim() const { return n_head_kv * head_dim; }  // width of k and v
 };
@@ -117,6 +124,14 @@ struct MlaWeights {
   kernels::WeightView wv_b;     // n_head*v_head_dim x kv_lora_rank
 };
 
+// An LFM2 short-convolution block (shortconv_block.h). Rows are output features.
+struct ShortConvWeights {
+  kernels::WeightView in_proj;     // 3 n_embd x n_embd: rows [B; C; x]
+  const float* kernel = nullptr;   // [L x n_embd] tap-major (transposed at load from GGUF's [n_embd][L])
+  kernels::WeightView out_proj;    // n_embd x n_embd
+  bool present() const { return kernel != nullptr; }
+};
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [n_embd]
   kernels::WeightView wq;            // q_dim x n_embd
@@ -133,6 +148,7 @@ struct LayerWeights {
   DenseFfn shexp;                    // MoE blocks with shared experts: ffn_*_shexp
   const float* exp_probs_b = nullptr;  // [n_expert] selection bias, or nullptr
   MlaWeights mla;                    // AttentionKind::kMla only (wq..wo above unused but wo)
+  ShortConvWeights conv;             // LFM2 conv layers (then wq..k_norm are unset)
 };
 
 struct ModelLoadOptions {
@@ -156,7 +172,7 @@ class Model {
   QuantType token_embd_type() const { return token_embd_type_; }
   const uint8_t* token_embd_row(int32_t token) const { return token_embd_ + token * token_embd_row_bytes_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
-  const float* output_norm() const { return output_norm_; }  // [n_embd]
+  const float* output_norm() const { return output_norm_; }  // [n_embd] (ArchTraits::output_norm_tensor)
   const kernels::WeightView& output() const { return output_; }  // n_vocab x n_embd (maybe tied)
   bool output_tied() const { return output_tied_; }
   // Bytes of all weights as held (mapped or repacked).

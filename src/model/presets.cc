@@ -3,7 +3,7 @@
 namespace estream::synth {
 namespace {
 
-const char* const kArchs[] = {"olmoe", "qwen3moe", "llama", "deepseek2"};
+const char* const kArchs[] = {"olmoe", "qwen3moe", "llama", "deepseek2", "lfm2moe"};
 
 // The tiny models follow shared/testdata/models (2 layers, n_embd 256, 8 experts top-2, vocab
 // 512), so a synthesised tiny model has the same shapes as the reference ones of its arch.
@@ -58,6 +58,23 @@ ModelShape Tiny(const std::string& arch) {
     s.yarn_factor = 40.0f;
     s.yarn_orig_ctx = 4096;
     s.yarn_log_mul = 0.0707f;
+  } else if (arch == "lfm2moe") {
+    // As shared/testdata/models/lfm2moe-tiny: conv, conv, attention, conv; two dense layers.
+    s.family = "LFM2-MoE-tiny";
+    s.n_layer = 4;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ff = 512;
+    s.n_ff_exp = 128;
+    s.n_expert = 16;
+    s.n_expert_used = 4;
+    s.n_layer_dense_lead = 2;
+    s.conv_l = 3;
+    s.attn_layers = {2};
+    s.pattern_depth = 4;
+    s.n_ctx = 128000;
+    s.rms_eps = 1e-5f;
+    s.rope_freq_base = 1000000.0f;
   } else {
     s.family = "Mixtral-tiny";
     s.n_head = 4;
@@ -172,6 +189,36 @@ ModelShape DeepseekV2Lite() {
   return s;
 }
 
+// LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B, config.json): 24 layers, d 2048, attention at layers 2, 6, 10,
+// 14, 18, 21 (32 heads / 8 kv, head_dim 64) and short convolutions (L = 3) elsewhere; the first two
+// layers dense (intermediate_size 7168), then 32 experts of d_ff 1792 (moe_intermediate_size),
+// top-4, sigmoid router with expert bias, renormalised; vocab 65536, context 128000, rope theta
+// 1e6, norm eps 1e-5, tied embeddings.
+ModelShape Lfm2_8bA1b() {
+  ModelShape s;
+  s.preset = "lfm2-8b-a1b";
+  s.arch = "lfm2moe";
+  s.family = "LFM2-8B-A1B";
+  s.n_layer = 24;
+  s.n_embd = 2048;
+  s.n_head = 32;
+  s.n_head_kv = 8;
+  s.head_dim = 64;
+  s.n_ff = 7168;
+  s.n_ff_exp = 1792;
+  s.n_expert = 32;
+  s.n_expert_used = 4;
+  s.n_vocab = 65536;
+  s.n_ctx = 128000;
+  s.rms_eps = 1e-5f;
+  s.rope_freq_base = 1000000.0f;
+  s.n_layer_dense_lead = 2;
+  s.conv_l = 3;
+  s.attn_layers = {2, 6, 10, 14, 18, 21};
+  s.pattern_depth = 24;
+  return s;
+}
+
 bool KnownArch(const std::string& arch) {
   for (const char* a : kArchs)
     if (arch == a) return true;
@@ -180,12 +227,21 @@ bool KnownArch(const std::string& arch) {
 
 }  // namespace
 
+bool ModelShape::conv_layer(int il) const {
+  if (!lfm2()) return false;
+  for (int a : attn_layers)
+    if (a == il) return false;
+  // Beyond the preset's own layers (a --layers override): attention every 4th layer.
+  return !(il >= pattern_depth && il % 4 == 2);
+}
+
 std::string ModelShape::tokenizer_pre() const {
   // OLMoE files say "olmo" (GPT-2's split); Qwen3 files "qwen2". Mixtral's own tokenizer is a
   // SentencePiece one; for the built-in byte-level BPE the GPT-2 split is the natural choice.
   if (arch == "olmoe") return "olmo";
   if (arch == "qwen3moe") return "qwen2";
   if (arch == "deepseek2") return "deepseek-llm";
+  if (arch == "lfm2moe") return "lfm2";
   return "gpt-2";
 }
 
@@ -219,13 +275,18 @@ Status ModelShape::Validate() const {
       return bad("n_layer_dense_lead", "must leave at least one MoE layer (use --layers >= 2)");
     if (n_layer_dense_lead > 0 && n_ff % 32 != 0) return bad("n_ff", "must be a multiple of 32");
   }
+  if (lfm2()) {
+    if (n_embd_q() != n_embd) return bad("n_head*head_dim", "must equal n_embd for lfm2moe");
+    if (conv_l < 1) return bad("conv_l", "must be >= 1");
+    if (n_layer_dense_lead >= n_layer) return bad("--layers", "must leave at least one MoE layer after the dense ones");
+  }
   return Status::Ok();
 }
 
-std::string SupportedArchNames() { return "olmoe, qwen3moe, llama, deepseek2"; }
+std::string SupportedArchNames() { return "olmoe, qwen3moe, llama, deepseek2, lfm2moe"; }
 
 std::vector<std::string> PresetNames() {
-  return {"tiny", "olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "deepseek2-tiny"};
+  return {"tiny", "olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "deepseek2-tiny", "lfm2-8b-a1b"};
 }
 
 std::string SupportedPresetNames() {
@@ -251,6 +312,7 @@ Result<ModelShape> FindPreset(const std::string& name, const std::string& arch) 
   else if (name == "qwen3-30b-a3b") s = Qwen3_30bA3b();
   else if (name == "mixtral-8x7b") s = Mixtral8x7b();
   else if (name == "deepseek-v2-lite") s = DeepseekV2Lite();
+  else if (name == "lfm2-8b-a1b") s = Lfm2_8bA1b();
   else return Status::InvalidArgument("unknown preset '" + name + "'; supported: " + SupportedPresetNames());
   if (!arch.empty() && arch != s.arch)
     return Status::InvalidArgument("preset '" + name + "' is a " + s.arch + " model; --arch " + arch +

@@ -1,6 +1,6 @@
 // Model shape presets for `estream synth`: the hyper-parameters of the reference MoE models of
-// docs/DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V2-Lite) and a `tiny`
-// model for tests (`deepseek2-tiny` = `tiny` with --arch deepseek2).
+// docs/DESIGN.md section 8 (OLMoE-1B-7B, Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V2-Lite, LFM2-8B-A1B) and a
+// `tiny` model for tests (`deepseek2-tiny` = `tiny` with --arch deepseek2).
 //
 // A ModelShape is plain data: everything a synthetic GGUF's tensor shapes and metadata follow
 // from. Conventions per architecture (GGUF `general.architecture`):
@@ -12,6 +12,9 @@
 //             and there is no expert_feed_forward_length key, as in real Mixtral files.
 //   deepseek2 multi-head latent attention (split attn_k_b / attn_v_b, as newer converters write),
 //             YaRN, leading dense blocks, shared experts; router softmax, not renormalised.
+//   lfm2moe   (LFM2-MoE) conv and attention layers (head_count_kv per layer, 0 = conv), per-head
+//             q/k norm, n_layer_dense_lead dense FFN layers of feed_forward_length, sigmoid router with
+//             exp_probs_b, renormalised; token_embd_norm as the final norm, LM head tied.
 //
 // Thread safety: all functions are pure.
 #pragma once
@@ -51,11 +54,21 @@ struct ModelShape {
   float yarn_factor = 0;       // rope.scaling.factor (0: no scaling)
   int yarn_orig_ctx = 0;       // rope.scaling.original_context_length
   float yarn_log_mul = 0;      // rope.scaling.yarn_log_multiplier (the GGUF value)
+  // lfm2moe (LFM2-MoE): short-convolution layers, dense leading layers, sigmoid routing with an
+  // expert bias, tied LM head (arch_lfm2moe.cc); n_layer_dense_lead (above) dense layers. attn_layers: the attention layers of the preset's
+  // own depth (pattern_depth); a deeper override continues with every 4th layer (i % 4 == 2).
+  int conv_l = 0;            // shortconv.l_cache (0: no conv layers)
+  std::vector<int> attn_layers;
+  int pattern_depth = 0;     // layers the preset's own pattern covers
+
+  bool lfm2() const { return arch == "lfm2moe"; }
+  // Whether layer il is a short-convolution layer (lfm2moe only).
+  bool conv_layer(int il) const;
 
   int n_embd_q() const { return n_head * head_dim; }
   int n_embd_kv() const { return n_head_kv * head_dim; }
   bool qk_norm_whole() const { return arch == "olmoe"; }
-  bool qk_norm_per_head() const { return arch == "qwen3moe"; }
+  bool qk_norm_per_head() const { return arch == "qwen3moe" || arch == "lfm2moe"; }
   // Router weights divided by their sum after top-k (qwen3moe, llama); olmoe uses them raw.
   bool renormalize_routes() const { return arch != "olmoe" && arch != "deepseek2"; }
   bool mla() const { return arch == "deepseek2"; }
@@ -69,9 +82,9 @@ struct ModelShape {
   Status Validate() const;
 };
 
-// "olmoe, qwen3moe, llama"
+// "olmoe, qwen3moe, llama, lfm2moe"
 std::string SupportedArchNames();
-// "tiny, olmoe-1b-7b, qwen3-30b-a3b, mixtral-8x7b"
+// "tiny, olmoe-1b-7b, qwen3-30b-a3b, mixtral-8x7b, lfm2-8b-a1b"
 std::string SupportedPresetNames();
 std::vector<std::string> PresetNames();
 

@@ -196,6 +196,50 @@ float MeanRouteWeightEnergy(const std::vector<float>& beta, int top_k, bool reno
   return static_cast<float>(total / kSamples);
 }
 
+// One lfm2moe layer after its attn_norm (arch_lfm2moe.cc): a short-convolution or an attention
+// block, then a dense FFN (the first n_layer_dense_lead layers) or the MoE with its expert bias. Scales
+// as for the other families (synth.h): every branch adds rms b. Conv block: in_proj N(0, 1/n_embd)
+// gives B, C, x of unit variance, so C * sum_j w_j B x has variance L var(w): taps N(0, 1/L) keep
+// it 1, and out_proj N(0, (b / sqrt(n_embd))^2) scales it to b. Dense FFN: gate/up N(0, 1/n_embd),
+// down N(0, (b / (kSiluRms sqrt(n_ff)))^2). Expert bias: N(0, 0.05^2) (selection only).
+template <typename Add>
+void AddLfm2Layer(const ModelShape& s, int l, QuantType w, float b, Add& add) {
+  const QuantType f32 = QuantType::kF32;
+  const std::string p = "blk." + std::to_string(l) + ".";
+  const float inv_sqrt_embd = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
+  if (s.conv_layer(l)) {
+    add(p + "shortconv.in_proj.weight", w, {s.n_embd, 3 * int64_t{s.n_embd}}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "shortconv.conv.weight", f32, {s.conv_l, s.n_embd}, InitKind::kGaussian,
+        1.0f / std::sqrt(static_cast<float>(s.conv_l)), l);
+    add(p + "shortconv.out_proj.weight", w, {s.n_embd, s.n_embd}, InitKind::kGaussian, b * inv_sqrt_embd, l);
+  } else {
+    add(p + "attn_q.weight", w, {s.n_embd, s.n_embd_q()}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "attn_k.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "attn_v.weight", w, {s.n_embd, s.n_embd_kv()}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "attn_output.weight", w, {s.n_embd_q(), s.n_embd}, InitKind::kGaussian,
+        b / (kAttnAvgRms * std::sqrt(static_cast<float>(s.n_embd_q()))), l);
+    add(p + "attn_q_norm.weight", f32, {s.head_dim}, InitKind::kNorm, kAttnGain, l);
+    add(p + "attn_k_norm.weight", f32, {s.head_dim}, InitKind::kNorm, kAttnGain, l);
+  }
+  add(p + "ffn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
+  if (l < s.n_layer_dense_lead) {
+    const float down = b / (kSiluRms * std::sqrt(static_cast<float>(s.n_ff)));
+    add(p + "ffn_gate.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_up.weight", w, {s.n_embd, s.n_ff}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_down.weight", w, {s.n_ff, s.n_embd}, InitKind::kGaussian, down, l);
+    return;
+  }
+  // Sigmoid scores renormalised over the k chosen: their squared mass is close to the softmax
+  // router's with renormalisation, which sets the down scale below.
+  const float down = b / (kSiluRms * std::sqrt(1.0f / static_cast<float>(s.n_expert_used)) *
+                          std::sqrt(static_cast<float>(s.n_ff_exp)));
+  add(p + "ffn_gate_inp.weight", f32, {s.n_embd, s.n_expert}, InitKind::kRouter, inv_sqrt_embd, l);
+  add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+  add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+  add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, down, l);
+  add(p + "exp_probs_b.bias", f32, {s.n_expert}, InitKind::kGaussian, 0.05f, l);
+}
+
 }  // namespace
 
 namespace {
@@ -463,6 +507,10 @@ Status SynthModel::Build() {
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
+    if (s.lfm2()) {
+      AddLfm2Layer(s, l, w, b, add);
+      continue;
+    }
     if (s.mla()) {
       // Multi-head latent attention (model/mla.h), llama.cpp's tensor names and shapes.
       const int64_t H = s.n_head, hd = s.head_dim, nope = s.head_dim - s.qk_rope, r = s.kv_lora_rank;
@@ -517,8 +565,16 @@ Status SynthModel::Build() {
     add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
     add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, down_std, l);
   }
-  add("output_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, -1);
-  add("output.weight", w, {s.n_embd, s.n_vocab}, InitKind::kGaussian, kOutputGain * inv_sqrt_embd, -1);
+  if (s.lfm2()) {
+    // Tied LM head: the embedding rows (rms ~sqrt(2) per value) are the output matrix, so the final
+    // norm carries the output gain (logits of std ~kOutputGain; the common direction u adds the
+    // same amount to every logit of a position, which the softmax ignores).
+    add("token_embd_norm.weight", f32, {s.n_embd}, InitKind::kNorm, kOutputGain * inv_sqrt_embd / std::sqrt(2.0f),
+        -1);
+  } else {
+    add("output_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, -1);
+    add("output.weight", w, {s.n_embd, s.n_vocab}, InitKind::kGaussian, kOutputGain * inv_sqrt_embd, -1);
+  }
 
   // ---- metadata (the key set and order of the reference tiny models) ----
   auto u32 = [](int v) { return GgufValue::U32(static_cast<uint32_t>(v)); };
@@ -565,6 +621,21 @@ Status SynthModel::Build() {
       kv.push_back({a + ".rope.scaling.yarn_beta_slow", GgufValue::F32(1.0f)});
       kv.push_back({a + ".rope.scaling.yarn_log_multiplier", GgufValue::F32(s.yarn_log_mul)});
     }
+  } else if (s.lfm2()) {
+    kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
+    // The key set of llama.cpp's LFM2-MoE files (and the reference tiny model): the layer pattern
+    // as a per-layer head_count_kv, no key/value/rope lengths (head_dim = n_embd / n_head).
+    kv.push_back({a + ".leading_dense_block_count", u32(s.n_layer_dense_lead)});
+    kv.push_back({a + ".expert_count", u32(s.n_expert)});
+    kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
+    kv.push_back({a + ".expert_gating_func", u32(2)});  // sigmoid
+    kv.push_back({a + ".attention.head_count", u32(s.n_head)});
+    std::vector<GgufValue> kv_heads;
+    for (int l = 0; l < s.n_layer; ++l) kv_heads.push_back(u32(s.conv_layer(l) ? 0 : s.n_head_kv));
+    kv.push_back({a + ".attention.head_count_kv", GgufValue::Array(GgufType::kU32, std::move(kv_heads))});
+    kv.push_back({a + ".attention.layer_norm_rms_epsilon", GgufValue::F32(s.rms_eps)});
+    kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
+    kv.push_back({a + ".shortconv.l_cache", u32(s.conv_l)});
   } else {
     if (s.has_expert_ff_key()) kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
     kv.push_back({a + ".attention.head_count", u32(s.n_head)});

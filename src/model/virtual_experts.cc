@@ -44,6 +44,7 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   // Dense FFNs wider than an expert (ffn.h) widen the chunk buffers; the MLA scratch (mla.h).
   const uint64_t ffw = std::max<uint64_t>({ff, static_cast<uint64_t>(c.n_ff), static_cast<uint64_t>(c.n_ff_shexp)});
   b += (C * (ffw - ff) * 4 * 2 + C * ((ffw - ff) / 32) * q8) + T * static_cast<uint64_t>(MlaScratchFloats(c)) * 4;
+  if (c.has_conv_layers()) b += T * 3 * d * 4;  // the short convolutions' in-projection
   // Engine: final hidden states, one logits chunk (at most 8 MiB of floats, or one row), the
   // prompt's log-probabilities and the LM head's double scratch.
   const uint64_t V = c.n_vocab;

@@ -27,7 +27,7 @@ namespace estream::tok {
 enum class PreType {
   kGpt2,      // "gpt-2", "olmo" (GPT-2's split; OLMo reuses it)
   kQwen2,     // "qwen2" (Qwen2, Qwen2.5, Qwen3): single digits, (?i:) contractions
-  kLlama3,    // "llama-bpe", "llama3", "llama-v3": digits in runs of 1..3
+  kLlama3,    // "llama-bpe", "llama3", "llama-v3", "lfm2": digits in runs of 1..3
   kDeepseekLlm,  // "deepseek-llm" (DeepSeek LLM, DeepSeek-V2): a SEQUENCE of six splits (below)
   kDefault,   // no tokenizer.ggml.pre (older converters): llama.cpp's default sequence of four
 };

@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char kSupportedModels[] = "gpt2 (byte-level BPE), llama (SentencePiece BPE)";
 constexpr const char kSupportedPre[] =
-    "qwen2, gpt-2, olmo, llama-bpe (llama3, llama-v3), deepseek-llm, default (also when absent)";
+    "qwen2, gpt-2, olmo, llama-bpe (llama3, llama-v3, lfm2), deepseek-llm, default (also when absent)";
 constexpr const char kSpaceMark[] = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 constexpr const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
@@ -155,7 +155,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab v, std::s
       pre_type = tok::PreType::kQwen2;
     } else if (v.pre == "gpt-2" || v.pre == "olmo") {
       pre_type = tok::PreType::kGpt2;
-    } else if (v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "llama-v3") {
+    } else if (v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "llama-v3" || v.pre == "lfm2") {
+      // LFM2's tokenizer.json splits with Llama 3's regex (llama.cpp maps "lfm2" to the same
+      // pre-tokenizer, merges ignored for whole-word vocabulary hits, BOS added by default).
       pre_type = tok::PreType::kLlama3;
       ignore_merges = true;
       default_add_bos = true;

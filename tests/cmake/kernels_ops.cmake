@@ -2,3 +2,6 @@
 # against the scalar reference, the reference against fp64.
 estream_add_test(kernels_ops_test SOURCES ${CMAKE_SOURCE_DIR}/tests/kernels_ops_test.cc
   LIBS estream_kernels estream_base LABELS kernels)
+# LFM2's short convolution: every ISA against the scalar reference, the reference against fp64.
+estream_add_test(kernels_shortconv_test SOURCES ${CMAKE_SOURCE_DIR}/tests/kernels_shortconv_test.cc
+  LIBS estream_kernels estream_base LABELS kernels)

@@ -3,7 +3,7 @@
 #
 # estream_ref: the independent naive fp64 forward pass (tests/ref), shared by the model tests.
 add_library(estream_ref STATIC ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_forward.cc
-  ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_deepseek2.cc)
+  ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_deepseek2.cc ${CMAKE_CURRENT_SOURCE_DIR}/ref/ref_lfm2moe.cc)
 target_include_directories(estream_ref PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(estream_ref PUBLIC estream_gguf estream_quant estream_base)
 
@@ -35,3 +35,6 @@ endif()
 # DeepSeek-V2: both kv layouts, router variants vs fp64, streaming, corrupt models (issue 17).
 estream_add_test(model_deepseek2_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_deepseek2_test.cc
   LIBS estream_model estream_ref estream_pack LABELS model)
+# LFM2-MoE: packed resident and streamed under every schedule vs the golden logits; bad input.
+estream_add_test(model_lfm2moe_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_lfm2moe_test.cc
+  LIBS estream_model estream_pack LABELS model)

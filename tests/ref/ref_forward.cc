@@ -91,6 +91,7 @@ Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t
   const GgufFile& f = *file;
   ESTREAM_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
   if (arch == "deepseek2") return RefForwardDeepseek2(f, tokens, options);
+  if (arch == "lfm2moe") return RefForwardLfm2moe(f, tokens, options);
   const bool olmoe = arch == "olmoe", qwen = arch == "qwen3moe", llama = arch == "llama";
   if (!olmoe && !qwen && !llama) return Status::NotSupported("ref: architecture " + arch);
   auto u32 = [&](const char* k) { return f.GetU32(arch + "." + k); };

@@ -58,4 +58,10 @@ Result<RefOutputs> RefForward(const std::string& path, const std::vector<int32_t
 Result<RefOutputs> RefForwardDeepseek2(const GgufFile& f, const std::vector<int32_t>& tokens,
                                        const RefOptions& options);
 
+// The lfm2moe branch of RefForward (ref_lfm2moe.cc: short-convolution and attention layers, dense
+// leading FFN layers, sigmoid routing with an expert bias). router_gap is in selection-score units
+// (sigmoid + bias), 1e30 for dense layers.
+Result<RefOutputs> RefForwardLfm2moe(const GgufFile& f, const std::vector<int32_t>& tokens,
+                                     const RefOptions& options);
+
 }  // namespace estream::ref

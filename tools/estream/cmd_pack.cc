@@ -23,7 +23,7 @@ class PackCommand : public Command {
   }
 
   void Setup(CLI::App* sub) override {
-    sub->add_option("model", input_, "Source GGUF model (olmoe, qwen3moe, llama/Mixtral)")->required();
+    sub->add_option("model", input_, "Source GGUF model (olmoe, qwen3moe, llama/Mixtral, lfm2moe)")->required();
     sub->add_option("-o,--output", output_, "Packed GGUF to write (written to a temporary name, then renamed)")
         ->required();
     sub->add_option("--permutation", permutation_,
