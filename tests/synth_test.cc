@@ -238,6 +238,8 @@ TEST(SynthMixes, NamesAndRules) {
   EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_v.weight", {4096, 1024}), QuantType::kQ8_0);
   EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_k.weight", {4096, 1024}), QuantType::kQ8_0);
   EXPECT_EQ(MixTensorType("q4_K_M", *mixtral, "blk.3.attn_output.weight", {4096, 4096}), QuantType::kQ5_K);
+}
+
 // LFM2-8B-A1B (config.json of LiquidAI/LFM2-8B-A1B): the published shapes and layer pattern,
 // 8.3B parameters in total.
 TEST(SynthPresets, Lfm2_8bA1b) {

@@ -25,9 +25,9 @@ void ShortConvBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
   if (seqs.empty()) seqs = std::span<const SeqSpan>(&whole, 1);
   const int64_t taps = c.shortconv_l, ld = 3 * d;
   const float* bcx = ws->bcx.get();
-  float* y = ws->q.get();
+  float* conv = ws->q.get();
   for (const SeqSpan& s : seqs) {
-    kernels::ShortConv(bcx + s.row * ld, ld, w.kernel, static_cast<int>(taps), d, s.len, y + s.row * d, d);
+    kernels::ShortConv(bcx + s.row * ld, ld, w.kernel, static_cast<int>(taps), d, s.len, conv + s.row * d, d);
     if (s.ctx_len == 0 || taps < 2) continue;
     // A continuation's first m rows also reach back into its context: convolve the context's last
     // h rows followed by those m rows, and keep the last m outputs.
@@ -36,7 +36,7 @@ void ShortConvBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
     std::copy(bcx + (s.ctx_row + s.ctx_len - h) * ld, bcx + (s.ctx_row + s.ctx_len) * ld, in.begin());
     std::copy(bcx + s.row * ld, bcx + (s.row + m) * ld, in.begin() + h * ld);
     kernels::ShortConv(in.data(), ld, w.kernel, static_cast<int>(taps), d, h + m, out.data(), d);
-    std::copy(out.begin() + h * d, out.end(), y + s.row * d);
+    std::copy(out.begin() + h * d, out.end(), conv + s.row * d);
   }
   // Output projection into xn (its input is consumed), then the residual add.
   Linear(w.out_proj, ws->q.get(), d, nullptr, T, ws->xn.get(), d);
