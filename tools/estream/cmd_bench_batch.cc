@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "base/memory.h"
 #include "estream/engine.h"
 #include "tools/estream/batch_options.h"
 #include "tools/estream/command.h"
@@ -166,6 +167,9 @@ class BenchBatchCommand : public Command {
       out["prompt_length"] = length_;
       out["rows"] = rows;
     }
+    const uint64_t peak = PeakRssBytes();
+    std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
+    out["peak_rss_bytes"] = peak;
     if (!json_.empty()) {
       std::ofstream f(json_);
       f << out.dump(2) << "\n";
