@@ -271,7 +271,8 @@ class ModelLoader {
     if (c.n_expert_shared > 0) {
       ESTREAM_ASSIGN_OR_RETURN(c.n_ff_shexp,
                                GetIntOr("expert_shared_feed_forward_length", c.n_ff_expert * c.n_expert_shared));
-      if (c.n_ff_shexp < 1) return Bad(fmt::format("shared experts' feed-forward length {} must be positive", c.n_ff_shexp));
+      if (c.n_ff_shexp < 1)
+        return Bad(fmt::format("shared experts' feed-forward length {} must be positive", c.n_ff_shexp));
     }
     ESTREAM_ASSIGN_OR_RETURN(const int gating, GetIntOr("expert_gating_func", 0));
     switch (gating) {
@@ -415,10 +416,12 @@ class ModelLoader {
       const QuantType type = quantised ? QuantType::kQ8_0 : QuantType::kF32;
       const size_t bytes = static_cast<size_t>(n) * RowBytes(type, r);
       AlignedPtr<uint8_t> buf = AllocAligned<uint8_t>(bytes, 4096);
-      if (!buf) return Status::ResourceExhausted(fmt::format("{}: cannot allocate {} bytes for '{}' transposed", f_.path(),
-                                                             bytes, kb->name));
+      if (!buf)
+        return Status::ResourceExhausted(
+            fmt::format("{}: cannot allocate {} bytes for '{}' transposed", f_.path(), bytes, kb->name));
       if (quantised) {
-        for (int64_t row = 0; row < n; ++row) QuantizeRow(type, t.data() + row * r, buf.get() + row * RowBytes(type, r), r);
+        const size_t rb = RowBytes(type, r);
+        for (int64_t row = 0; row < n; ++row) QuantizeRow(type, t.data() + row * r, buf.get() + row * rb, r);
       } else {
         std::memcpy(buf.get(), t.data(), bytes);
       }
@@ -431,7 +434,8 @@ class ModelLoader {
           buf = std::move(packed);
         }
       }
-      m_->weight_bytes_ += w.wk_b.layout == kernels::WeightLayout::kPacked ? kernels::PackedWeightBytes(type, n, r) : bytes;
+      m_->weight_bytes_ +=
+          w.wk_b.layout == kernels::WeightLayout::kPacked ? kernels::PackedWeightBytes(type, n, r) : bytes;
       m_->packed_.push_back(std::move(buf));
       // attn_v_b [kv_lora_rank, v_head_dim, n_head]: n_head * v_head_dim rows of kv_lora_rank.
       ESTREAM_ASSIGN_OR_RETURN(const GgufTensorInfo* vb, Tensor(p + "attn_v_b.weight", {r, c.v_head_dim, H}));
