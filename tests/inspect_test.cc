@@ -177,7 +177,7 @@ TEST_F(CliTest, SynthBadInput) {
   ExpectOneLineError(Run("synth -o " + out + " --preset llama-70b"), "synth",
                      "tiny, olmoe-1b-7b, qwen3-30b-a3b, mixtral-8x7b");
   ExpectOneLineError(Run("synth -o " + out + " --arch mamba"), "synth", "olmoe, qwen3moe, llama");
-  ExpectOneLineError(Run("synth -o " + out + " --type q7_0"), "synth", "q4_0, q8_0, f16, bf16, f32");
+  ExpectOneLineError(Run("synth -o " + out + " --type iq2_xxs"), "synth", "q4_0, q8_0, f16, bf16, f32");
   ExpectOneLineError(Run("synth -o " + out + " --experts 2 --top-k 3"), "synth", "--top-k");
   ExpectOneLineError(Run("synth -q -o " + File("no/such/dir/m.gguf")), "synth", "no/such/dir");
   ExpectOneLineError(Run("synth -q --vocab-from " + File("none.gguf") + " -o " + out), "synth", "none.gguf");

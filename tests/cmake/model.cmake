@@ -44,9 +44,6 @@ estream_add_test(deepseek2_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/deepseek
 if(TARGET deepseek2_cli_test)
   add_dependencies(deepseek2_cli_test estream)
 endif()
-# LFM2-MoE: packed resident and streamed under every schedule vs the golden logits; bad input.
-estream_add_test(model_lfm2moe_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_lfm2moe_test.cc
-  LIBS estream_model estream_pack LABELS model)
 # The estream commands on lfm2moe end to end (runs the built estream binary).
 estream_add_test(lfm2moe_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/lfm2moe_cli_test.cc
   LIBS estream_model nlohmann_json::nlohmann_json LABELS model)
