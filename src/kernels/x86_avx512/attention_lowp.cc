@@ -32,7 +32,7 @@ namespace {
 
 constexpr float kLog2eF = 1.44269504088896340736f;
 constexpr int kVecs = kLowpRows / 16;  // 4 query vectors per tile
-constexpr int kQkKeys = 6;             // keys per QK register tile
+constexpr int kQkKeys = 4;             // keys per QK register tile (6 made GCC 12 spill)
 constexpr int kPvDims = 6;             // head dims per PV register tile
 
 inline __mmask16 Tail16(int rest) { return rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1); }
@@ -297,19 +297,29 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
         continue;
       }
       const float* q = a.q + static_cast<int64_t>(q0 + i) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
+      __m512 qs[512 / 16];
       __m512 amax = _mm512_setzero_ps();
-      for (int c = 0; c < chunks; ++c)
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), q + 16 * c),
-                                                               _mm512_set1_ps(q_scale))));
+      for (int c = 0; c < chunks; ++c) {
+        qs[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), q + 16 * c), _mm512_set1_ps(q_scale));
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(qs[c]));
+      }
       const float am = _mm512_reduce_max_ps(amax);
       const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
       for (int c = 0; c < chunks; ++c) {
-        const __m512 qs = _mm512_mul_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), q + 16 * c), _mm512_set1_ps(q_scale));
-        const __m512i x8 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(qs, inv)), _mm512_set1_epi32(128));
+        const __m512i x8 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(qs[c], inv)), _mm512_set1_epi32(128));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), _mm512_cvtepi32_epi8(x8));
       }
       for (int d4 = 0; d4 < dp / 4; ++d4) std::memcpy(q4 + d4 * kQ + i, row + 4 * d4, 4);
       sq[i] = am / 127.0f;
+    }
+    // The next tile's Q rows (strided rows, usually not cached) arrive while this tile computes
+    // its first key block: loading them on demand cost ~13% of the kernel at T = 1024.
+    if (x + 1 < n_tiles) {
+      const int nq1 = std::min(kQ, t_end - tile_q0(x + 1));
+      for (int i = 0; i < nq1; ++i) {
+        const float* q1 = a.q + static_cast<int64_t>(tile_q0(x + 1) + i) * a.ldq + static_cast<int64_t>(tile_head(x + 1)) * d;
+        for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(q1 + c), _MM_HINT_T1);
+      }
     }
     std::memset(tile_ot(x), 0, sizeof(float) * d * kQ);
     std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
