@@ -33,8 +33,9 @@
 // 2^(+-2 delta_i); P and V rounded to bf16 add a relative 2^-8 each (P only in the numerator). So
 //   |out_i - exact_i| <= (2^(2 delta_i) - 1 + 2^-7) max_j |v_j|  + the fp32 terms of the fp32 kernel.
 // Worst case delta_i ~ d |q|max |kc|max scale / 127; the rounding errors are independent and
-// centred, so in practice delta is ~ sqrt(d) times smaller (measured errors ~1e-3 of max|v| for
-// random heads of 128): the class of the Q8 activations the engine's quantised layers already
+// centred, so in practice delta is ~ sqrt(d) times smaller. Measured against fp64 with q, k, v
+// ~ N(0, 1), T = 512, head_dim 64 and 128: rms error 1.2e-3, largest 1.1e-2..1.4e-2 (max|v| ~ 4),
+// i.e. ~3e-3 of max|v|: the class of the Q8 activations the engine's quantised layers already
 // use (8 bits per 32 values), which is why the engine only selects it for those layers.
 // Thread safety: the convert and block functions only write their own outputs and thread_local
 // scratch; calls on different threads are independent.
