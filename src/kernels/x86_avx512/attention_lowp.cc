@@ -260,6 +260,17 @@ size_t AttentionLowpScratchBytes(int head_dim, int tiles) { return LowpScratch::
 void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
                               int t_end) {
   constexpr int kQ = kLowpRows;
+  // At most kMaxTiles tiles walk the key blocks together, so that their O (d x 64 fp32 each) stays
+  // in L2; larger calls (the bf16 path's items hold up to 32 tiles) run as several such groups.
+  constexpr int kMaxTiles = 8;
+  if (static_cast<int64_t>(head_end - head_begin) * ((t_end - t_begin + kQ - 1) / kQ) > kMaxTiles) {
+    const int hs = std::min(head_end - head_begin, kMaxTiles);
+    const int rs = std::max(1, kMaxTiles / hs) * kQ;
+    for (int h = head_begin; h < head_end; h += hs)
+      for (int t = t_begin; t < t_end; t += rs)
+        AttentionBlockLowpAvx512(a, kv, h, std::min(head_end, h + hs), t, std::min(t_end, t + rs));
+    return;
+  }
   const LowpLayout L(a.head_dim);
   const int d = a.head_dim, dp = L.dp;
   const int row_tiles = (t_end - t_begin + kQ - 1) / kQ;
