@@ -3,7 +3,7 @@
 // the fp32 x86 kernel (attention_x86_impl.h): queries in the vector lanes (16 per vector, 4
 // vectors = 64 per tile), every tile of a call walks the key blocks in lockstep so that each
 // converted block is read from memory once per call.
-//   QK step, per 6 keys x 4 query vectors: 24 int32 accumulators; per 4 head dims one vpdpbusd
+//   QK step, per 4 keys x 4 query vectors: 16 int32 accumulators; per 4 head dims one vpdpbusd
 //     each, Q as u8 (qi + 128, 4 dims per lane) and the key's 4 int8 dims broadcast.
 //   PV step, per 6 head dims x 4 query vectors: 24 fp32 accumulators; per 2 keys one vdpbf16ps
 //     each, P as bf16 pairs (keys 2p, 2p + 1 per lane) and V's pair for the dim broadcast.
