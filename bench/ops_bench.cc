@@ -23,6 +23,7 @@
 
 #include "base/cpu.h"
 #include "base/timer.h"
+#include "kernels/attention_lowp.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
@@ -128,8 +129,16 @@ double AmxPeakPerCoreGflops() {
   return kAmxPeakPerCoreDefault;
 }
 
+// int8 vpdpbusd peak per core in G op/s (2 ops per multiply-add) for the low-precision rows'
+// pct_int8_peak: 1649 G op/s on 2 threads measured on the 2-vCPU Zen 5 VM (bench/peak_bench.cc,
+// 2026-12-02); ESTREAM_INT8_PEAK_PER_CORE overrides.
+double Int8PeakPerCoreGops() {
+  if (const char* s = std::getenv("ESTREAM_INT8_PEAK_PER_CORE")) return std::atof(s);
+  return 1649.0 / 2;
+}
+
 // Args: T, n_head, n_head_kv, head_dim, threads, isa (0 scalar, 1 avx2, 2 avx512 fp32, 3 avx512
-// with the AMX-BF16 attention).
+// with the AMX-BF16 attention, 4 avx512 with the int8/bf16 attention of attention_lowp.h).
 void BM_Attention(benchmark::State& state) {
   const int t = static_cast<int>(state.range(0));
   const int n_head = static_cast<int>(state.range(1));
@@ -137,7 +146,8 @@ void BM_Attention(benchmark::State& state) {
   const int d = static_cast<int>(state.range(3));
   const int threads = static_cast<int>(state.range(4));
   const bool amx = state.range(5) == 3;
-  const Isa isa = amx ? Isa::kAvx512 : static_cast<Isa>(state.range(5));
+  const bool lowp = state.range(5) == 4;
+  const Isa isa = amx || lowp ? Isa::kAvx512 : static_cast<Isa>(state.range(5));
   if (static_cast<int>(isa) > static_cast<int>(HostIsa()) || (amx && !AttentionAmxUsable())) {
     state.SkipWithError("ISA not available on this host");
     return;
@@ -149,9 +159,10 @@ void BM_Attention(benchmark::State& state) {
   const AttentionArgs a{.n_tokens = t, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = d,
                         .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.data(), .ldq = n_head * d,
                         .k = k.data(), .ldk = n_head_kv * d, .v = v.data(), .ldv = n_head_kv * d,
-                        .out = out.data(), .ldo = n_head * d, .allow_bf16 = amx};
+                        .out = out.data(), .ldo = n_head * d, .allow_bf16 = amx || lowp};
   KernelTable kt = KernelsFor(isa);
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);
+  if (lowp) FillAttentionLowpAvx512(&kt);
   omp_set_num_threads(threads);
   double seconds = 0;
   const double cpu0 = ProcessCpuSeconds();
@@ -174,11 +185,13 @@ void BM_Attention(benchmark::State& state) {
       100.0 * flops / cpu / ((amx ? AmxPeakPerCoreGflops() : PeakPerCoreGflops()) * 1e9);
   state.counters["GFLOPs_cpu"] = flops / cpu / 1e9 * threads;
   state.counters["threads"] = threads;
+  // Share of the int8 dot-product peak of the threads used (the low-precision kernel's unit).
+  state.counters["pct_int8_peak"] = 100.0 * flops / seconds / (Int8PeakPerCoreGops() * 1e9 * threads);
 }
 
 void AttentionShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"T", "heads", "kv", "d", "thr", "isa"});
-  for (int isa : {3, 2, 1})
+  for (int isa : {4, 3, 2, 1})
     for (int threads : {1, 2})
       for (int t : {512, 1024, 4096}) {
         b->Args({t, 32, 4, 128, threads, isa});  // Qwen3-30B-A3B

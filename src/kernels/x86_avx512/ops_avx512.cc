@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/attention_lowp.h"
 #include "kernels/attention_x86_impl.h"
 #include "kernels/x86_avx512/attention_amx.h"
 #include "kernels/dispatch.h"
@@ -279,7 +280,12 @@ void AddAvx512(float* y, const float* x, int64_t n) {
 
 }  // namespace
 
-void FillAvx512Ops(KernelTable* t) { FillAvx512OpsWith(t, AttentionAmxSelected()); }
+// Without a selected AMX kernel, the bf16 entries carry the int8/bf16 attention
+// (attention_lowp.h) unless ESTREAM_ATTN_LOWP is "0".
+void FillAvx512Ops(KernelTable* t) {
+  FillAvx512OpsWith(t, AttentionAmxSelected());
+  if (!AttentionAmxSelected() && AttentionLowpSelected()) FillAttentionLowpAvx512(t);
+}
 
 void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
   t->attention_block = AttentionBlockAvx512;

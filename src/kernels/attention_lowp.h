@@ -1,0 +1,99 @@
+// Low-precision causal attention for prefill on hosts without AMX: Q.K^T in int8 (vpdpbusd),
+// P.V in bf16 (vdpbf16ps), fp32 online softmax. It fills the table's bf16 attention entries
+// (KernelTable::attention_convert_bf16 / attention_block_bf16 / ..., dispatch.h) of the AVX-512
+// level where the AMX-BF16 kernel is not selected and ESTREAM_ATTN_LOWP is not "0", so it runs for
+// AttentionArgs::allow_bf16 (layers whose Q/K/V/O projections are quantised) exactly where the AMX
+// kernel would. The scalar reference of the same algorithm (quantisation included) is
+// ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc is the fast path. Internal to
+// src/kernels and its tests.
+//
+// Algorithm. K and V are converted once per AttentionPrefill call, per kv head and key block of
+// kLowpKeys = 64 keys (AttentionLowpConvertKv*, in parallel before the work items):
+//   mu = mean of K over n_s = min(64, T) keys spread evenly over the sequence (key floor(i T / n_s)),
+//        the same vector for every key: softmax is invariant to the per-query constant q.mu, so
+//        scores of (k - mu) equal those of k; subtracting it removes the channel outliers common
+//        to all keys (offsets of tens in a few dims) before quantising ("smoothing" K);
+//   per key j: kc = k_j - mu, sk_j = max|kc| / 127, ki_j = rne(kc / sk_j) in [-127, 127] (int8),
+//        corr_j = 128 sum_d ki_j[d];  V as bf16 (round to nearest even), key pairs interleaved.
+// Per tile of kLowpRows = 64 queries of one head (queries in the vector lanes, as the fp32 x86
+// kernel): qs = q scale log2(e); per query sq_i = max|qs| / 127, qi = rne(qs / sq_i) stored as
+// u8 qi + 128 (vpdpbusd multiplies u8 by s8; the + 128 is removed exactly by corr_j). Then per
+// key block:
+//   S[j][i] = float(sum_d (qi + 128) ki_j - corr_j) * (sq_i sk_j)        (log2 units; int32 exact)
+//   causal mask, running max m, P = 2^(S - m) (fp32, the fp32 kernel's polynomial), l += sum P,
+//   O = O alpha + bf16(P) . bf16(V)                    (vdpbf16ps: exact products, fp32 sums)
+//   out = O / l.
+//
+// Error bound (derived; asserted by tests/attention_lowp_test.cc). For query i and key j let
+// s_ij = scale log2(e) q_i.k_j be the exact score and s^_ij the kernel's. Rounding qs and kc to
+// the int8 grid moves each element by at most half a step, dq_i = sq_i / 2 and dk_j = sk_j / 2, so
+//   delta_ij = |s^_ij - (s_ij - q_i.mu)| <= dq_i ||kc_j||_1 + dk_j ||q^_i||_1  (+ fp32 rounding)
+// (the q_i.mu shift is common to all keys of query i and cancels). Scores off by at most
+// delta_i = max_j delta_ij (log2 units) change every normalised weight by a factor within
+// 2^(+-2 delta_i); P and V rounded to bf16 add a relative 2^-8 each (P only in the numerator). So
+//   |out_i - exact_i| <= (2^(2 delta_i) - 1 + 2^-7) max_j |v_j|  + the fp32 terms of the fp32 kernel.
+// Worst case delta_i ~ d |q|max |kc|max scale / 127; the rounding errors are independent and
+// centred, so in practice delta is ~ sqrt(d) times smaller. Measured against fp64 with q, k, v
+// ~ N(0, 1), T = 512, head_dim 64 and 128: rms error 1.2e-3, largest 1.1e-2..1.4e-2 (max|v| ~ 4),
+// i.e. ~3e-3 of max|v|: the class of the Q8 activations the engine's quantised layers already
+// use (8 bits per 32 values), which is why the engine only selects it for those layers.
+// Thread safety: the convert and block functions only write their own outputs and thread_local
+// scratch; calls on different threads are independent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace estream::kernels {
+
+struct KernelTable;
+
+constexpr int kLowpKeys = 64;  // keys per converted block (KernelTable::attention_kv_block_bf16)
+constexpr int kLowpRows = 64;  // query rows per tile (KernelTable::attention_rows_bf16)
+
+// Byte layout of one converted key block of one kv head (head_dim d, dp = d rounded up to 4):
+//   ki  int8 [64][dp]   keys (rows of keys beyond the sequence and dims >= d are zero)
+//   corr int32[64]      128 * sum_d ki
+//   sk  float[64]       per-key scale
+//   vb  uint32[32][d]   bf16 pairs (V[2p][c] low half, V[2p + 1][c] high half)
+struct LowpLayout {
+  int d = 0, dp = 0;
+  size_t corr = 0, sk = 0, vb = 0, block_bytes = 0;
+  explicit LowpLayout(int head_dim);
+};
+
+// True unless ESTREAM_ATTN_LOWP is "0". Computed once.
+bool AttentionLowpSelected();
+
+// Bytes of one kv head's converted K/V for n_tokens (KernelTable::attention_kv_bytes_bf16).
+size_t AttentionLowpKvBytes(int head_dim, int n_tokens);
+
+// Converts key block `block` of kv head `kv_head` into kv (that head's buffer of
+// AttentionLowpKvBytes bytes). Both versions write identical bytes.
+void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
+void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
+
+// Contract of KernelTable::attention_block_bf16: query heads [head_begin, head_end) sharing one kv
+// head, rows [t_begin, t_end), K/V from the converted buffer of that kv head (every block up to
+// t_end converted).
+void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                           int t_end);
+void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
+                              int t_begin, int t_end);
+
+// Per-thread scratch of the AVX-512 block after calls of at most `tiles` tiles
+// (KernelTable::attention_scratch_bytes_bf16).
+size_t AttentionLowpScratchBytes(int head_dim, int tiles);
+
+// Set the table's bf16 attention entries to this kernel: the scalar reference (tests) or the
+// AVX-512 one (REQUIRES HostIsa() == kAvx512).
+void FillAttentionLowpRef(KernelTable* t);
+void FillAttentionLowpAvx512(KernelTable* t);
+
+// The scalar 2^x of the kernels (x <= 0 or -inf; below 2^-125 exactly 0), the same operations as
+// the AVX-512 Exp2NonPositive, so that the reference's P equals the fast path's bit for bit.
+float LowpExp2(float x);
+
+}  // namespace estream::kernels

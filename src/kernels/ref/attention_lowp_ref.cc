@@ -1,0 +1,203 @@
+// Scalar reference of the low-precision attention (kernels/attention_lowp.h): the same
+// quantisation, the same fp32 operations in the same order as x86_avx512/attention_lowp.cc, one
+// query at a time, for the tests. Also the layout, the env switch and the size functions that both
+// versions share.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention_lowp.h"
+#include "kernels/dispatch.h"
+
+namespace estream::kernels {
+namespace {
+
+constexpr float kLog2e = 1.44269504088896340736f;
+
+size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// fp32 -> bf16, round to nearest even (no NaN inputs here).
+uint32_t Bf16Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+float Bf16ToFloat(uint32_t b) {
+  const uint32_t u = b << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+}  // namespace
+
+LowpLayout::LowpLayout(int head_dim) : d(head_dim), dp((head_dim + 3) / 4 * 4) {
+  corr = RoundUp(static_cast<size_t>(kLowpKeys) * dp, 64);
+  sk = corr + sizeof(int32_t) * kLowpKeys;
+  vb = RoundUp(sk + sizeof(float) * kLowpKeys, 64);
+  block_bytes = RoundUp(vb + sizeof(uint32_t) * (kLowpKeys / 2) * static_cast<size_t>(d), 64);
+}
+
+bool AttentionLowpSelected() {
+  static const bool selected = [] {
+    const char* env = std::getenv("ESTREAM_ATTN_LOWP");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return selected;
+}
+
+size_t AttentionLowpKvBytes(int head_dim, int n_tokens) {
+  const size_t blocks = (static_cast<size_t>(std::max(n_tokens, 0)) + kLowpKeys - 1) / kLowpKeys;
+  return blocks * LowpLayout(head_dim).block_bytes;
+}
+
+float LowpExp2(float x) {
+  x = std::max(x, -126.0f);  // -inf -> -126 (then 0)
+  if (!(x >= -125.0f)) return 0.0f;
+  const float n = std::nearbyint(x);
+  const float f = x - n;
+  float p = 1.5252733804059840e-05f;
+  p = std::fma(p, f, 1.5403530393381609e-04f);
+  p = std::fma(p, f, 1.3333558146428443e-03f);
+  p = std::fma(p, f, 9.6181291076284772e-03f);
+  p = std::fma(p, f, 5.5504108664821580e-02f);
+  p = std::fma(p, f, 2.4022650695910071e-01f);
+  p = std::fma(p, f, 6.9314718055994531e-01f);
+  p = std::fma(p, f, 1.0f);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
+  const LowpLayout L(a.head_dim);
+  const int d = a.head_dim, T = a.n_tokens;
+  uint8_t* blk = reinterpret_cast<uint8_t*>(kv) + static_cast<size_t>(block) * L.block_bytes;
+  int8_t* ki = reinterpret_cast<int8_t*>(blk);
+  int32_t* corr = reinterpret_cast<int32_t*>(blk + L.corr);
+  float* sk = reinterpret_cast<float*>(blk + L.sk);
+  uint32_t* vb = reinterpret_cast<uint32_t*>(blk + L.vb);
+  const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
+  const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
+  // mu: fp32 sums in sample order, then one division.
+  const int ns = std::min(kLowpKeys, T);
+  std::vector<float> mu(d, 0.0f);
+  for (int s = 0; s < ns; ++s) {
+    const float* kr = k_head + (static_cast<int64_t>(s) * T / ns) * a.ldk;
+    for (int c = 0; c < d; ++c) mu[c] += kr[c];
+  }
+  for (int c = 0; c < d; ++c) mu[c] /= static_cast<float>(ns);
+  std::vector<float> kc(d);
+  for (int j = 0; j < kLowpKeys; ++j) {
+    const int key = block * kLowpKeys + j;
+    int8_t* row = ki + static_cast<size_t>(j) * L.dp;
+    std::memset(row, 0, L.dp);
+    corr[j] = 0;
+    sk[j] = 0.0f;
+    if (key >= T) continue;
+    const float* kr = k_head + static_cast<int64_t>(key) * a.ldk;
+    float amax = 0.0f;
+    for (int c = 0; c < d; ++c) {
+      kc[c] = kr[c] - mu[c];
+      amax = std::max(amax, std::fabs(kc[c]));
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int c = 0; c < d; ++c) {
+      const int32_t x = static_cast<int32_t>(std::nearbyint(kc[c] * inv));
+      row[c] = static_cast<int8_t>(x);
+      sum += x;
+    }
+    corr[j] = 128 * sum;
+    sk[j] = amax / 127.0f;
+  }
+  for (int p = 0; p < kLowpKeys / 2; ++p) {
+    const int key0 = block * kLowpKeys + 2 * p;
+    for (int c = 0; c < d; ++c) {
+      const uint32_t lo = key0 < T ? Bf16Bits(v_head[static_cast<int64_t>(key0) * a.ldv + c]) : 0;
+      const uint32_t hi = key0 + 1 < T ? Bf16Bits(v_head[static_cast<int64_t>(key0 + 1) * a.ldv + c]) : 0;
+      vb[static_cast<size_t>(p) * d + c] = lo | (hi << 16);
+    }
+  }
+}
+
+// One tile of up to kLowpRows queries of one head, rows [t0, t1), the operations of the AVX-512
+// kernel per query lane.
+static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, int t0, int t1) {
+  const LowpLayout L(a.head_dim);
+  const int d = a.head_dim, nq = t1 - t0;
+  const float q_scale = a.scale * kLog2e;
+  std::vector<int32_t> qi(static_cast<size_t>(nq) * L.dp, 0);
+  std::vector<float> sq(nq), m(nq, -std::numeric_limits<float>::infinity()), l(nq, 0.0f);
+  std::vector<float> o(static_cast<size_t>(nq) * d, 0.0f), s(kLowpKeys), p(kLowpKeys);
+  for (int i = 0; i < nq; ++i) {
+    const float* q = a.q + static_cast<int64_t>(t0 + i) * a.ldq + static_cast<int64_t>(head) * d;
+    float amax = 0.0f;
+    for (int c = 0; c < d; ++c) amax = std::max(amax, std::fabs(q[c] * q_scale));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int c = 0; c < d; ++c) qi[static_cast<size_t>(i) * L.dp + c] = static_cast<int32_t>(std::nearbyint(q[c] * q_scale * inv));
+    sq[i] = amax / 127.0f;
+  }
+  for (int kb = 0; kb < t1; kb += kLowpKeys) {
+    const uint8_t* blk = reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(kb / kLowpKeys) * L.block_bytes;
+    const int8_t* ki = reinterpret_cast<const int8_t*>(blk);
+    const int32_t* corr = reinterpret_cast<const int32_t*>(blk + L.corr);
+    const float* sk = reinterpret_cast<const float*>(blk + L.sk);
+    const uint32_t* vb = reinterpret_cast<const uint32_t*>(blk + L.vb);
+    const int nk = std::min(kLowpKeys, t1 - kb);
+    for (int i = 0; i < nq; ++i) {
+      float bm = m[i];
+      for (int j = 0; j < nk; ++j) {
+        int32_t acc = 0;
+        for (int c = 0; c < L.dp; ++c)
+          acc += (qi[static_cast<size_t>(i) * L.dp + c] + 128) * ki[static_cast<size_t>(j) * L.dp + c];
+        s[j] = static_cast<float>(acc - corr[j]) * (sq[i] * sk[j]);
+        if (kb + j > t0 + i) s[j] = -std::numeric_limits<float>::infinity();
+        bm = std::max(bm, s[j]);
+      }
+      const float alpha = LowpExp2(m[i] - bm);
+      m[i] = bm;
+      float sum = 0.0f;
+      for (int j = 0; j < nk; ++j) {
+        p[j] = LowpExp2(s[j] - bm);
+        sum += p[j];
+      }
+      l[i] = std::fma(l[i], alpha, sum);
+      float* oi = o.data() + static_cast<size_t>(i) * d;
+      for (int c = 0; c < d; ++c) {
+        float acc = oi[c] * alpha;
+        for (int pp = 0; pp < (nk + 1) / 2; ++pp) {
+          const uint32_t w = vb[static_cast<size_t>(pp) * d + c];
+          const float p_lo = Bf16ToFloat(Bf16Bits(p[2 * pp]));
+          const float p_hi = 2 * pp + 1 < nk ? Bf16ToFloat(Bf16Bits(p[2 * pp + 1])) : 0.0f;
+          acc = std::fma(p_hi, Bf16ToFloat(w >> 16), acc);
+          acc = std::fma(p_lo, Bf16ToFloat(w & 0xFFFFu), acc);
+        }
+        oi[c] = acc;
+      }
+    }
+  }
+  for (int i = 0; i < nq; ++i) {
+    const float inv_l = 1.0f / l[i];
+    float* out = a.out + static_cast<int64_t>(t0 + i) * a.ldo + static_cast<int64_t>(head) * d;
+    for (int c = 0; c < d; ++c) out[c] = o[static_cast<size_t>(i) * d + c] * inv_l;
+  }
+}
+
+void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                           int t_end) {
+  for (int h = head_begin; h < head_end; ++h)
+    for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows) LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows));
+}
+
+void FillAttentionLowpRef(KernelTable* t) {
+  t->attention_convert_bf16 = AttentionLowpConvertKvRef;
+  t->attention_kv_bytes_bf16 = AttentionLowpKvBytes;
+  t->attention_kv_block_bf16 = kLowpKeys;
+  t->attention_block_bf16 = AttentionBlockLowpRef;
+  t->attention_rows_bf16 = kLowpRows;
+  t->attention_scratch_bytes_bf16 = nullptr;
+}
+
+}  // namespace estream::kernels

@@ -1,0 +1,433 @@
+// AVX-512 VNNI + BF16 low-precision attention (kernels/attention_lowp.h): Q.K^T with vpdpbusd on
+// int8 operands, P.V with vdpbf16ps on bf16 operands, fp32 online softmax. Same loop structure as
+// the fp32 x86 kernel (attention_x86_impl.h): queries in the vector lanes (16 per vector, 4
+// vectors = 64 per tile), every tile of a call walks the key blocks in lockstep so that each
+// converted block is read from memory once per call.
+//   QK step, per 4 keys x 4 query vectors: 16 int32 accumulators; per 4 head dims one vpdpbusd
+//     each, Q as u8 (qi + 128, 4 dims per lane) and the key's 4 int8 dims broadcast.
+//   PV step, per 6 head dims x 4 query vectors: 24 fp32 accumulators; per 2 keys one vdpbf16ps
+//     each, P as bf16 pairs (keys 2p, 2p + 1 per lane) and V's pair for the dim broadcast.
+// Compiled with the AVX-512 flags only; the table carries it where the host has AVX-512 (with
+// VNNI and BF16: HostIsa() == kAvx512 requires both, base/cpu.h) and no selected AMX kernel.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "base/check.h"
+#include "base/memory.h"
+#include "kernels/attention_lowp.h"
+#include "kernels/attention_x86_impl.h"
+#include "kernels/dispatch.h"
+
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define ESTREAM_UNROLL _Pragma("GCC unroll 16")
+
+namespace estream::kernels {
+namespace {
+
+constexpr float kLog2eF = 1.44269504088896340736f;
+constexpr int kVecs = kLowpRows / 16;  // 4 query vectors per tile
+constexpr int kQkKeys = 4;             // keys per QK register tile (6 made GCC 12 spill)
+constexpr int kPvDims = 6;             // head dims per PV register tile
+
+inline __mmask16 Tail16(int rest) { return rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1); }
+
+// The fp32 kernel's 2^x (ops_avx512.cc), repeated here (one ISA per translation unit keeps its
+// helpers internal); LowpExp2 in ref/ performs the same operations.
+inline __m512 Exp2Poly(__m512 f) {
+  __m512 p = _mm512_set1_ps(1.5252733804059840e-05f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381609e-04f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
+  return _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+}
+inline __m512 Exp2NonPositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_maskz_scalef_ps(keep, Exp2Poly(_mm512_sub_ps(x, n)), n);
+}
+
+// fp32 -> bf16 bits in the low 16 bits of each lane, round to nearest even (as Bf16Bits in ref/).
+inline __m512i Bf16Round(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+}
+
+// 16 x 16 transpose for TransposeBlock (attention_x86_impl.h), as in ops_avx512.cc.
+struct TransposeTraits {
+  static constexpr int kLanes = 16;
+  static void Transpose(const float* src, int64_t lds, float scale, float* dst, int64_t ldd) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 r[16], t[16];
+    ESTREAM_UNROLL
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(_mm512_loadu_ps(src + i * lds), sc);
+    ESTREAM_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    ESTREAM_UNROLL
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+      r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+      r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+      r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    ESTREAM_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+      t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+      t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+      t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    }
+    ESTREAM_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      _mm512_storeu_ps(dst + (j + 0) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+      _mm512_storeu_ps(dst + (j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
+      _mm512_storeu_ps(dst + (j + 4) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
+      _mm512_storeu_ps(dst + (j + 12) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD));
+    }
+  }
+};
+
+// Per-thread scratch, grown to the largest (head_dim, tiles) seen. Per tile: Q4 (u8, [dp/4][64][4]),
+// sq, m, l (64 floats each), OT (fp32 [d][64]). Shared by the tiles: ST ([64 keys][64] fp32) and
+// P2 ([32 key pairs][64] bf16 pairs).
+struct LowpScratch {
+  AlignedPtr<uint8_t> q4;
+  AlignedPtr<float> state, ot, st;
+  AlignedPtr<uint32_t> p2;
+  int cap_d = 0, cap_tiles = 0;
+
+  static size_t Bytes(int d, int tiles) {
+    const size_t dp = (static_cast<size_t>(d) + 3) / 4 * 4;
+    return static_cast<size_t>(tiles) * (dp * kLowpRows + sizeof(float) * (3 * kLowpRows + static_cast<size_t>(d) * kLowpRows)) +
+           sizeof(float) * kLowpKeys * kLowpRows + sizeof(uint32_t) * (kLowpKeys / 2) * kLowpRows;
+  }
+  void Reserve(int d, int tiles) {
+    if (d <= cap_d && tiles <= cap_tiles) return;
+    cap_d = std::max(d, cap_d);
+    cap_tiles = std::max(tiles, cap_tiles);
+    const size_t dp = (static_cast<size_t>(cap_d) + 3) / 4 * 4;
+    q4 = AllocAligned<uint8_t>(dp * kLowpRows * cap_tiles);
+    state = AllocAligned<float>(static_cast<size_t>(3) * kLowpRows * cap_tiles);
+    ot = AllocAligned<float>(static_cast<size_t>(cap_d) * kLowpRows * cap_tiles);
+    if (st == nullptr) {
+      st = AllocAligned<float>(static_cast<size_t>(kLowpKeys) * kLowpRows);
+      p2 = AllocAligned<uint32_t>(static_cast<size_t>(kLowpKeys / 2) * kLowpRows);
+    }
+  }
+};
+
+// ST rows j .. j + R of the block against the tile's 64 queries.
+template <int R>
+inline void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk, const uint8_t* q4,
+                   const __m512* sq, float* st) {
+  __m512i acc[R][kVecs];
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r)
+    ESTREAM_UNROLL
+    for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_setzero_si512();
+  for (int d4 = 0; d4 < dp / 4; ++d4) {
+    __m512i q[kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < kVecs; ++c) q[c] = _mm512_loadu_si512(q4 + (d4 * kLowpRows + c * 16) * 4);
+    ESTREAM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      int32_t w;
+      std::memcpy(&w, ki + r * dp + 4 * d4, 4);
+      const __m512i kb = _mm512_set1_epi32(w);
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], q[c], kb);
+    }
+  }
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const __m512i cr = _mm512_set1_epi32(corr[r]);
+    const __m512 skr = _mm512_set1_ps(sk[r]);
+    ESTREAM_UNROLL
+    for (int c = 0; c < kVecs; ++c)
+      _mm512_storeu_ps(st + r * kLowpRows + c * 16,
+                       _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][c], cr)), _mm512_mul_ps(sq[c], skr)));
+  }
+}
+
+// OT rows c0 .. c0 + R (head dims) = OT alpha + sum over np key pairs of P2 . VB.
+template <int R>
+inline void PvTile(const uint32_t* vb, int d, const uint32_t* p2, int np, const __m512* alpha, float* ot) {
+  __m512 acc[R][kVecs];
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r)
+    ESTREAM_UNROLL
+    for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(ot + r * kLowpRows + c * 16), alpha[c]);
+  for (int p = 0; p < np; ++p) {
+    __m512bh pv[kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < kVecs; ++c) pv[c] = (__m512bh)_mm512_loadu_si512(p2 + p * kLowpRows + c * 16);
+    ESTREAM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m512bh vv = (__m512bh)_mm512_set1_epi32(static_cast<int>(vb[p * d + r]));
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pv[c], vv);
+    }
+  }
+  ESTREAM_UNROLL
+  for (int r = 0; r < R; ++r)
+    ESTREAM_UNROLL
+    for (int c = 0; c < kVecs; ++c) _mm512_storeu_ps(ot + r * kLowpRows + c * 16, acc[r][c]);
+}
+
+}  // namespace
+
+void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
+  const LowpLayout L(a.head_dim);
+  const int d = a.head_dim, T = a.n_tokens;
+  uint8_t* blk = reinterpret_cast<uint8_t*>(kv) + static_cast<size_t>(block) * L.block_bytes;
+  int8_t* ki = reinterpret_cast<int8_t*>(blk);
+  int32_t* corr = reinterpret_cast<int32_t*>(blk + L.corr);
+  float* sk = reinterpret_cast<float*>(blk + L.sk);
+  uint32_t* vb = reinterpret_cast<uint32_t*>(blk + L.vb);
+  const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
+  const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
+  constexpr int kMaxChunks = 512 / 16;  // head_dim <= 512
+  const int chunks = (d + 15) / 16;
+  ESTREAM_CHECK(chunks <= kMaxChunks, "low-precision attention: head_dim above 512");
+  __m512 mu[kMaxChunks];
+  for (int c = 0; c < chunks; ++c) mu[c] = _mm512_setzero_ps();
+  const int ns = std::min(kLowpKeys, T);
+  for (int s = 0; s < ns; ++s) {
+    const float* kr = k_head + (static_cast<int64_t>(s) * T / ns) * a.ldk;
+    for (int c = 0; c < chunks; ++c)
+      mu[c] = _mm512_add_ps(mu[c], _mm512_maskz_loadu_ps(Tail16(d - 16 * c), kr + 16 * c));
+  }
+  const __m512 nsv = _mm512_set1_ps(static_cast<float>(ns));
+  for (int c = 0; c < chunks; ++c) mu[c] = _mm512_div_ps(mu[c], nsv);
+  for (int j = 0; j < kLowpKeys; ++j) {
+    const int key = block * kLowpKeys + j;
+    int8_t* row = ki + static_cast<size_t>(j) * L.dp;
+    if (key >= T) {
+      std::memset(row, 0, L.dp);
+      corr[j] = 0;
+      sk[j] = 0.0f;
+      continue;
+    }
+    const float* kr = k_head + static_cast<int64_t>(key) * a.ldk;
+    __m512 kc[kMaxChunks];
+    __m512 amax = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; ++c) {
+      kc[c] = _mm512_sub_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), kr + 16 * c), mu[c]);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(kc[c]));
+    }
+    const float am = _mm512_reduce_max_ps(amax);
+    const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+    __m512i sum = _mm512_setzero_si512();
+    for (int c = 0; c < chunks; ++c) {
+      const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(kc[c], inv));
+      sum = _mm512_add_epi32(sum, x);
+      const int rest = L.dp - 16 * c;
+      _mm_mask_storeu_epi8(row + 16 * c, rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1),
+                           _mm512_cvtepi32_epi8(x));
+    }
+    corr[j] = 128 * _mm512_reduce_add_epi32(sum);
+    sk[j] = am / 127.0f;
+  }
+  for (int p = 0; p < kLowpKeys / 2; ++p) {
+    const int key0 = block * kLowpKeys + 2 * p;
+    const float* r0 = v_head + static_cast<int64_t>(key0) * a.ldv;
+    const float* r1 = r0 + a.ldv;
+    for (int c = 0; c < chunks; ++c) {
+      const __mmask16 m = Tail16(d - 16 * c);
+      const __m512i lo = key0 < T ? Bf16Round(_mm512_maskz_loadu_ps(m, r0 + 16 * c)) : _mm512_setzero_si512();
+      const __m512i hi = key0 + 1 < T ? Bf16Round(_mm512_maskz_loadu_ps(m, r1 + 16 * c)) : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi32(vb + static_cast<size_t>(p) * d + 16 * c, m,
+                               _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+
+size_t AttentionLowpScratchBytes(int head_dim, int tiles) { return LowpScratch::Bytes(head_dim, tiles); }
+
+void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                              int t_end) {
+  constexpr int kQ = kLowpRows;
+  // At most kMaxTiles tiles walk the key blocks together, so that their O (d x 64 fp32 each) stays
+  // in L2; larger calls (the bf16 path's items hold up to 32 tiles) run as several such groups.
+  constexpr int kMaxTiles = 8;
+  if (static_cast<int64_t>(head_end - head_begin) * ((t_end - t_begin + kQ - 1) / kQ) > kMaxTiles) {
+    const int hs = std::min(head_end - head_begin, kMaxTiles);
+    const int rs = std::max(1, kMaxTiles / hs) * kQ;
+    for (int h = head_begin; h < head_end; h += hs)
+      for (int t = t_begin; t < t_end; t += rs)
+        AttentionBlockLowpAvx512(a, kv, h, std::min(head_end, h + hs), t, std::min(t_end, t + rs));
+    return;
+  }
+  const LowpLayout L(a.head_dim);
+  const int d = a.head_dim, dp = L.dp;
+  const int row_tiles = (t_end - t_begin + kQ - 1) / kQ;
+  const int n_heads = head_end - head_begin;
+  const int n_tiles = row_tiles * n_heads;
+  thread_local LowpScratch scratch;
+  scratch.Reserve(d, n_tiles);
+  float* st = scratch.st.get();
+  uint32_t* p2 = scratch.p2.get();
+  const float q_scale = a.scale * kLog2eF;
+  const size_t q4_bytes = static_cast<size_t>(dp) * kQ;
+  auto tile_head = [&](int x) { return head_begin + x % n_heads; };
+  auto tile_q0 = [&](int x) { return t_begin + (row_tiles - 1 - x / n_heads) * kQ; };
+  auto tile_q4 = [&](int x) { return scratch.q4.get() + x * q4_bytes; };
+  auto tile_sq = [&](int x) { return scratch.state.get() + static_cast<size_t>(3 * x) * kQ; };
+  auto tile_m = [&](int x) { return tile_sq(x) + kQ; };
+  auto tile_l = [&](int x) { return tile_sq(x) + 2 * kQ; };
+  auto tile_ot = [&](int x) { return scratch.ot.get() + static_cast<size_t>(x) * d * kQ; };
+  // Interleaves (lo_i, hi_i) 16-bit halves: word 2i <- i, 2i + 1 <- 16 + i.
+  alignas(64) static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+
+  auto start_tile = [&](int x) {
+    const int q0 = tile_q0(x);
+    const int nq = std::min(kQ, t_end - q0);
+    uint32_t* q4 = reinterpret_cast<uint32_t*>(tile_q4(x));
+    float* sq = tile_sq(x);
+    const int chunks = (d + 15) / 16;
+    alignas(64) uint8_t row[512 + 64];
+    for (int i = 0; i < kQ; ++i) {
+      if (i >= nq) {
+        for (int d4 = 0; d4 < dp / 4; ++d4) q4[d4 * kQ + i] = 0x80808080u;
+        sq[i] = 0.0f;
+        continue;
+      }
+      const float* q = a.q + static_cast<int64_t>(q0 + i) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
+      __m512 qs[512 / 16];
+      __m512 amax = _mm512_setzero_ps();
+      for (int c = 0; c < chunks; ++c) {
+        qs[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), q + 16 * c), _mm512_set1_ps(q_scale));
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(qs[c]));
+      }
+      const float am = _mm512_reduce_max_ps(amax);
+      const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+      for (int c = 0; c < chunks; ++c) {
+        const __m512i x8 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(qs[c], inv)), _mm512_set1_epi32(128));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), _mm512_cvtepi32_epi8(x8));
+      }
+      for (int d4 = 0; d4 < dp / 4; ++d4) std::memcpy(q4 + d4 * kQ + i, row + 4 * d4, 4);
+      sq[i] = am / 127.0f;
+    }
+    // The next tile's Q rows (strided rows, usually not cached) arrive while this tile computes
+    // its first key block: loading them on demand cost ~13% of the kernel at T = 1024.
+    if (x + 1 < n_tiles) {
+      const int nq1 = std::min(kQ, t_end - tile_q0(x + 1));
+      for (int i = 0; i < nq1; ++i) {
+        const float* q1 = a.q + static_cast<int64_t>(tile_q0(x + 1) + i) * a.ldq + static_cast<int64_t>(tile_head(x + 1)) * d;
+        for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(q1 + c), _MM_HINT_T1);
+      }
+    }
+    std::memset(tile_ot(x), 0, sizeof(float) * d * kQ);
+    std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
+    std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
+  };
+  auto finish_tile = [&](int x) {
+    const int q0 = tile_q0(x);
+    const int nq = std::min(kQ, t_end - q0);
+    float* ot = tile_ot(x);
+    __m512 inv_l[kVecs];
+    ESTREAM_UNROLL
+    for (int c = 0; c < kVecs; ++c) inv_l[c] = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(tile_l(x) + c * 16));
+    for (int r = 0; r < d; ++r)
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c)
+        _mm512_storeu_ps(ot + r * kQ + c * 16, _mm512_mul_ps(_mm512_loadu_ps(ot + r * kQ + c * 16), inv_l[c]));
+    float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
+    TransposeBlock<TransposeTraits>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
+  };
+
+  const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int kb = 0; kb < t_end; kb += kLowpKeys) {
+    const uint8_t* blk = reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(kb / kLowpKeys) * L.block_bytes;
+    const int8_t* ki = reinterpret_cast<const int8_t*>(blk);
+    const int32_t* corr = reinterpret_cast<const int32_t*>(blk + L.corr);
+    const float* sk = reinterpret_cast<const float*>(blk + L.sk);
+    const uint32_t* vb = reinterpret_cast<const uint32_t*>(blk + L.vb);
+    for (int x = 0; x < n_tiles; ++x) {
+      const int q0 = tile_q0(x);
+      const int q1 = std::min(t_end, q0 + kQ);
+      if (kb >= q1) continue;
+      const int nk = std::min(kLowpKeys, q1 - kb);
+      if (kb == 0) start_tile(x);
+      const uint8_t* q4 = tile_q4(x);
+      __m512 sq[kVecs];
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c) sq[c] = _mm512_loadu_ps(tile_sq(x) + c * 16);
+      ForTiles<kQkKeys>(nk, [&]<int R>(int j) {
+        QkTile<R>(ki + static_cast<size_t>(j) * dp, dp, corr + j, sk + j, q4, sq, st + j * kQ);
+      });
+      // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i.
+      for (int j = std::max(0, q0 - kb + 1); j < nk; ++j)
+        ESTREAM_UNROLL
+        for (int c = 0; c < kVecs; ++c) {
+          float* s = st + j * kQ + c * 16;
+          const __mmask16 below = _mm512_cmplt_epi32_mask(_mm512_add_epi32(_mm512_set1_epi32(c * 16), lane_ids),
+                                                          _mm512_set1_epi32(kb + j - q0));
+          _mm512_storeu_ps(s, _mm512_mask_mov_ps(_mm512_loadu_ps(s), below, neg_inf));
+        }
+      __m512 m[kVecs], bm[kVecs], alpha[kVecs], sum[kVecs];
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c) bm[c] = m[c] = _mm512_loadu_ps(tile_m(x) + c * 16);
+      for (int j = 0; j < nk; ++j)
+        ESTREAM_UNROLL
+        for (int c = 0; c < kVecs; ++c) bm[c] = _mm512_max_ps(bm[c], _mm512_loadu_ps(st + j * kQ + c * 16));
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c) {
+        alpha[c] = Exp2NonPositive(_mm512_sub_ps(m[c], bm[c]));
+        _mm512_storeu_ps(tile_m(x) + c * 16, bm[c]);
+        sum[c] = _mm512_setzero_ps();
+      }
+      const int np = (nk + 1) / 2;
+      for (int p = 0; p < np; ++p) {
+        const bool has_hi = 2 * p + 1 < nk;
+        ESTREAM_UNROLL
+        for (int c = 0; c < kVecs; ++c) {
+          const __m512 lo = Exp2NonPositive(_mm512_sub_ps(_mm512_loadu_ps(st + 2 * p * kQ + c * 16), bm[c]));
+          sum[c] = _mm512_add_ps(sum[c], lo);
+          __m512 hi = _mm512_setzero_ps();
+          if (has_hi) {
+            hi = Exp2NonPositive(_mm512_sub_ps(_mm512_loadu_ps(st + (2 * p + 1) * kQ + c * 16), bm[c]));
+            sum[c] = _mm512_add_ps(sum[c], hi);
+          }
+          const __m512i packed = _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+          _mm512_storeu_si512(p2 + p * kQ + c * 16, packed);
+        }
+      }
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c)
+        _mm512_storeu_ps(tile_l(x) + c * 16, _mm512_fmadd_ps(_mm512_loadu_ps(tile_l(x) + c * 16), alpha[c], sum[c]));
+      float* ot = tile_ot(x);
+      ForTiles<kPvDims>(d, [&]<int R>(int c0) { PvTile<R>(vb + c0, d, p2, np, alpha, ot + c0 * kQ); });
+      if (kb + kLowpKeys >= q1) finish_tile(x);
+    }
+  }
+}
+
+void FillAttentionLowpAvx512(KernelTable* t) {
+  t->attention_convert_bf16 = AttentionLowpConvertKvAvx512;
+  t->attention_kv_bytes_bf16 = AttentionLowpKvBytes;
+  t->attention_kv_block_bf16 = kLowpKeys;
+  t->attention_block_bf16 = AttentionBlockLowpAvx512;
+  t->attention_rows_bf16 = kLowpRows;
+  t->attention_scratch_bytes_bf16 = AttentionLowpScratchBytes;
+}
+
+}  // namespace estream::kernels
+
+#undef ESTREAM_UNROLL

@@ -1,0 +1,418 @@
+// Tests of the low-precision attention (kernels/attention_lowp.h: Q.K^T in int8, P.V in bf16):
+//  - the AVX-512 conversion of K/V writes the same bytes as the scalar reference's;
+//  - the AVX-512 kernel matches the scalar reference of the same algorithm (same quantisation,
+//    same P bit for bit) to fp32 accumulation-order noise;
+//  - both match fp64 attention within the bound stated in attention_lowp.h, computed per query
+//    from the data (the largest score error delta_i of that query's quantised scores);
+//  - awkward sizes (T not a multiple of 64, head_dim 40/64/72/128/192, GQA 1/4/8), outputs
+//    NaN-poisoned first (row padding must stay NaN), keys with large outliers, T = 4096;
+//  - the wiring: the active table carries it exactly where the AMX kernel is not selected and
+//    ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
+// The seed is fresh per run and printed on failure; ESTREAM_TEST_SEED=<n> replays a run.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/memory.h"
+#include "kernels/attention_lowp.h"
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+#include "kernels/ops_internal.h"
+#include "kernels/x86_avx512/attention_amx.h"
+
+namespace estream::kernels {
+namespace {
+
+constexpr double kU = 0x1p-24;  // fp32 unit roundoff
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+uint32_t TestSeed() {
+  if (const char* s = std::getenv("ESTREAM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
+  static const uint32_t seed = std::random_device{}();
+  return seed;
+}
+#define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))
+
+const KernelTable& RefTable() {
+  static const KernelTable t = [] {
+    KernelTable k = KernelsFor(Isa::kScalar);
+    FillAttentionLowpRef(&k);
+    return k;
+  }();
+  return t;
+}
+
+// The AVX-512 table with the low-precision attention, or null without AVX-512 (VNNI + BF16).
+const KernelTable* Avx512Table() {
+  if (HostIsa() != Isa::kAvx512) return nullptr;
+  static const KernelTable t = [] {
+    KernelTable k = KernelsFor(Isa::kAvx512);
+    FillAvx512OpsWith(&k, /*use_amx=*/false);
+    FillAttentionLowpAvx512(&k);
+    return k;
+  }();
+  return &t;
+}
+
+struct Shape {
+  int n_tokens, n_head, n_head_kv, head_dim;
+};
+std::string Name(const Shape& s) {
+  return "T=" + std::to_string(s.n_tokens) + " heads=" + std::to_string(s.n_head) + "/" +
+         std::to_string(s.n_head_kv) + " d=" + std::to_string(s.head_dim);
+}
+
+// One problem with padded rows (the padding of out is NaN and must stay NaN). `outliers`: a few
+// key channels get a large common offset (+-40) and a few keys a large spike, as real K has.
+struct Problem {
+  Shape s;
+  int64_t ldq, ldk, ldv, ldo;
+  std::vector<float> q, k, v;
+  float scale;
+  Problem(const Shape& shape, uint32_t salt, bool outliers = false) : s(shape) {
+    std::mt19937 gen(TestSeed() ^ (salt * 0x9E3779B9u));
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f), uv(-1.0f, 1.0f);
+    ldq = static_cast<int64_t>(s.n_head) * s.head_dim + 3;
+    ldk = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 5;
+    ldv = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 1;
+    ldo = static_cast<int64_t>(s.n_head) * s.head_dim + 7;
+    q.resize(s.n_tokens * ldq);
+    k.resize(s.n_tokens * ldk);
+    v.resize(s.n_tokens * ldv);
+    for (float& x : q) x = u(gen);
+    for (float& x : k) x = u(gen);
+    for (float& x : v) x = uv(gen);
+    scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    if (outliers) {
+      for (int h = 0; h < s.n_head_kv; ++h)
+        for (int c : {1, s.head_dim / 3, s.head_dim - 2}) {
+          const float off = (c % 2 ? 40.0f : -40.0f);
+          for (int t = 0; t < s.n_tokens; ++t) k[t * ldk + h * s.head_dim + c] += off;
+        }
+      for (int t = 3; t < s.n_tokens; t += 37) k[t * ldk + (t % s.head_dim)] *= 25.0f;
+    }
+  }
+  AttentionArgs Args(float* out) const {
+    return AttentionArgs{.n_tokens = s.n_tokens, .n_head = s.n_head, .n_head_kv = s.n_head_kv,
+                         .head_dim = s.head_dim, .scale = scale, .q = q.data(), .ldq = ldq, .k = k.data(),
+                         .ldk = ldk, .v = v.data(), .ldv = ldv, .out = out, .ldo = ldo, .allow_bf16 = true};
+  }
+  std::vector<float> Poisoned() const { return std::vector<float>(s.n_tokens * ldo, kNaN); }
+  const float* Q(int t, int h) const { return q.data() + t * ldq + h * s.head_dim; }
+  const float* K(int t, int h) const { return k.data() + t * ldk + h * s.head_dim; }
+  const float* V(int t, int h) const { return v.data() + t * ldv + h * s.head_dim; }
+  int KvHead(int h) const { return h / (s.n_head / s.n_head_kv); }
+};
+
+std::vector<float> RunLowp(const KernelTable& kt, const Problem& p, int threads = 2) {
+  std::vector<float> out = p.Poisoned();
+  omp_set_num_threads(threads);
+  AttentionPrefillWith(kt, p.Args(out.data()));
+  return out;
+}
+
+// Rows [t_begin, t_end) of the reference (scalar) low-precision attention.
+std::vector<float> RefRows(const Problem& p, int t_begin, int t_end) {
+  const KernelTable& kt = RefTable();
+  std::vector<float> out = p.Poisoned();
+  const AttentionArgs a = p.Args(out.data());
+  const size_t bytes = kt.attention_kv_bytes_bf16(p.s.head_dim, p.s.n_tokens);
+  AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 + 32);
+  const int blocks = (t_end + kLowpKeys - 1) / kLowpKeys;
+  const int rep = p.s.n_head / p.s.n_head_kv;
+  for (int h = 0; h < p.s.n_head_kv; ++h) {
+    for (int b = 0; b < blocks; ++b) kt.attention_convert_bf16(a, h, b, kv.get());
+    kt.attention_block_bf16(a, kv.get(), h * rep, (h + 1) * rep, t_begin, t_end);
+  }
+  return out;
+}
+
+// The stated bound for query row t of head h against fp64 attention: the exact score error of the
+// quantised scores (delta, log2 units) from the same quantisation as the kernel (mu, K and Q
+// rounded to the int8 grid as in ref/), then (2^(2 delta) - 1 + 2^-7 + 1e-5) max_{j<=t} |v_j|.
+struct Fp64Row {
+  std::vector<double> o;
+  double tol = 0;
+};
+Fp64Row Fp64RowAndBound(const Problem& p, int h, int t) {
+  const int d = p.s.head_dim, kvh = p.KvHead(h), T = p.s.n_tokens;
+  const float q_scale = p.scale * 1.44269504088896340736f;
+  // mu exactly as the kernel (fp32 sums in sample order, one division).
+  const int ns = std::min(kLowpKeys, T);
+  std::vector<float> mu(d, 0.0f);
+  for (int s = 0; s < ns; ++s)
+    for (int c = 0; c < d; ++c) mu[c] += p.K(static_cast<int>(static_cast<int64_t>(s) * T / ns), kvh)[c];
+  for (int c = 0; c < d; ++c) mu[c] /= static_cast<float>(ns);
+  // q^ (int8 grid) and its scale.
+  float qa = 0;
+  for (int c = 0; c < d; ++c) qa = std::max(qa, std::fabs(p.Q(t, h)[c] * q_scale));
+  const float qinv = qa > 0 ? 127.0f / qa : 0.0f;
+  std::vector<double> qh(d);
+  for (int c = 0; c < d; ++c) qh[c] = std::nearbyint(p.Q(t, h)[c] * q_scale * qinv) * static_cast<double>(qa / 127.0f);
+  double delta = 0, vmax = 0, m = -INFINITY;
+  std::vector<double> s(t + 1);
+  std::vector<float> kc(d);
+  for (int j = 0; j <= t; ++j) {
+    float ka = 0;
+    for (int c = 0; c < d; ++c) {
+      kc[c] = p.K(j, kvh)[c] - mu[c];
+      ka = std::max(ka, std::fabs(kc[c]));
+    }
+    const float kinv = ka > 0 ? 127.0f / ka : 0.0f;
+    double shat = 0, sc = 0, dot = 0;
+    for (int c = 0; c < d; ++c) {
+      shat += qh[c] * (std::nearbyint(kc[c] * kinv) * static_cast<double>(ka / 127.0f));
+      sc += static_cast<double>(p.Q(t, h)[c]) * q_scale * kc[c];
+      dot += static_cast<double>(p.Q(t, h)[c]) * p.K(j, kvh)[c];
+      vmax = std::max(vmax, std::fabs(static_cast<double>(p.V(j, kvh)[c])));
+    }
+    delta = std::max(delta, std::fabs(shat - sc));
+    s[j] = dot * p.scale;
+    m = std::max(m, s[j]);
+  }
+  Fp64Row r;
+  r.o.assign(d, 0.0);
+  double l = 0;
+  for (int j = 0; j <= t; ++j) {
+    const double w = std::exp(s[j] - m);
+    l += w;
+    for (int c = 0; c < d; ++c) r.o[c] += w * p.V(j, kvh)[c];
+  }
+  for (double& x : r.o) x /= l;
+  r.tol = (std::exp2(2 * delta) - 1 + 0x1p-7 + 1e-5) * vmax;
+  return r;
+}
+
+double VMaxUpTo(const Problem& p, int h, int t) {
+  double vmax = 0;
+  for (int j = 0; j <= t; ++j)
+    for (int c = 0; c < p.s.head_dim; ++c) vmax = std::max(vmax, std::fabs(static_cast<double>(p.V(j, p.KvHead(h))[c])));
+  return vmax;
+}
+
+// Rows [t_begin, t_end): got vs want within tol(h, t); padding NaN. Returns the largest error seen
+// relative to max|v| (for the log).
+template <typename Want, typename Tol>
+double Check(const Problem& p, const std::vector<float>& got, int t_begin, int t_end, Want want, Tol tol,
+             const std::string& what) {
+  int errors = 0;
+  double worst = 0;
+  for (int t = t_begin; t < t_end && errors < 5; ++t) {
+    for (int h = 0; h < p.s.n_head && errors < 5; ++h) {
+      const std::vector<double> e = want(h, t);
+      const double tl = tol(h, t);
+      const float* o = got.data() + t * p.ldo + h * p.s.head_dim;
+      for (int c = 0; c < p.s.head_dim; ++c) {
+        const double err = std::fabs(o[c] - e[c]);
+        worst = std::max(worst, err);
+        if (!(err <= tl)) {
+          ADD_FAILURE() << what << " " << Name(p.s) << ": t=" << t << " head=" << h << " c=" << c << " got " << o[c]
+                        << " want " << e[c] << " tol " << tl;
+          if (++errors >= 5) break;
+        }
+      }
+    }
+    for (int64_t c = static_cast<int64_t>(p.s.n_head) * p.s.head_dim; c < p.ldo; ++c)
+      if (!std::isnan(got[t * p.ldo + c])) {
+        ADD_FAILURE() << what << " " << Name(p.s) << ": wrote row padding at t=" << t;
+        ++errors;
+        break;
+      }
+  }
+  return worst;
+}
+
+std::vector<double> RowOf(const Problem& p, const std::vector<float>& out, int h, int t) {
+  const float* o = out.data() + t * p.ldo + h * p.s.head_dim;
+  return std::vector<double>(o, o + p.s.head_dim);
+}
+
+// The fast path against the reference of the same algorithm: identical K/V bytes and identical P,
+// so the outputs differ only by the fp32 accumulation order of O (and l): sums of at most t + 1
+// same-sign weights times |v| <= max|v|, 2 gamma(t + 2) max|v|, plus the division and store.
+double TightTol(const Problem& p, int h, int t) {
+  const double n = t + 2;
+  return VMaxUpTo(p, h, t) * (2 * n * kU / (1 - n * kU) + 4 * kU);
+}
+
+std::vector<Shape> AwkwardShapes() {
+  std::vector<Shape> shapes;
+  for (int t : {1, 2, 7, 63, 64, 65, 130, 257}) {
+    shapes.push_back({t, 4, 4, 64});    // GQA 1
+    shapes.push_back({t, 8, 2, 128});   // GQA 4
+    shapes.push_back({t, 8, 1, 192});   // GQA 8, deepseek-sized heads
+  }
+  for (int d : {40, 72, 100}) shapes.push_back({97, 4, 2, d});
+  return shapes;
+}
+
+TEST(AttentionLowp, ConvertAvx512WritesTheReferenceBytes) {
+  SEED_TRACE();
+  if (Avx512Table() == nullptr) GTEST_SKIP() << "no AVX-512 here";
+  uint32_t salt = 1;
+  for (const Shape& s : {Shape{1, 1, 1, 64}, Shape{63, 2, 2, 72}, Shape{65, 2, 1, 128}, Shape{130, 2, 2, 192},
+                         Shape{200, 1, 1, 40}}) {
+    for (bool outliers : {false, true}) {
+      const Problem p(s, salt++, outliers);
+      const AttentionArgs a = p.Args(nullptr);
+      const size_t bytes = AttentionLowpKvBytes(s.head_dim, s.n_tokens);
+      std::vector<uint8_t> ref(bytes, 0xAB), fast(bytes, 0xCD);
+      const int blocks = (s.n_tokens + kLowpKeys - 1) / kLowpKeys;
+      const LowpLayout L(s.head_dim);
+      for (int h = 0; h < s.n_head_kv; ++h) {
+        for (int b = 0; b < blocks; ++b) {
+          AttentionLowpConvertKvRef(a, h, b, reinterpret_cast<uint16_t*>(ref.data()));
+          AttentionLowpConvertKvAvx512(a, h, b, reinterpret_cast<uint16_t*>(fast.data()));
+        }
+        // Compare the fields (the alignment gaps between them are not written).
+        for (int b = 0; b < blocks; ++b) {
+          const size_t o = b * L.block_bytes;
+          EXPECT_EQ(0, std::memcmp(ref.data() + o, fast.data() + o, static_cast<size_t>(kLowpKeys) * L.dp))
+              << Name(s) << " keys, block " << b;
+          EXPECT_EQ(0, std::memcmp(ref.data() + o + L.corr, fast.data() + o + L.corr, 8 * kLowpKeys))
+              << Name(s) << " corr/scales, block " << b;
+          EXPECT_EQ(0, std::memcmp(ref.data() + o + L.vb, fast.data() + o + L.vb, 2 * kLowpKeys * s.head_dim))
+              << Name(s) << " values, block " << b;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionLowp, Avx512MatchesReference) {
+  SEED_TRACE();
+  const KernelTable* kt = Avx512Table();
+  if (kt == nullptr) GTEST_SKIP() << "no AVX-512 here";
+  uint32_t salt = 100;
+  for (const Shape& s : AwkwardShapes()) {
+    const bool outliers = salt % 3 == 0;
+    const Problem p(s, salt++, outliers);
+    const std::vector<float> ref = RefRows(p, 0, s.n_tokens);
+    const std::vector<float> out = RunLowp(*kt, p);
+    Check(p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
+          [&](int h, int t) { return TightTol(p, h, t); }, "avx512 vs ref");
+    // Uneven direct calls: one head over 29 rows, whole GQA groups over 150 rows.
+    const size_t bytes = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens);
+    AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 * s.n_head_kv + 32);
+    std::vector<float> out2 = p.Poisoned();
+    const AttentionArgs a = p.Args(out2.data());
+    const int blocks = (s.n_tokens + kLowpKeys - 1) / kLowpKeys;
+    for (int h = 0; h < s.n_head_kv; ++h)
+      for (int b = 0; b < blocks; ++b) kt->attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
+    const int rep = s.n_head / s.n_head_kv;
+    for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
+      std::fill(out2.begin(), out2.end(), kNaN);
+      for (int h = 0; h < s.n_head; h += heads)
+        for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
+          kt->attention_block_bf16(a, kv.get() + (h / rep) * (bytes / 2), h, h + heads, t0,
+                                   std::min(s.n_tokens, t0 + rows));
+      Check(p, out2, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
+            [&](int h, int t) { return TightTol(p, h, t); },
+            "avx512 calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows");
+    }
+  }
+}
+
+// Both the reference and the fast path against fp64 attention within the stated bound, with and
+// without key outliers.
+TEST(AttentionLowp, MatchesFp64WithinStatedBound) {
+  SEED_TRACE();
+  uint32_t salt = 300;
+  for (const Shape& s : AwkwardShapes()) {
+    for (bool outliers : {false, true}) {
+      const Problem p(s, salt++, outliers);
+      std::vector<std::vector<Fp64Row>> want(s.n_tokens, std::vector<Fp64Row>(s.n_head));
+      for (int t = 0; t < s.n_tokens; ++t)
+        for (int h = 0; h < s.n_head; ++h) want[t][h] = Fp64RowAndBound(p, h, t);
+      auto w = [&](int h, int t) { return want[t][h].o; };
+      auto tol = [&](int h, int t) { return want[t][h].tol; };
+      const std::string tag = outliers ? " (key outliers)" : "";
+      Check(p, RefRows(p, 0, s.n_tokens), 0, s.n_tokens, w, tol, "ref vs fp64" + tag);
+      if (const KernelTable* kt = Avx512Table()) Check(p, RunLowp(*kt, p), 0, s.n_tokens, w, tol, "avx512 vs fp64" + tag);
+    }
+  }
+}
+
+// Smoothing matters: channel offsets of +-40 on three key dims (as real K has) cancel in
+// q.(k - mu), so the error stays that of the same heads without them (quantising the raw keys
+// would put a step of 40/127 on every dim of every key, ~10x the error).
+TEST(AttentionLowp, KeyChannelOffsetsKeepTheErrorSmall) {
+  SEED_TRACE();
+  const Shape s{257, 4, 1, 128};
+  const Problem plain(s, 7);
+  Problem offset = plain;
+  for (int c : {1, 40, 126})
+    for (int t = 0; t < s.n_tokens; ++t) offset.k[t * offset.ldk + c] += (c % 2 ? 40.0f : -40.0f);
+  const KernelTable& kt = Avx512Table() ? *Avx512Table() : RefTable();
+  auto worst_error = [&](const Problem& p) {
+    const std::vector<float> out = RunLowp(kt, p);
+    double worst = 0;
+    for (int t = 0; t < s.n_tokens; t += 4)
+      for (int h = 0; h < s.n_head; ++h) {
+        const Fp64Row r = Fp64RowAndBound(p, h, t);
+        for (int c = 0; c < s.head_dim; ++c)
+          worst = std::max(worst, std::fabs(out[t * p.ldo + h * s.head_dim + c] - r.o[c]));
+      }
+    return worst;
+  };
+  const double e_plain = worst_error(plain), e_offset = worst_error(offset);
+  EXPECT_LT(e_offset, 2 * e_plain + 1e-3) << "plain heads " << e_plain;
+  EXPECT_LT(e_plain, 0.03) << "largest error vs fp64 (max|v| <= 1)";
+}
+
+// T = 4096: the last rows (most keys) and an early block against the reference and fp64.
+TEST(AttentionLowp, LongSequence) {
+  SEED_TRACE();
+  const KernelTable* kt = Avx512Table();
+  if (kt == nullptr) GTEST_SKIP() << "no AVX-512 here";
+  const Shape s{4096, 2, 1, 128};
+  const Problem p(s, 11, /*outliers=*/true);
+  const std::vector<float> out = RunLowp(*kt, p);
+  for (const auto& [t0, t1] : {std::pair{4096 - 24, 4096}, std::pair{100, 120}}) {
+    const std::vector<float> ref = RefRows(p, t0, t1);
+    Check(p, out, t0, t1, [&](int h, int t) { return RowOf(p, ref, h, t); },
+          [&](int h, int t) { return TightTol(p, h, t); }, "long vs ref");
+  }
+  for (int t : {4095, 2049, 130}) {
+    std::vector<std::vector<Fp64Row>> want(s.n_head);
+    for (int h = 0; h < s.n_head; ++h) want[h].push_back(Fp64RowAndBound(p, h, t));
+    Check(p, out, t, t + 1, [&](int h, int) { return want[h][0].o; }, [&](int h, int) { return want[h][0].tol; },
+          "long vs fp64");
+  }
+}
+
+// The engine's table carries it exactly where the AMX kernel is not selected (and the switch is
+// on), counts its buffer, and calls without allow_bf16 still run the fp32 kernel.
+TEST(AttentionLowp, Wiring) {
+  const KernelTable& kt = Kernels();
+  const bool want = HostIsa() == Isa::kAvx512 && !AttentionAmxSelected() && AttentionLowpSelected();
+  EXPECT_EQ(want, kt.attention_block_bf16 == AttentionBlockLowpAvx512);
+  if (want) {
+    EXPECT_GE(AttentionKvBytes(128, 32, 4, 1024, 2), AttentionLowpKvBytes(128, 1024));
+    EXPECT_GE(AttentionScratchBytes(128), AttentionLowpScratchBytes(128, 32));
+    const Problem p({70, 4, 2, 64}, 21);
+    KernelTable fp32_only = KernelsFor(Isa::kAvx512);
+    FillAvx512OpsWith(&fp32_only, /*use_amx=*/false);
+    std::vector<float> fp32 = p.Poisoned(), not_allowed = p.Poisoned();
+    omp_set_num_threads(2);
+    AttentionPrefillWith(fp32_only, p.Args(fp32.data()));
+    AttentionArgs a = p.Args(not_allowed.data());
+    a.allow_bf16 = false;
+    AttentionPrefillWith(kt, a);
+    for (size_t i = 0; i < fp32.size(); ++i)
+      ASSERT_TRUE(std::memcmp(&fp32[i], &not_allowed[i], 4) == 0) << "allow_bf16 = false must run the fp32 kernel";
+  }
+}
+
+}  // namespace
+}  // namespace estream::kernels
