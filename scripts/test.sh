@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds estream and runs the whole test suite, as CI does:
 #   1. Release build, every ctest test (kernels compare each ISA path with the scalar reference);
-#   2. the whole-model tests again with the kernels forced to avx2 and to scalar (ESTREAM_ISA);
+#   2. the whole-model tests again with the kernels forced to avx2 and to scalar (ESTREAM_ISA), and
+#      the low-precision attention's tests with it switched on (ESTREAM_ATTN_LOWP=1);
 #   3. the tests labelled `sanitize` (parsers, formats, loader, pipeline) under AddressSanitizer +
 #      UndefinedBehaviorSanitizer;
 #   4. the concurrency tests under ThreadSanitizer (where present);
@@ -36,6 +37,9 @@ for isa in avx2 scalar; do
     ESTREAM_ISA=$isa ctest --test-dir build -j "$JOBS" -L model --timeout 600
   fi
 done
+
+step "low-precision attention switched on (ESTREAM_ATTN_LOWP=1: opt-in, kernels/attention_lowp.h)"
+ESTREAM_ATTN_LOWP=1 ctest --test-dir build -j "$JOBS" -R 'AttentionLowp' --timeout 600
 
 step "tests labelled sanitize under ASan + UBSan"
 cmake -S . -B build-asan "${SAN_FLAGS[@]}" -DESTREAM_SANITIZE=address,undefined >/dev/null

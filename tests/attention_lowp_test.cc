@@ -7,7 +7,7 @@
 //  - awkward sizes (T not a multiple of 64, head_dim 40/64/72/128/192, GQA 1/4/8), outputs
 //    NaN-poisoned first (row padding must stay NaN), keys with large outliers, T = 4096;
 //  - the wiring: the active table carries it exactly where the AMX kernel is not selected and
-//    ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
+//    ESTREAM_ATTN_LOWP is "1" (opt-in), and only allow_bf16 calls reach it.
 // The seed is fresh per run and printed on failure; ESTREAM_TEST_SEED=<n> replays a run.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,9 +1,12 @@
 // Low-precision causal attention for prefill on hosts without AMX: Q.K^T in int8 (vpdpbusd),
 // P.V in bf16 (vdpbf16ps), fp32 online softmax. It fills the table's bf16 attention entries
 // (KernelTable::attention_convert_bf16 / attention_block_bf16 / ..., dispatch.h) of the AVX-512
-// level where the AMX-BF16 kernel is not selected and ESTREAM_ATTN_LOWP is not "0", so it runs for
+// level where the AMX-BF16 kernel is not selected and ESTREAM_ATTN_LOWP is "1", so it runs for
 // AttentionArgs::allow_bf16 (layers whose Q/K/V/O projections are quantised) exactly where the AMX
-// kernel would. The scalar reference of the same algorithm (quantisation included) is
+// kernel would. Opt-in for now: a row's result depends on which rows share its tile, so a
+// shared-prefix continuation (AttentionArgs::q_begin > 0, tiles start at the continuation) differs
+// from the same tokens run as one sequence at the bf16 rounding level (up to ~4e-3 relative on
+// logits, measured by tests/model_batch_test.cc), where the engine promises 1e-5. The scalar reference of the same algorithm (quantisation included) is
 // ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc is the fast path. Internal to
 // src/kernels and its tests.
 //
@@ -64,7 +67,7 @@ struct LowpLayout {
   explicit LowpLayout(int head_dim);
 };
 
-// True unless ESTREAM_ATTN_LOWP is "0". Computed once.
+// True when ESTREAM_ATTN_LOWP is "1" (opt-in, see above). Computed once.
 bool AttentionLowpSelected();
 
 // Bytes of one kv head's converted K/V for n_tokens (KernelTable::attention_kv_bytes_bf16).

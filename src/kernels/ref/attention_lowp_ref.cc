@@ -44,7 +44,7 @@ LowpLayout::LowpLayout(int head_dim) : d(head_dim), dp((head_dim + 3) / 4 * 4) {
 bool AttentionLowpSelected() {
   static const bool selected = [] {
     const char* env = std::getenv("ESTREAM_ATTN_LOWP");
-    return env == nullptr || std::strcmp(env, "0") != 0;
+    return env != nullptr && std::strcmp(env, "1") == 0;
   }();
   return selected;
 }

@@ -281,7 +281,7 @@ void AddAvx512(float* y, const float* x, int64_t n) {
 }  // namespace
 
 // Without a selected AMX kernel, the bf16 entries carry the int8/bf16 attention
-// (attention_lowp.h) unless ESTREAM_ATTN_LOWP is "0".
+// (attention_lowp.h) when ESTREAM_ATTN_LOWP is "1".
 void FillAvx512Ops(KernelTable* t) {
   FillAvx512OpsWith(t, AttentionAmxSelected());
   if (!AttentionAmxSelected() && AttentionLowpSelected()) FillAttentionLowpAvx512(t);
