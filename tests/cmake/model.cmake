@@ -38,15 +38,9 @@ estream_add_test(model_deepseek2_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_
 # LFM2-MoE: packed resident and streamed under every schedule vs the golden logits; bad input.
 estream_add_test(model_lfm2moe_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_lfm2moe_test.cc
   LIBS estream_model estream_pack LABELS model)
-# The estream commands on deepseek2 end to end (runs the built estream binary).
-estream_add_test(deepseek2_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/deepseek2_cli_test.cc
+# The estream commands on deepseek2 and lfm2moe end to end (runs the built estream binary).
+estream_add_test(family_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/family_cli_test.cc
   LIBS estream_model nlohmann_json::nlohmann_json LABELS model)
-if(TARGET deepseek2_cli_test)
-  add_dependencies(deepseek2_cli_test estream)
-endif()
-# The estream commands on lfm2moe end to end (runs the built estream binary).
-estream_add_test(lfm2moe_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/lfm2moe_cli_test.cc
-  LIBS estream_model nlohmann_json::nlohmann_json LABELS model)
-if(TARGET lfm2moe_cli_test)
-  add_dependencies(lfm2moe_cli_test estream)
+if(TARGET family_cli_test)
+  add_dependencies(family_cli_test estream)
 endif()
