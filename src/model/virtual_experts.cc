@@ -45,10 +45,12 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   const uint64_t ffw = std::max<uint64_t>({ff, static_cast<uint64_t>(c.n_ff), static_cast<uint64_t>(c.n_ff_shexp)});
   b += (C * (ffw - ff) * 4 * 2 + C * ((ffw - ff) / 32) * q8) + T * static_cast<uint64_t>(MlaScratchFloats(c)) * 4;
   if (c.has_conv_layers()) b += T * 3 * d * 4;  // the short convolutions' in-projection
-  // Engine: final hidden states, one logits chunk (at most 8 MiB of floats, or one row), the
-  // prompt's log-probabilities and the LM head's double scratch.
+  // Engine: final hidden states, one logits chunk (engine.cc's LogitsChunkRows: 2^23 / V rows,
+  // 1 to 64, i.e. up to 32 MiB of floats), the prompt's log-probabilities and the LM head's
+  // double scratch.
   const uint64_t V = c.n_vocab;
-  b += T * d * 4 + std::max<uint64_t>(uint64_t{8} << 20, V * 4) + T * 4 + 64 * 8;
+  const uint64_t logit_rows = std::clamp<uint64_t>((uint64_t{8} << 20) / V, 1, 64);
+  b += T * d * 4 + logit_rows * V * 4 + T * 4 + 64 * 8;
   // Attention scratch inside the kernels, per thread: the fast paths' tiles (kernels.h) and the
   // scalar reference's rows of T scores.
   b += static_cast<uint64_t>(n_threads) * (kernels::AttentionScratchBytes(c.head_dim) + T * 4 * 4);
