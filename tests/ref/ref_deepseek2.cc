@@ -10,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 #include "ref/ref_forward.h"
+#include "ref/ref_math.h"
 
 namespace estream::ref {
 namespace {
@@ -17,45 +18,17 @@ namespace {
 using Vec = std::vector<double>;
 
 Result<Vec> Get(const GgufFile& f, const std::string& name, std::vector<int64_t> shape) {
-  const GgufTensorInfo* t = f.FindTensor(name);
-  if (!t) return Status::Corruption("ref: missing tensor " + name);
-  int64_t n = 1;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (t->ne(static_cast<int>(d)) != shape[d]) return Status::Corruption("ref: bad shape of " + name);
-    n *= shape[d];
-  }
-  if (static_cast<uint64_t>(n) != t->n_elements) return Status::Corruption("ref: bad size of " + name);
-  const int64_t row = shape[0];
-  const size_t row_bytes = RowBytes(t->type, row);
-  const uint8_t* src = f.TensorData(*t);
-  Vec out(n);
-  std::vector<float> tmp(row);
-  for (int64_t r = 0; r < n / row; ++r) {
-    DequantizeRow(t->type, src + r * row_bytes, tmp.data(), row);
-    for (int64_t i = 0; i < row; ++i) out[r * row + i] = tmp[i];
-  }
-  return out;
+  return ReadTensor(f, name, shape);
 }
 
 // y[o] = sum_i W[o][i] x[i], W row-major n_out x n_in (GGUF [n_in, n_out]).
 Vec Mv(const Vec& w, const double* x, int64_t n_in, int64_t n_out, int64_t off = 0) {
   Vec y(n_out);
-  for (int64_t o = 0; o < n_out; ++o) {
-    double s = 0;
-    for (int64_t i = 0; i < n_in; ++i) s += w[off + o * n_in + i] * x[i];
-    y[o] = s;
-  }
+  MatVec(w, x, n_in, n_out, y.data(), off);
   return y;
 }
 
-void RmsNorm(double* x, const Vec& w, int64_t n, double eps) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const double sc = 1.0 / std::sqrt(ss / n + eps);
-  for (int64_t i = 0; i < n; ++i) x[i] *= sc * w[i];
-}
-
-double Silu(double g) { return g / (1.0 + std::exp(-g)); }
+void RmsNorm(double* x, const Vec& w, int64_t n, double eps) { RmsNormInPlace(x, w.data(), n, eps); }
 
 // SwiGLU FFN of width n on h [d]: gate/up GGUF [d, n], down [n, d] (or offset slices of 3-D).
 Vec Ffn(const Vec& g, const Vec& u, const Vec& dn, const double* h, int64_t d, int64_t n, int64_t off_gu = 0,

@@ -23,6 +23,7 @@
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 #include "ref/ref_forward.h"
+#include "ref/ref_math.h"
 
 namespace estream::ref {
 namespace {
@@ -30,50 +31,11 @@ namespace {
 using Vec = std::vector<double>;
 
 Result<Vec> Get(const GgufFile& f, const std::string& name, std::vector<int64_t> shape) {
-  const GgufTensorInfo* t = f.FindTensor(name);
-  if (!t) return Status::Corruption("ref: missing tensor " + name);
-  int64_t n = 1;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (t->ne(static_cast<int>(d)) != shape[d]) return Status::Corruption("ref: bad shape of " + name);
-    n *= shape[d];
-  }
-  if (static_cast<uint64_t>(n) != t->n_elements) return Status::Corruption("ref: bad size of " + name);
-  const int64_t row = shape[0];
-  const size_t row_bytes = RowBytes(t->type, row);
-  Vec out(n);
-  std::vector<float> tmp(row);
-  for (int64_t r = 0; r < n / row; ++r) {
-    DequantizeRow(t->type, f.TensorData(*t) + r * row_bytes, tmp.data(), row);
-    for (int64_t i = 0; i < row; ++i) out[r * row + i] = tmp[i];
-  }
-  return out;
+  return ReadTensor(f, name, shape);
 }
 
-void MatVec(const Vec& w, const double* x, int64_t n_in, int64_t n_out, double* y, int64_t off = 0) {
-  for (int64_t o = 0; o < n_out; ++o) {
-    double s = 0;
-    for (int64_t i = 0; i < n_in; ++i) s += w[off + o * n_in + i] * x[i];
-    y[o] = s;
-  }
-}
-
-void RmsNorm(double* x, const double* w, int64_t n, double eps) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const double s = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * s * w[i];
-}
-
-void RopeNeox(double* x, int hd, int pos, double base) {
-  for (int i = 0; i < hd / 2; ++i) {
-    const double th = pos * std::pow(base, -2.0 * i / hd);
-    const double c = std::cos(th), s = std::sin(th), a = x[i], b = x[i + hd / 2];
-    x[i] = a * c - b * s;
-    x[i + hd / 2] = a * s + b * c;
-  }
-}
-
-double Silu(double g) { return g / (1.0 + std::exp(-g)); }
+void RmsNorm(double* x, const double* w, int64_t n, double eps) { RmsNormInPlace(x, w, n, eps); }
+void RopeNeox(double* x, int hd, int pos, double base) { RotateHead(x, hd, pos, base, /*neox=*/true); }
 
 Result<int64_t> IntOf(const GgufValue& v) {
   switch (v.type) {
