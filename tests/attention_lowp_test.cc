@@ -6,8 +6,12 @@
 //    from the data (the largest score error delta_i of that query's quantised scores);
 //  - awkward sizes (T not a multiple of 64, head_dim 40/64/72/128/192, GQA 1/4/8), outputs
 //    NaN-poisoned first (row padding must stay NaN), keys with large outliers, T = 4096;
+//  - causality through AttentionPrefill: a row's output depends only on keys 0..t, so a prompt's
+//    rows are bit for bit those of any longer prompt it begins, and rows computed with q_begin > 0
+//    (a shared-prefix continuation) those of the whole sequence; rows before the first key block
+//    are the fp32 kernel's;
 //  - the wiring: the active table carries it exactly where the AMX kernel is not selected and
-//    ESTREAM_ATTN_LOWP is "1" (opt-in), and only allow_bf16 calls reach it.
+//    ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
 // The seed is fresh per run and printed on failure; ESTREAM_TEST_SEED=<n> replays a run.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -43,24 +47,30 @@ uint32_t TestSeed() {
 }
 #define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))
 
+// The tables as the engine fills them (`exact_rows`: the first kLowpKeys rows on the fp32 kernel)
+// or, for the tests of the kernel itself, with every row on the low-precision kernel.
+KernelTable LowpRefTable(bool exact_rows) {
+  KernelTable k = KernelsFor(Isa::kScalar);
+  FillAttentionLowpRef(&k);
+  if (!exact_rows) k.attention_exact_rows_bf16 = 0;
+  return k;
+}
+// The AVX-512 one (REQUIRES HostIsa() == kAvx512: VNNI + BF16).
+KernelTable LowpAvx512Table(bool exact_rows) {
+  KernelTable k = KernelsFor(Isa::kAvx512);
+  FillAvx512OpsWith(&k, /*use_amx=*/false);
+  FillAttentionLowpAvx512(&k);
+  if (!exact_rows) k.attention_exact_rows_bf16 = 0;
+  return k;
+}
 const KernelTable& RefTable() {
-  static const KernelTable t = [] {
-    KernelTable k = KernelsFor(Isa::kScalar);
-    FillAttentionLowpRef(&k);
-    return k;
-  }();
+  static const KernelTable t = LowpRefTable(false);
   return t;
 }
-
-// The AVX-512 table with the low-precision attention, or null without AVX-512 (VNNI + BF16).
+// Null without AVX-512.
 const KernelTable* Avx512Table() {
   if (HostIsa() != Isa::kAvx512) return nullptr;
-  static const KernelTable t = [] {
-    KernelTable k = KernelsFor(Isa::kAvx512);
-    FillAvx512OpsWith(&k, /*use_amx=*/false);
-    FillAttentionLowpAvx512(&k);
-    return k;
-  }();
+  static const KernelTable t = LowpAvx512Table(false);
   return &t;
 }
 
@@ -151,7 +161,7 @@ Fp64Row Fp64RowAndBound(const Problem& p, int h, int t) {
   const int ns = std::min(kLowpKeys, T);
   std::vector<float> mu(d, 0.0f);
   for (int s = 0; s < ns; ++s)
-    for (int c = 0; c < d; ++c) mu[c] += p.K(static_cast<int>(static_cast<int64_t>(s) * T / ns), kvh)[c];
+    for (int c = 0; c < d; ++c) mu[c] += p.K(s, kvh)[c];
   for (int c = 0; c < d; ++c) mu[c] /= static_cast<float>(ns);
   // q^ (int8 grid) and its scale.
   float qa = 0;
@@ -388,6 +398,50 @@ TEST(AttentionLowp, LongSequence) {
     for (int h = 0; h < s.n_head; ++h) want[h].push_back(Fp64RowAndBound(p, h, t));
     Check(p, out, t, t + 1, [&](int h, int) { return want[h][0].o; }, [&](int h, int) { return want[h][0].tol; },
           "long vs fp64");
+  }
+}
+
+// Through AttentionPrefill, whatever follows a row cannot change it: the rows of a prefix equal
+// those of the whole sequence bit for bit, and so do rows computed from q_begin (a continuation
+// after its context); the first kLowpKeys rows are the fp32 kernel's. Ref table and, on AVX-512
+// hosts, the fast one; T on both sides of the first key block, GQA 2.
+TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
+  std::vector<KernelTable> tables = {LowpRefTable(true)};
+  if (HostIsa() == Isa::kAvx512) tables.push_back(LowpAvx512Table(true));
+  omp_set_num_threads(2);
+  for (const KernelTable& kt : tables) {
+    for (int T : {37, 200}) {
+      const Problem p({T, 4, 2, 64}, 30 + T, /*outliers=*/true);
+      std::vector<float> whole = p.Poisoned();
+      AttentionPrefillWith(kt, p.Args(whole.data()));
+      std::vector<float> fp32 = p.Poisoned();
+      AttentionArgs f = p.Args(fp32.data());
+      f.allow_bf16 = false;
+      AttentionPrefillWith(kt, f);
+      for (int prefix : {1, 29, 64, 65, 130}) {
+        if (prefix >= T) continue;
+        std::vector<float> part = p.Poisoned();
+        AttentionArgs a = p.Args(part.data());
+        a.n_tokens = prefix;
+        AttentionPrefillWith(kt, a);
+        std::vector<float> cont = p.Poisoned();
+        AttentionArgs c = p.Args(cont.data());
+        c.q_begin = prefix;
+        AttentionPrefillWith(kt, c);
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < p.s.n_head; ++h)
+            for (int x = 0; x < p.s.head_dim; ++x) {
+              const int64_t i = t * p.ldo + h * p.s.head_dim + x;
+              const float* other = t < prefix ? &part[i] : &cont[i];
+              ASSERT_EQ(0, std::memcmp(other, &whole[i], 4))
+                  << "T=" << T << " prefix=" << prefix << " row " << t << " head " << h << " isa "
+                  << static_cast<int>(kt.isa) << " seed " << TestSeed();
+              if (t < kLowpKeys) {
+                ASSERT_EQ(0, std::memcmp(&fp32[i], &whole[i], 4)) << "row " << t << " not fp32";
+              }
+            }
+      }
+    }
   }
 }
 

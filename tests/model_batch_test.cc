@@ -184,11 +184,14 @@ TEST(Batch, BadRequestsFailAlone) {
   EXPECT_TRUE((*e)->RunBatch({}).empty());
 }
 
-// Continuation scores vs running context ++ continuation alone.
-void CheckContinuations(Engine& e, const std::string& what) {
+// Continuation scores vs running context ++ continuation alone. A context longer than 64 tokens
+// puts rows of both the context and the continuations on the low-precision attention where the
+// host has it (quantised projections; kernels/attention_lowp.h), whose rows must not depend on
+// the keys after them.
+void CheckContinuations(Engine& e, const std::string& what, int context_len = 37) {
   const int V = e.info().n_vocab;
   Request r;
-  r.tokens = Tokens(37, 9, V);
+  r.tokens = Tokens(context_len, 9, V);
   r.top_k = 2;
   r.continuations = {Tokens(5, 11, V), Tokens(1, 12, V), Tokens(12, 13, V), Tokens(3, 14, V)};
   // A greedy continuation: the argmax chain, built token by token.
@@ -250,6 +253,7 @@ TEST(Batch, PackedResidentAndStreamed) {
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     CheckBatchMatchesSingles(**e, batch, "packed resident");
     CheckContinuations(**e, "packed resident");
+    CheckContinuations(**e, "packed resident, long context", 90);
   }
   using S = EngineOptions::Schedule;
   for (S s : {S::kOnDemand, S::kAfterRouting, S::kEarly}) {
@@ -259,6 +263,7 @@ TEST(Batch, PackedResidentAndStreamed) {
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     CheckBatchMatchesSingles(**e, batch, what, /*min_passes=*/2);  // 228 tokens, 128 per pass
     CheckContinuations(**e, what);
+    CheckContinuations(**e, what + ", long context", 90);
     // One pass reads each active group once per layer: fewer bytes than the requests alone.
     std::vector<Request> small(batch.begin(), batch.begin() + 4);
     auto together = (*e)->RunBatch(small);

@@ -1,21 +1,23 @@
 // Low-precision causal attention for prefill on hosts without AMX: Q.K^T in int8 (vpdpbusd),
 // P.V in bf16 (vdpbf16ps), fp32 online softmax. It fills the table's bf16 attention entries
 // (KernelTable::attention_convert_bf16 / attention_block_bf16 / ..., dispatch.h) of the AVX-512
-// level where the AMX-BF16 kernel is not selected and ESTREAM_ATTN_LOWP is "1", so it runs for
+// level where the AMX-BF16 kernel is not selected, unless ESTREAM_ATTN_LOWP is "0", so it runs for
 // AttentionArgs::allow_bf16 (layers whose Q/K/V/O projections are quantised) exactly where the AMX
-// kernel would. Opt-in for now: a row's result depends on which rows share its tile, so a
-// shared-prefix continuation (AttentionArgs::q_begin > 0, tiles start at the continuation) differs
-// from the same tokens run as one sequence at the bf16 rounding level (up to ~4e-3 relative on
-// logits, measured by tests/model_batch_test.cc), where the engine promises 1e-5. The scalar reference of the same algorithm (quantisation included) is
-// ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc is the fast path. Internal to
-// src/kernels and its tests.
+// kernel would. A row's result depends only on the keys it attends to (keys 0..t): K is smoothed
+// with the mean of the first kLowpKeys keys, and the rows before them take the fp32 kernel
+// (KernelTable::attention_exact_rows_bf16), so a prompt's outputs do not depend on what follows it
+// and a shared-prefix continuation (AttentionArgs::q_begin > 0) gives what the same tokens give as
+// one sequence (tests/model_batch_test.cc). The scalar reference of the same algorithm
+// (quantisation included) is ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc is the fast
+// path. Internal to src/kernels and its tests.
 //
 // Algorithm. K and V are converted once per AttentionPrefill call, per kv head and key block of
 // kLowpKeys = 64 keys (AttentionLowpConvertKv*, in parallel before the work items):
-//   mu = mean of K over n_s = min(64, T) keys spread evenly over the sequence (key floor(i T / n_s)),
-//        the same vector for every key: softmax is invariant to the per-query constant q.mu, so
-//        scores of (k - mu) equal those of k; subtracting it removes the channel outliers common
-//        to all keys (offsets of tens in a few dims) before quantising ("smoothing" K);
+//   mu = mean of K over its first n_s = min(64, T) keys, the same vector for every key: softmax
+//        is invariant to the per-query constant q.mu, so scores of (k - mu) equal those of k;
+//        subtracting it removes the channel outliers common to all keys (offsets of tens in a few
+//        dims) before quantising ("smoothing" K). Only the first keys, so that rows from
+//        kLowpKeys on depend on no key after them (the rows before take the fp32 kernel);
 //   per key j: kc = k_j - mu, sk_j = max|kc| / 127, ki_j = rne(kc / sk_j) in [-127, 127] (int8),
 //        corr_j = 128 sum_d ki_j[d];  V as bf16 (round to nearest even), key pairs interleaved.
 // Per tile of kLowpRows = 64 queries of one head (queries in the vector lanes, as the fp32 x86
@@ -67,7 +69,7 @@ struct LowpLayout {
   explicit LowpLayout(int head_dim);
 };
 
-// True when ESTREAM_ATTN_LOWP is "1" (opt-in, see above). Computed once.
+// False when ESTREAM_ATTN_LOWP is "0" (the fp32 kernel then runs instead). Computed once.
 bool AttentionLowpSelected();
 
 // Bytes of one kv head's converted K/V for n_tokens (KernelTable::attention_kv_bytes_bf16).

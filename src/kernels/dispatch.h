@@ -59,8 +59,9 @@ struct KernelTable {
   // AttentionPrefill passes several heads of a GQA group and/or several tiles per call.
   void (*attention_block)(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) = nullptr;
   int attention_rows = 64;
-  // The bf16 path (AMX-BF16 where the host has it and ESTREAM_ATTN_BF16 is not "0"; all null
-  // elsewhere), used for AttentionArgs::allow_bf16: bf16 operands with fp32 accumulation. K and V
+  // The bf16 path (AMX-BF16 where the host has it and ESTREAM_ATTN_BF16 is not "0"; else on
+  // AVX-512 the int8/bf16 kernel of attention_lowp.h unless ESTREAM_ATTN_LOWP is "0"; all null
+  // elsewhere), used for AttentionArgs::allow_bf16: low-precision operands, fp32 accumulation. K and V
   // are converted once per AttentionPrefill call: attention_convert_bf16 writes key block `block`
   // (attention_kv_block_bf16 keys) of kv head `kv_head` into kv16, that head's buffer of
   // attention_kv_bytes_bf16(head_dim, n_tokens) bytes; attention_block_bf16 then has the contract
@@ -71,6 +72,10 @@ struct KernelTable {
   void (*attention_block_bf16)(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end,
                                int t_begin, int t_end) = nullptr;
   int attention_rows_bf16 = 0;
+  // Query rows [0, n) of every call take attention_block (fp32) even where the bf16 entries run:
+  // the low-precision kernel smooths K with the mean of the first n keys, so a row before them
+  // would depend on keys after it, and a prompt's result on what follows it (attention_lowp.h).
+  int attention_exact_rows_bf16 = 0;
   // Bytes of per-thread scratch the entries above keep (grown once, thread_local) after calls of
   // at most `tiles` (head, row tile) tiles with heads of head_dim; null: none beyond O(T) rows.
   size_t (*attention_scratch_bytes)(int head_dim, int tiles) = nullptr;

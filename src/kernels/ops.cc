@@ -130,8 +130,16 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < p.per_kv * nh; ++i) {
-      const ItemRange r = item_at(h0 * p.per_kv + i);
-      kt.attention_block_bf16(a, kv + (r.kv_head - h0) * head_elems, r.head_begin, r.head_end, r.t_begin, r.t_end);
+      ItemRange r = item_at(h0 * p.per_kv + i);
+      // Rows before attention_exact_rows_bf16 take the fp32 kernel, one head at a time (its
+      // scratch is sized for kMaxTilesPerItemF32 tiles; these rows are at most a few of them).
+      if (r.t_begin < kt.attention_exact_rows_bf16) {
+        const int exact_end = std::min(r.t_end, kt.attention_exact_rows_bf16);
+        for (int h = r.head_begin; h < r.head_end; ++h) kt.attention_block(a, h, h + 1, r.t_begin, exact_end);
+        r.t_begin = exact_end;
+      }
+      if (r.t_begin < r.t_end)
+        kt.attention_block_bf16(a, kv + (r.kv_head - h0) * head_elems, r.head_begin, r.head_end, r.t_begin, r.t_end);
     }
   }
 }

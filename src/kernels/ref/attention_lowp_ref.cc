@@ -44,7 +44,7 @@ LowpLayout::LowpLayout(int head_dim) : d(head_dim), dp((head_dim + 3) / 4 * 4) {
 bool AttentionLowpSelected() {
   static const bool selected = [] {
     const char* env = std::getenv("ESTREAM_ATTN_LOWP");
-    return env != nullptr && std::strcmp(env, "1") == 0;
+    return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   return selected;
 }
@@ -84,7 +84,7 @@ void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, u
   const int ns = std::min(kLowpKeys, T);
   std::vector<float> mu(d, 0.0f);
   for (int s = 0; s < ns; ++s) {
-    const float* kr = k_head + (static_cast<int64_t>(s) * T / ns) * a.ldk;
+    const float* kr = k_head + static_cast<int64_t>(s) * a.ldk;
     for (int c = 0; c < d; ++c) mu[c] += kr[c];
   }
   for (int c = 0; c < d; ++c) mu[c] /= static_cast<float>(ns);
@@ -197,6 +197,7 @@ void FillAttentionLowpRef(KernelTable* t) {
   t->attention_kv_block_bf16 = kLowpKeys;
   t->attention_block_bf16 = AttentionBlockLowpRef;
   t->attention_rows_bf16 = kLowpRows;
+  t->attention_exact_rows_bf16 = kLowpKeys;
   t->attention_scratch_bytes_bf16 = nullptr;
 }
 

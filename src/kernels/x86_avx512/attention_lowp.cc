@@ -206,7 +206,7 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
   for (int c = 0; c < chunks; ++c) mu[c] = _mm512_setzero_ps();
   const int ns = std::min(kLowpKeys, T);
   for (int s = 0; s < ns; ++s) {
-    const float* kr = k_head + (static_cast<int64_t>(s) * T / ns) * a.ldk;
+    const float* kr = k_head + static_cast<int64_t>(s) * a.ldk;
     for (int c = 0; c < chunks; ++c)
       mu[c] = _mm512_add_ps(mu[c], _mm512_maskz_loadu_ps(Tail16(d - 16 * c), kr + 16 * c));
   }
@@ -425,6 +425,7 @@ void FillAttentionLowpAvx512(KernelTable* t) {
   t->attention_kv_block_bf16 = kLowpKeys;
   t->attention_block_bf16 = AttentionBlockLowpAvx512;
   t->attention_rows_bf16 = kLowpRows;
+  t->attention_exact_rows_bf16 = kLowpKeys;
   t->attention_scratch_bytes_bf16 = AttentionLowpScratchBytes;
 }
 

@@ -281,7 +281,7 @@ void AddAvx512(float* y, const float* x, int64_t n) {
 }  // namespace
 
 // Without a selected AMX kernel, the bf16 entries carry the int8/bf16 attention
-// (attention_lowp.h) when ESTREAM_ATTN_LOWP is "1".
+// (attention_lowp.h) unless ESTREAM_ATTN_LOWP is "0".
 void FillAvx512Ops(KernelTable* t) {
   FillAvx512OpsWith(t, AttentionAmxSelected());
   if (!AttentionAmxSelected() && AttentionLowpSelected()) FillAttentionLowpAvx512(t);
@@ -296,6 +296,7 @@ void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
   t->attention_kv_block_bf16 = use_amx ? kAmxAttnKeys : 0;
   t->attention_block_bf16 = use_amx ? AttentionBlockAmx : nullptr;
   t->attention_rows_bf16 = use_amx ? kAmxAttnRows : 0;
+  t->attention_exact_rows_bf16 = 0;
   t->attention_scratch_bytes_bf16 = use_amx ? AttentionAmxScratchBytes : nullptr;
   t->rms_norm_row = RmsNormRowAvx512;
   t->rope_row = RopeRowAvx512;
