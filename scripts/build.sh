@@ -11,7 +11,7 @@ cmake --build "$BUILD_DIR" -j "$JOBS"
 # a .pth file naming BUILD_DIR/python in that Python's user site-packages. ESTREAM_NO_PTH=1 skips
 # it; `cmake --install` installs the package instead (README, "Python").
 if [ -d "$BUILD_DIR/python/estream" ] && [ "${ESTREAM_NO_PTH:-0}" != 1 ]; then
-  py=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+  py=$(sed -n 's/^ESTREAM_PYTHON_EXECUTABLE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
   if [ -n "$py" ] && [ -x "$py" ]; then
     site=$("$py" -c 'import site; print(site.getusersitepackages())')
     mkdir -p "$site"

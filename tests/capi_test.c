@@ -5,6 +5,7 @@
  *
  * Usage: capi_test MODELS_DIR   (ESTREAM_SHARED_DIR/testdata/models) */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,39 @@ static int GoldenLogSoftmax(const char* path, int row, int n_vocab, double* out)
   if (f != NULL) fclose(f);
   free(buf);
   return ok;
+}
+
+/* Two threads share one model: each embeds the same prompts several times (the calls take turns
+ * in the engine) and must get the reference rows bit for bit; each thread's last error is its
+ * own. */
+typedef struct ThreadArg {
+  estream_model* m;
+  const estream_tokens* prompts;
+  const float* reference; /* [2][256] */
+  int index;
+  int failures;
+} ThreadArg;
+
+static void* EmbedWorker(void* p) {
+  ThreadArg* a = (ThreadArg*)p;
+  float out[2 * 256];
+  int32_t bad = 999999;
+  estream_tokens bad_prompt;
+  int rep, j;
+  bad_prompt.ids = &bad;
+  bad_prompt.n = 1;
+  for (rep = 0; rep < 4; ++rep) {
+    if (estream_embed(a->m, a->prompts, 2, ESTREAM_POOLING_MEAN, out, 2 * 256) != ESTREAM_OK) ++a->failures;
+    for (j = 0; j < 2 * 256; ++j)
+      if (out[j] != a->reference[j]) ++a->failures;
+    if (a->index == 1) {
+      if (estream_embed(a->m, &bad_prompt, 1, ESTREAM_POOLING_MEAN, out, 256) != ESTREAM_INVALID_ARGUMENT) ++a->failures;
+      if (strstr(estream_last_error(), "999999") == NULL) ++a->failures;
+    } else if (strcmp(estream_last_error(), "") != 0) {
+      ++a->failures; /* thread 0 never failed: another thread's error must not show here */
+    }
+  }
+  return NULL;
 }
 
 int main(int argc, char** argv) {
@@ -286,6 +320,31 @@ int main(int argc, char** argv) {
     estream_batch_free(b);
     estream_batch_free(NULL);
     free(golden);
+  }
+
+  /* ---- two threads on one model ---- */
+  {
+    estream_tokens prompts[2];
+    float reference[2 * 256];
+    pthread_t th[2];
+    ThreadArg args[2];
+    prompts[0].ids = prompt;
+    prompts[0].n = 48;
+    prompts[1].ids = prompt + 5;
+    prompts[1].n = 11;
+    CHECK_OK(estream_embed(m, prompts, 2, ESTREAM_POOLING_MEAN, reference, 2 * 256));
+    for (i = 0; i < 2; ++i) {
+      args[i].m = m;
+      args[i].prompts = prompts;
+      args[i].reference = reference;
+      args[i].index = i;
+      args[i].failures = 0;
+      CHECK(pthread_create(&th[i], NULL, EmbedWorker, &args[i]) == 0);
+    }
+    for (i = 0; i < 2; ++i) {
+      pthread_join(th[i], NULL);
+      CHECK(args[i].failures == 0);
+    }
   }
 
   estream_model_free(m);

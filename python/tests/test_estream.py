@@ -179,6 +179,12 @@ def test_batch_equals_single_calls(model):
     E = model.embed(inputs)
     for x, e in zip(inputs, E):
         np.testing.assert_array_equal(model.embed(x), e)
+    # A 2-D integer array is a batch of equal-length token lists; tuples work like lists.
+    rows = np.array([PROMPT[:10], PROMPT[10:20]], dtype=np.int64)
+    by_rows = model.score(rows)
+    assert len(by_rows) == 2
+    np.testing.assert_array_equal(by_rows[1].logprobs, model.score(tuple(PROMPT[10:20])).logprobs)
+    np.testing.assert_array_equal(model.embed(rows), model.embed([PROMPT[:10], PROMPT[10:20]]))
 
 
 def test_many_embeddings_one_array(model):
