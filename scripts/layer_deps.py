@@ -5,8 +5,9 @@ Usage: scripts/layer_deps.py [--mermaid] [--with-base]
 
 Every source file belongs to one layer: its folder under src/ (src/io/ holds two libraries: the
 packed-model files packed_layout.*, pack_*.* and metadata_update.* form `pack`, the rest `io`),
-tools/estream/ is `tools`, and include/estream/engine.h is the public API of the `model` layer
-(src/model/engine.cc implements it). An edge A -> B means a file of A includes a header of B.
+tools/estream/ is `tools`, include/estream/engine.h is the public API of the `model` layer
+(src/model/engine.cc implements it), include/estream/tokenizer.h that of `tokenizer`,
+include/estream/estream.h (the C API, src/capi/) that of `capi`, and python/ is `python`. An edge A -> B means a file of A includes a header of B.
 Each edge must be one that docs/DESIGN.md section 1 allows (ALLOWED below, the same table); the
 script prints every edge that is not and exits 1, else exits 0.
 --mermaid prints the edges found as a Mermaid flowchart (top to bottom: a layer above depends on
@@ -37,8 +38,11 @@ ALLOWED = {
     "profiler": {"base", "quant", "gguf", "kernels", "io", "pack", "config", "tokenizer", "model"},
     "tools": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config", "tokenizer",
               "model", "profiler"},
+    # Front ends that embed the engine: public headers only (plus the shared front-end helpers).
+    "capi": {"base", "model", "tokenizer"},
+    "python": {"base", "model", "tokenizer", "capi"},
 }
-ORDER = ["tools", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
+ORDER = ["python", "capi", "tools", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
          "gguf", "quant", "base"]
 PACK_FILES = re.compile(r"^(packed_layout|pack_[^/]*|metadata_update)\.(h|cc)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
@@ -54,7 +58,9 @@ def layer_of_path(rel):
     if parts[:2] == ["tools", "estream"]:
         return "tools"
     if parts[:2] == ["include", "estream"]:
-        return "model"
+        return {"tokenizer.h": "tokenizer", "estream.h": "capi"}.get(parts[-1], "model")
+    if parts[0] == "python":
+        return "python"
     return None
 
 
@@ -65,7 +71,7 @@ def main():
     args = ap.parse_args()
 
     edges = {}  # (from, to) -> an example "file: include"
-    for top in ("src", "tools", "include"):
+    for top in ("src", "tools", "include", "python"):
         for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
             for name in sorted(files):
                 if not name.endswith((".h", ".cc")):

@@ -17,6 +17,8 @@ PACKAGES=(
   libpcre2-dev                      # Unicode-correct pre-tokenizer splits
   libcpp-httplib-dev                # HTTP front end
   python3                           # plotting/helper scripts
+  python3-dev pybind11-dev          # the Python module (python/)
+  python3-numpy python3-pytest      # its arrays and its tests
 )
 
 missing=()

@@ -1,0 +1,710 @@
+// estream._estream: the Python binding of the C++ API (include/estream/engine.h and
+// include/estream/tokenizer.h); python/estream/__init__.py re-exports it, __init__.pyi types it.
+//
+// Every method that takes inputs accepts one input (a str, or token ids as a list of ints or a
+// 1-D integer numpy array) and returns one result, or a list of inputs (a list/tuple of those, or
+// a 2-D integer array) and returns a list (embed: an array). A list runs as ONE Engine::RunBatch.
+//
+// Threads and the GIL: inputs are converted to C++ values with the GIL held; the GIL is then
+// released while texts are tokenized and the engine runs, and taken again to build the outputs.
+// Engine::RunBatch serialises calls on one Engine, so Python threads sharing a Model take turns;
+// the last call's statistics are guarded by a mutex.
+//
+// Errors: the engine's Status becomes ValueError (InvalidArgument, OutOfRange, NotSupported),
+// OSError (IOError, Corruption), MemoryError (ResourceExhausted) or RuntimeError (Internal), with
+// the engine's one-line message; wrong Python types raise TypeError. A failed call leaves the
+// model usable.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "capi/frontend.h"
+#include "estream/engine.h"
+#include "estream/tokenizer.h"
+
+namespace py = pybind11;
+
+namespace estream::python {
+namespace {
+
+using frontend::CallStats;
+using Clock = std::chrono::steady_clock;
+
+// Raises the Python exception for `st`. REQUIRES: the GIL is held.
+[[noreturn]] void Raise(const Status& st) {
+  PyObject* type = PyExc_RuntimeError;
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kNotSupported:
+      type = PyExc_ValueError;
+      break;
+    case StatusCode::kIOError:
+    case StatusCode::kCorruption:
+      type = PyExc_OSError;
+      break;
+    case StatusCode::kResourceExhausted:
+      type = PyExc_MemoryError;
+      break;
+    default:
+      break;
+  }
+  PyErr_SetString(type, st.message().c_str());
+  throw py::error_already_set();
+}
+
+// One input: a text or token ids.
+struct Input {
+  bool is_text = false;
+  std::string text;
+  std::vector<int32_t> ids;
+};
+struct Inputs {
+  std::vector<Input> items;
+  bool single = false;  // one input given (not a list): return one result
+};
+
+// A Python int or a numpy integer scalar (anything with __index__ but a bool).
+bool IsIntLike(py::handle h) {
+  return !PyBool_Check(h.ptr()) && (PyLong_Check(h.ptr()) || PyIndex_Check(h.ptr()));
+}
+
+// Token ids from a 1-D integer array or a sequence of ints; TypeError / ValueError otherwise.
+std::vector<int32_t> ToIds(py::handle h, const char* what) {
+  std::vector<int32_t> ids;
+  auto check_range = [&](long long v) {
+    if (v < INT32_MIN || v > INT32_MAX)
+      throw py::value_error(std::string(what) + ": token id " + std::to_string(v) + " is out of range");
+    return static_cast<int32_t>(v);
+  };
+  if (py::isinstance<py::array>(h)) {
+    py::array a = py::reinterpret_borrow<py::array>(h);
+    const char kind = a.dtype().kind();
+    if (kind != 'i' && kind != 'u')
+      throw py::type_error(std::string(what) + ": token ids must be integers, got an array of dtype " +
+                           std::string(py::str(a.dtype())));
+    if (a.ndim() != 1) throw py::value_error(std::string(what) + ": token ids must be a 1-D array");
+    auto a64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+    if (!a64) throw py::error_already_set();
+    const int64_t* p = a64.data();
+    ids.reserve(static_cast<size_t>(a64.size()));
+    for (py::ssize_t i = 0; i < a64.size(); ++i) ids.push_back(check_range(p[i]));
+    return ids;
+  }
+  if (!py::isinstance<py::sequence>(h) || py::isinstance<py::str>(h))
+    throw py::type_error(std::string(what) + ": expected a str or a list of token ids, got " +
+                         std::string(py::str(h.get_type().attr("__name__"))));
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(h);
+  ids.reserve(seq.size());
+  for (py::handle x : seq) {
+    if (!IsIntLike(x))
+      throw py::type_error(std::string(what) + ": token ids must be ints, got " +
+                           std::string(py::str(x.get_type().attr("__name__"))));
+    const long long v = PyLong_AsLongLong(x.ptr());
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw py::value_error(std::string(what) + ": token id " + std::string(py::str(x)) + " is out of range");
+    }
+    ids.push_back(check_range(v));
+  }
+  return ids;
+}
+
+Input ToInput(py::handle h, const std::string& what) {
+  Input in;
+  if (py::isinstance<py::str>(h)) {
+    in.is_text = true;
+    in.text = h.cast<std::string>();
+  } else {
+    in.ids = ToIds(h, what.c_str());
+  }
+  return in;
+}
+
+// str | ids -> one input; list/tuple of (str | ids) or a 2-D integer array -> a batch.
+Inputs ToInputs(py::handle obj, const char* what) {
+  Inputs out;
+  if (py::isinstance<py::str>(obj)) {
+    out.single = true;
+    out.items.push_back(ToInput(obj, what));
+    return out;
+  }
+  if (py::isinstance<py::array>(obj)) {
+    py::array a = py::reinterpret_borrow<py::array>(obj);
+    if (a.ndim() == 1) {
+      out.single = true;
+      out.items.push_back(ToInput(obj, what));
+      return out;
+    }
+    if (a.ndim() != 2) throw py::value_error(std::string(what) + ": a token array must be 1-D (one input) or 2-D (a batch)");
+    for (py::ssize_t i = 0; i < a.shape(0); ++i)
+      out.items.push_back(ToInput(a[py::int_(i)], std::string(what) + "[" + std::to_string(i) + "]"));
+    return out;
+  }
+  if (!py::isinstance<py::sequence>(obj))
+    throw py::type_error(std::string(what) + ": expected a str, a list of token ids, or a list of those; got " +
+                         std::string(py::str(obj.get_type().attr("__name__"))));
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+  if (seq.size() > 0 && IsIntLike(seq[0])) {  // one list of token ids
+    out.single = true;
+    out.items.push_back(ToInput(obj, what));
+    return out;
+  }
+  out.items.reserve(seq.size());
+  size_t i = 0;
+  for (py::handle x : seq) out.items.push_back(ToInput(x, std::string(what) + "[" + std::to_string(i++) + "]"));
+  return out;
+}
+
+// Results as Python objects.
+struct Score {
+  py::array_t<int32_t> tokens;
+  py::array_t<float> logprobs;
+  double total = 0;
+  double perplexity = 0;
+};
+struct Candidate {
+  py::array_t<int32_t> tokens;
+  py::array_t<float> logprobs;
+  double total = 0;
+  bool is_greedy = false;
+};
+
+template <typename T>
+py::array_t<T> ToArray(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+class Model {
+ public:
+  Model(const std::string& path, py::object budget, int threads, const std::string& schedule, int64_t batch_tokens,
+        int64_t budget_tokens)
+      : path_(path) {
+    EngineOptions eo;
+    if (threads < 0) throw py::value_error("threads = " + std::to_string(threads) + " is negative; 0 = one per CPU");
+    if (batch_tokens < 0 || budget_tokens < 0)
+      throw py::value_error("batch_tokens and budget_tokens must be >= 0 (0 = the engine's default)");
+    eo.n_threads = threads;
+    eo.batch_tokens = batch_tokens;
+    eo.budget_tokens = budget_tokens;
+    if (!budget.is_none()) {
+      if (py::isinstance<py::str>(budget)) {
+        Result<uint64_t> b = frontend::ParseSize(budget.cast<std::string>());
+        if (!b.ok()) Raise(b.status());
+        eo.budget_bytes = *b;
+      } else if (IsIntLike(budget)) {
+        const long long b = budget.cast<long long>();
+        if (b < 0) throw py::value_error("budget must be >= 0 bytes");
+        eo.budget_bytes = static_cast<uint64_t>(b);
+      } else {
+        throw py::type_error("budget: expected None, a number of bytes, or a size such as \"4G\"");
+      }
+    }
+    Result<EngineOptions::Schedule> sched = frontend::ParseSchedule(schedule);
+    if (!sched.ok()) Raise(sched.status());
+    eo.schedule = *sched;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      Result<std::unique_ptr<Engine>> e = Engine::Load(path, eo);
+      if (e.ok()) {
+        engine_ = std::move(e).value();
+        auto t = TextTokenizer::Load(path);
+        if (t.ok()) tokenizer_ = std::move(t).value();
+        else tokenizer_error_ = t.status().message();
+      } else {
+        st = e.status();
+      }
+    }
+    if (!st.ok()) Raise(st);
+  }
+
+  const ModelInfo& info() const { return engine_->info(); }
+
+  py::dict InfoDict() const {
+    const ModelInfo& i = info();
+    py::dict d;
+    d["path"] = i.path;
+    d["architecture"] = i.architecture;
+    d["name"] = i.name;
+    d["n_layer"] = i.n_layer;
+    d["n_embd"] = i.n_embd;
+    d["n_head"] = i.n_head;
+    d["n_head_kv"] = i.n_head_kv;
+    d["n_expert"] = i.n_expert;
+    d["n_expert_used"] = i.n_expert_used;
+    d["n_vocab"] = i.n_vocab;
+    d["n_ctx"] = i.n_ctx;
+    d["weight_bytes"] = i.weight_bytes;
+    d["threads"] = engine_->n_threads();
+    d["pass_tokens"] = engine_->pass_tokens();
+    d["has_tokenizer"] = tokenizer_ != nullptr;
+    return d;
+  }
+
+  std::string Repr() const {
+    const ModelInfo& i = info();
+    return "estream.Model('" + path_ + "', " + i.architecture + ", " + std::to_string(i.n_layer) + " layers, n_embd " +
+           std::to_string(i.n_embd) + ", n_vocab " + std::to_string(i.n_vocab) + ", threads " +
+           std::to_string(engine_->n_threads()) + ")";
+  }
+
+  // ---- tokens ----
+
+  py::object Tokenize(py::object text, bool add_special, bool parse_special) const {
+    RequireTokenizer();
+    if (py::isinstance<py::str>(text)) {
+      const std::string s = text.cast<std::string>();
+      std::vector<int32_t> ids;
+      {
+        py::gil_scoped_release nogil;
+        ids = tokenizer_->Encode(s, add_special, parse_special);
+      }
+      return py::cast(ids);
+    }
+    if (!py::isinstance<py::sequence>(text))
+      throw py::type_error("tokenize: expected a str or a list of str");
+    std::vector<std::string> texts;
+    size_t i = 0;
+    for (py::handle x : py::reinterpret_borrow<py::sequence>(text)) {
+      if (!py::isinstance<py::str>(x)) throw py::type_error("tokenize: item " + std::to_string(i) + " is not a str");
+      texts.push_back(x.cast<std::string>());
+      ++i;
+    }
+    std::vector<std::vector<int32_t>> out(texts.size());
+    {
+      py::gil_scoped_release nogil;
+      for (size_t k = 0; k < texts.size(); ++k) out[k] = tokenizer_->Encode(texts[k], add_special, parse_special);
+    }
+    return py::cast(out);
+  }
+
+  py::object Detokenize(py::object tokens, bool render_special) const {
+    RequireTokenizer();
+    auto decode = [&](const std::vector<int32_t>& ids) {
+      const std::string s = tokenizer_->Decode(ids, render_special);
+      // Tokens may cut a UTF-8 character: invalid bytes become U+FFFD, as bytes.decode(errors="replace").
+      PyObject* u = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+      if (u == nullptr) throw py::error_already_set();
+      return py::reinterpret_steal<py::str>(u);
+    };
+    if (py::isinstance<py::str>(tokens)) throw py::type_error("detokenize: expected token ids, got a str");
+    if (py::isinstance<py::sequence>(tokens) && py::len(tokens) == 0) return py::str("");  // no ids: ""
+    Inputs in = ToInputs(tokens, "detokenize");
+    if (in.single) return decode(in.items[0].ids);
+    py::list out;
+    for (const Input& x : in.items) {
+      if (x.is_text) throw py::type_error("detokenize: expected lists of token ids, got a str");
+      out.append(decode(x.ids));
+    }
+    return out;
+  }
+
+  // ---- requests ----
+
+  py::object ScoreTexts(py::object inputs) {
+    Inputs in = ToInputs(inputs, "score");
+    std::vector<Request> reqs;
+    std::vector<Result<Response>> results = RunOrRaise(in, &reqs, [](Request* r) {
+      r->top_k = 0;
+      r->prompt_logprobs = true;
+    });
+    py::list out;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Score s;
+      s.tokens = ToArray(reqs[i].tokens);
+      s.logprobs = ToArray(results[i]->prompt_logprobs);
+      s.total = results[i]->log_likelihood;
+      s.perplexity = results[i]->perplexity;
+      out.append(py::cast(std::move(s)));
+    }
+    return in.single ? out[0] : py::object(out);
+  }
+
+  py::object NextToken(py::object inputs, int top_k) {
+    if (top_k < 1 || top_k > info().n_vocab)
+      throw py::value_error("top_k = " + std::to_string(top_k) + " must be between 1 and n_vocab = " +
+                            std::to_string(info().n_vocab));
+    Inputs in = ToInputs(inputs, "next_token");
+    std::vector<Request> reqs;
+    std::vector<Result<Response>> results = RunOrRaise(in, &reqs, [&](Request* r) { r->top_k = top_k; });
+    py::list out;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      py::list top;
+      for (const TokenLogprob& t : results[i]->top) {
+        std::string piece = tokenizer_ ? tokenizer_->Decode(std::span<const int32_t>(&t.token, 1)) : std::string();
+        PyObject* u = PyUnicode_DecodeUTF8(piece.data(), static_cast<Py_ssize_t>(piece.size()), "replace");
+        if (u == nullptr) throw py::error_already_set();
+        top.append(py::make_tuple(t.token, t.logprob, py::reinterpret_steal<py::str>(u)));
+      }
+      out.append(std::move(top));
+    }
+    return in.single ? out[0] : py::object(out);
+  }
+
+  py::array_t<float> Embed(py::object inputs, const std::string& pooling) {
+    Request::Pooling pool;
+    if (pooling == "mean") pool = Request::Pooling::kMean;
+    else if (pooling == "last") pool = Request::Pooling::kLast;
+    else throw py::value_error("pooling = '" + pooling + "'; use \"mean\" or \"last\"");
+    Inputs in = ToInputs(inputs, "embed");
+    const auto t0 = Clock::now();
+    const py::ssize_t n = static_cast<py::ssize_t>(in.items.size()), d = info().n_embd;
+    // The output array is allocated before the run and filled in place, row by row.
+    py::array_t<float> out = in.single ? py::array_t<float>(d) : py::array_t<float>({n, d});
+    float* dst = out.mutable_data();
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      std::vector<Request> reqs;
+      std::vector<Result<Response>> results;
+      st = Build(&in, &reqs, [&](Request* r) {
+        r->top_k = 0;
+        r->embedding = pool;
+      });
+      if (st.ok()) st = RunBatch(reqs, t0, &results, "input");
+      if (st.ok())
+        for (py::ssize_t i = 0; i < n; ++i)
+          std::memcpy(dst + i * d, results[i]->embedding.data(), static_cast<size_t>(d) * sizeof(float));
+    }
+    if (!st.ok()) Raise(st);
+    return out;
+  }
+
+  py::object Classify(py::object prompt, py::object labels) {
+    if (py::isinstance<py::str>(labels) || !py::isinstance<py::sequence>(labels))
+      throw py::type_error("classify: labels must be a list of str (or of token-id lists)");
+    py::sequence ls = py::reinterpret_borrow<py::sequence>(labels);
+    if (ls.size() == 0) throw py::value_error("classify: labels is empty; give at least one label");
+    std::vector<Input> label_inputs;
+    size_t j = 0;
+    for (py::handle x : ls) label_inputs.push_back(ToInput(x, "classify: labels[" + std::to_string(j++) + "]"));
+    Inputs in = ToInputs(prompt, "classify");
+    const auto t0 = Clock::now();
+    std::vector<std::vector<int32_t>> label_ids(label_inputs.size());
+    std::vector<Request> reqs;
+    std::vector<double> probs;
+    const size_t n_labels = label_inputs.size();
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = CheckTokenizer(label_inputs);
+      if (st.ok()) {
+        // Labels follow the prompt as they are: no BOS/EOS (a BPE vocabulary wants " yes").
+        for (size_t k = 0; k < n_labels; ++k)
+          label_ids[k] = label_inputs[k].is_text ? tokenizer_->Encode(label_inputs[k].text, false, false)
+                                                 : label_inputs[k].ids;
+        st = Build(&in, &reqs, [&](Request* r) {
+          r->top_k = 0;
+          r->continuations = label_ids;
+        });
+      }
+      if (st.ok()) {
+        std::vector<Result<Response>> results;
+        st = RunBatch(reqs, t0, &results, "input");
+        if (st.ok()) {
+          probs.resize(reqs.size() * n_labels);
+          std::vector<double> ll(n_labels);
+          for (size_t i = 0; i < results.size(); ++i) {
+            for (size_t k = 0; k < n_labels; ++k) ll[k] = results[i]->continuations[k].log_likelihood;
+            const std::vector<double> p = frontend::Softmax(ll);
+            std::copy(p.begin(), p.end(), probs.begin() + static_cast<std::ptrdiff_t>(i * n_labels));
+          }
+        }
+      }
+    }
+    if (!st.ok()) Raise(st);
+    const py::ssize_t n = static_cast<py::ssize_t>(reqs.size()), k = static_cast<py::ssize_t>(n_labels);
+    py::array_t<double> out = in.single ? py::array_t<double>(k) : py::array_t<double>({n, k});
+    if (!probs.empty()) std::memcpy(out.mutable_data(), probs.data(), probs.size() * sizeof(double));
+    return out;
+  }
+
+  py::list ScoreCandidates(py::object context, py::object candidates) {
+    if (py::isinstance<py::str>(candidates) || !py::isinstance<py::sequence>(candidates))
+      throw py::type_error("score_candidates: candidates must be a list of str (or of token-id lists)");
+    Input ctx = ToInput(context, "score_candidates: context");
+    std::vector<Input> cands;
+    size_t j = 0;
+    for (py::handle x : py::reinterpret_borrow<py::sequence>(candidates))
+      cands.push_back(ToInput(x, "score_candidates: candidates[" + std::to_string(j++) + "]"));
+    if (cands.empty()) throw py::value_error("score_candidates: candidates is empty");
+    Inputs in;
+    in.single = true;
+    in.items.push_back(std::move(ctx));
+    const auto t0 = Clock::now();
+    std::vector<Request> reqs;
+    std::vector<ContinuationScore> scores;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = CheckTokenizer(cands);
+      if (st.ok())
+        st = Build(&in, &reqs, [&](Request* r) {
+          r->top_k = 0;
+          for (const Input& c : cands)
+            r->continuations.push_back(c.is_text ? tokenizer_->Encode(c.text, false, false) : c.ids);
+        });
+      std::vector<Result<Response>> results;
+      if (st.ok()) st = RunBatch(reqs, t0, &results, "context");
+      if (st.ok()) scores = std::move(results[0].value().continuations);
+    }
+    if (!st.ok()) Raise(st);
+    py::list out;
+    for (size_t k = 0; k < scores.size(); ++k) {
+      Candidate c;
+      c.tokens = ToArray(reqs[0].continuations[k]);
+      c.logprobs = ToArray(scores[k].logprobs);
+      c.total = scores[k].log_likelihood;
+      c.is_greedy = scores[k].is_greedy;
+      out.append(py::cast(std::move(c)));
+    }
+    return out;
+  }
+
+  CallStats Stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+
+  // Benchmark support (bench/python_overhead.py): times `reps` calls of the C++ API doing what
+  // score(token_ids) does (build the Request, RunBatch of one, read the Response), in this
+  // process, with the GIL released. Returns the seconds of each call.
+  std::vector<double> TimeCppScore(std::vector<int32_t> tokens, int reps) {
+    std::vector<double> times;
+    py::gil_scoped_release nogil;
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = Clock::now();
+      std::vector<Request> reqs(1);
+      reqs[0].tokens = tokens;
+      reqs[0].top_k = 0;
+      reqs[0].prompt_logprobs = true;
+      std::vector<Result<Response>> results = engine_->RunBatch(reqs);
+      volatile double sink = results[0].ok() ? results[0]->log_likelihood : 0;
+      (void)sink;
+      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return times;
+  }
+
+ private:
+  void RequireTokenizer() const {
+    if (!tokenizer_) Raise(Status::NotSupported(tokenizer_error_ + " (this model takes token ids only)"));
+  }
+
+  Status CheckTokenizer(const std::vector<Input>& items) const {
+    if (tokenizer_) return Status::Ok();
+    for (const Input& x : items)
+      if (x.is_text) return Status::NotSupported(tokenizer_error_ + " (give token ids instead of text)");
+    return Status::Ok();
+  }
+
+  // Tokenizes the texts of `in` (BOS/EOS as the vocabulary asks) into requests. Runs without the
+  // GIL.
+  template <typename Fill>
+  Status Build(Inputs* in, std::vector<Request>* reqs, Fill&& fill) const {
+    ESTREAM_RETURN_IF_ERROR(CheckTokenizer(in->items));
+    reqs->resize(in->items.size());
+    for (size_t i = 0; i < in->items.size(); ++i) {
+      Input& x = in->items[i];
+      Request& r = (*reqs)[i];
+      r.tokens = x.is_text ? tokenizer_->Encode(x.text, /*add_special=*/true, /*parse_special=*/false) : std::move(x.ids);
+      fill(&r);
+    }
+    return Status::Ok();
+  }
+
+  // Runs the batch and records its statistics; the first failed request's Status (all results
+  // are kept). Runs without the GIL.
+  Status RunBatch(const std::vector<Request>& reqs, Clock::time_point t0, std::vector<Result<Response>>* results,
+                  const char* what) {
+    *results = engine_->RunBatch(reqs);
+    CallStats s = frontend::Summarize(*results, std::chrono::duration<double>(Clock::now() - t0).count());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_ = std::move(s);
+    }
+    return frontend::FirstError(*results, what);
+  }
+
+  // Tokenize + run without the GIL, for the methods that build their outputs from the Responses
+  // with the GIL; raises the first error.
+  template <typename Fill>
+  std::vector<Result<Response>> RunOrRaise(Inputs& in, std::vector<Request>* reqs, Fill&& fill) {
+    const auto t0 = Clock::now();
+    std::vector<Result<Response>> results;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = Build(&in, reqs, fill);
+      if (st.ok()) st = RunBatch(*reqs, t0, &results, "input");
+    }
+    if (!st.ok()) Raise(st);
+    return results;
+  }
+
+  std::string path_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<TextTokenizer> tokenizer_;  // null: no vocabulary in the file
+  std::string tokenizer_error_;
+  mutable std::mutex mu_;
+  CallStats last_;  // GUARDED_BY(mu_)
+};
+
+py::dict StatsDict(const CallStats& s) {
+  py::dict d;
+  d["wall_seconds"] = s.wall_seconds;
+  d["seconds"] = s.seconds;
+  d["requests"] = s.requests;
+  d["passes"] = s.passes;
+  d["tokens"] = s.tokens;
+  d["embed_seconds"] = s.timing.embed;
+  d["attention_seconds"] = s.timing.attention;
+  d["router_seconds"] = s.timing.router;
+  d["experts_seconds"] = s.timing.experts;
+  d["dense_ffn_seconds"] = s.timing.dense_ffn;
+  d["head_seconds"] = s.timing.head;
+  d["expert_seconds"] = s.expert_seconds;
+  d["nonexpert_seconds"] = s.nonexpert_seconds;
+  d["bubble_seconds"] = s.bubble_seconds;
+  d["bubble_rate"] = s.bubble_rate;
+  d["bytes_read"] = s.bytes_read;
+  d["read_gbps"] = s.read_gbps;
+  d["peak_rss_bytes"] = s.peak_rss_bytes;
+  d["streamed"] = s.streamed;
+  d["group_size"] = s.group_size;
+  d["banks"] = s.banks;
+  d["queue_depth"] = s.queue_depth;
+  d["schedule"] = s.schedule;
+  d["io_backend"] = s.io_backend;
+  d["arena_bytes"] = s.arena_bytes;
+  d["budget_bytes"] = s.budget_bytes;
+  d["groups_read"] = s.groups_read;
+  d["groups_skipped"] = s.groups_skipped;
+  d["groups_cancelled"] = s.groups_cancelled;
+  return d;
+}
+
+}  // namespace
+}  // namespace estream::python
+
+PYBIND11_MODULE(_estream, m) {
+  using namespace estream;
+  using namespace estream::python;
+  m.doc() = "estream: prefill-only mixture-of-experts inference (scoring, classification, embeddings).";
+  m.attr("__version__") = "0.1.0";
+
+  py::class_<Score>(m, "Score", "The log-likelihood of one input (Model.score).")
+      .def_readonly("tokens", &Score::tokens, "int32 [n_tokens]: the input's token ids")
+      .def_readonly("logprobs", &Score::logprobs,
+                    "float32 [n_tokens - 1]: logprobs[t] = log p(tokens[t+1] | tokens[0..t]) (natural log; the "
+                    "first token is not scored)")
+      .def_readonly("total", &Score::total, "sum of logprobs (computed in double)")
+      .def_readonly("perplexity", &Score::perplexity, "exp(-total / (n_tokens - 1)); NaN for one token")
+      .def("__repr__", [](const Score& s) {
+        return "Score(n_tokens=" + std::to_string(s.tokens.size()) + ", total=" + std::to_string(s.total) +
+               ", perplexity=" + std::to_string(s.perplexity) + ")";
+      });
+
+  py::class_<Candidate>(m, "Candidate", "The score of one candidate continuation (Model.score_candidates).")
+      .def_readonly("tokens", &Candidate::tokens, "int32: the candidate's token ids")
+      .def_readonly("logprobs", &Candidate::logprobs,
+                    "float32: log p(token j | context, tokens[0..j-1]) for each candidate token")
+      .def_readonly("total", &Candidate::total, "log p(candidate | context): the sum of logprobs")
+      .def_readonly("is_greedy", &Candidate::is_greedy,
+                    "True when every token is the most likely one at its position (greedy decoding gives it)")
+      .def("__repr__", [](const Candidate& c) {
+        return "Candidate(n_tokens=" + std::to_string(c.tokens.size()) + ", total=" + std::to_string(c.total) +
+               ", is_greedy=" + (c.is_greedy ? "True" : "False") + ")";
+      });
+
+  py::class_<frontend::CallStats>(m, "Stats",
+                                  "Where the last call's time and memory went (Model.stats). Times in seconds.")
+      .def_readonly("wall_seconds", &frontend::CallStats::wall_seconds, "the whole call, tokenizing included")
+      .def_readonly("seconds", &frontend::CallStats::seconds, "the forward passes, summed")
+      .def_readonly("requests", &frontend::CallStats::requests, "inputs of the call")
+      .def_readonly("passes", &frontend::CallStats::passes, "forward passes that ran them")
+      .def_readonly("tokens", &frontend::CallStats::tokens, "tokens of those passes")
+      .def_readonly("bubble_seconds", &frontend::CallStats::bubble_seconds,
+                    "compute threads waiting for expert data (streamed runs)")
+      .def_readonly("bubble_rate", &frontend::CallStats::bubble_rate, "bubble_seconds / seconds")
+      .def_readonly("bytes_read", &frontend::CallStats::bytes_read, "expert bytes read from the file")
+      .def_readonly("read_gbps", &frontend::CallStats::read_gbps, "bytes_read / loader busy time, GB/s")
+      .def_readonly("peak_rss_bytes", &frontend::CallStats::peak_rss_bytes, "the process's peak RSS (VmHWM)")
+      .def_readonly("streamed", &frontend::CallStats::streamed, "experts streamed through the arena")
+      .def("to_dict", &StatsDict, "every figure (the above, per-part timings, streaming configuration) as a dict")
+      .def("__repr__", [](const frontend::CallStats& s) {
+        char buf[256];
+        std::snprintf(buf, sizeof(buf),
+                      "Stats(requests=%d, passes=%d, tokens=%lld, seconds=%.6f, wall_seconds=%.6f, bubble_rate=%.4f, "
+                      "bytes_read=%llu, peak_rss_bytes=%llu)",
+                      s.requests, s.passes, static_cast<long long>(s.tokens), s.seconds, s.wall_seconds, s.bubble_rate,
+                      static_cast<unsigned long long>(s.bytes_read), static_cast<unsigned long long>(s.peak_rss_bytes));
+        return std::string(buf);
+      });
+
+  py::class_<Model>(m, "Model", R"doc(A loaded model. Load once, then call its methods from any thread.
+
+Model(path, budget=None, threads=0, schedule="early", batch_tokens=0, budget_tokens=0)
+
+path: a GGUF file (or one packed by `estream pack`).
+budget: None, bytes, or a size such as "4G": a packed model then streams its experts and the
+  process's peak RSS stays within the budget. Ignored for unpacked GGUF files.
+threads: compute threads (0 = one per CPU).
+schedule: "early" (default), "after-routing" or "on-demand" (streamed runs).
+batch_tokens: most tokens of one forward pass (0 = the engine's default).
+budget_tokens: longest prompt the budget plans activations for (0 = min(context, 4096)).
+
+Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option),
+MemoryError (budget too small).)doc")
+      .def(py::init<const std::string&, py::object, int, const std::string&, int64_t, int64_t>(), py::arg("path"),
+           py::arg("budget") = py::none(), py::arg("threads") = 0, py::arg("schedule") = "early",
+           py::arg("batch_tokens") = 0, py::arg("budget_tokens") = 0)
+      .def("tokenize", &Model::Tokenize, py::arg("text"), py::arg("add_special") = true,
+           py::arg("parse_special") = false,
+           "Token ids of a str (a list of int), or of each str of a list. add_special: BOS/EOS as the vocabulary "
+           "asks (what score/embed/next_token do with text); parse_special: recognise control tokens such as "
+           "\"<|im_start|>\" in the text.")
+      .def("detokenize", &Model::Detokenize, py::arg("tokens"), py::arg("render_special") = false,
+           "The text of token ids (a str), or of each list of a list. Bytes that do not form UTF-8 (tokens cutting "
+           "a character) become U+FFFD.")
+      .def("score", &Model::ScoreTexts, py::arg("inputs"),
+           "Log-likelihood of each input under the model: a Score (tokens, logprobs, total, perplexity) for one "
+           "input (a str or a list of token ids), a list of Score for a list of inputs (one batch). Text is "
+           "tokenized with BOS/EOS as the vocabulary asks.")
+      .def("next_token", &Model::NextToken, py::arg("inputs"), py::arg("top_k") = 5,
+           "The top_k most likely next tokens after each input, most likely first: a list of (token_id, logprob, "
+           "text) for one input, a list of those for a list of inputs (one batch).")
+      .def("embed", &Model::Embed, py::arg("inputs"), py::arg("pooling") = "mean",
+           "Embeddings: the final hidden states (after the final norm), averaged over the tokens (pooling=\"mean\") "
+           "or of the last token (\"last\"). numpy float32 [n_embd] for one input, [n, n_embd] for a list (one "
+           "batch, filled in place).")
+      .def("classify", &Model::Classify, py::arg("prompt"), py::arg("labels"),
+           "Probabilities of the labels as continuations of the prompt: softmax over log p(label | prompt) (each "
+           "label's summed log-probability). Labels are appended as they are, without BOS (a BPE vocabulary wants "
+           "\" yes\" with the space). numpy float64 [n_labels] for one prompt, [n_prompts, n_labels] for a list.")
+      .def("score_candidates", &Model::ScoreCandidates, py::arg("context"), py::arg("candidates"),
+           "log p(candidate | context) for each candidate (multiple choice, reranking), the context computed once: a "
+           "list of Candidate (tokens, logprobs, total, is_greedy).")
+      .def_property_readonly("stats", &Model::Stats,
+                             "Stats of the last call that ran the model (score, next_token, embed, classify, "
+                             "score_candidates), from any thread.")
+      .def_property_readonly("info", &Model::InfoDict, "Facts about the model (architecture, n_layer, n_embd, ...).")
+      .def_property_readonly("n_embd", [](const Model& self) { return self.info().n_embd; })
+      .def_property_readonly("n_vocab", [](const Model& self) { return self.info().n_vocab; })
+      .def_property_readonly("n_ctx", [](const Model& self) { return self.info().n_ctx; },
+                             "context length: the longest input accepted")
+      .def("_time_cpp_score", &Model::TimeCppScore, py::arg("tokens"), py::arg("reps"),
+           "benchmark support: seconds of each of `reps` C++ API calls equivalent to score(tokens)")
+      .def("__repr__", &Model::Repr);
+}

@@ -1,0 +1,289 @@
+"""The Python module on the tiny shared models: every method, equality with the C++ API (through
+the CLI's `estream score` and `estream tokenize --json`, which call Engine::RunBatch and the
+tokenizer directly), the golden logits, errors and thread safety. Nothing is timed.
+
+Environment (set by ctest, python/CMakeLists.txt): ESTREAM_SHARED_DIR (shared/ with testdata/),
+ESTREAM_CLI (the estream binary), PYTHONPATH (build/python).
+"""
+import json
+import math
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import estream
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = Path(os.environ.get("ESTREAM_SHARED_DIR", ROOT.parent / "shared"))
+MODELS = SHARED / "testdata" / "models"
+CLI = Path(os.environ.get("ESTREAM_CLI", ROOT / "build" / "tools" / "estream" / "estream"))
+MODEL = MODELS / "olmoe-tiny-f32.gguf"
+
+if not MODEL.exists():
+    pytest.skip(f"no shared test models at {MODELS} (set ESTREAM_SHARED_DIR)", allow_module_level=True)
+
+PROMPT = [int(x) for x in (MODELS / "olmoe-tiny.tokens.txt").read_text().strip().split(",")]
+TEXTS = ["The capital of France is Paris.", "Hello, world!", "Mixture-of-experts models route each token."]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return estream.Model(str(MODEL), threads=2)
+
+
+def golden_log_softmax(row):
+    logits = np.fromfile(MODELS / "olmoe-tiny-f32.logits.f32", dtype=np.float32).reshape(48, -1)
+    z = logits[row].astype(np.float64)
+    z -= z.max()
+    return z - math.log(np.exp(z).sum())
+
+
+def run_cli_score(tmp_path, lines):
+    """`estream score` on JSONL `lines`; returns its output objects by id."""
+    assert CLI.exists(), f"{CLI} not built"
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if out.exists():
+        out.unlink()
+    subprocess.run([str(CLI), "score", "-m", str(MODEL), "--input", str(inp), "--output", str(out), "-t", "2",
+                    "--no-progress"], check=True, capture_output=True)
+    return {o["id"]: o for o in map(json.loads, out.read_text().splitlines())}
+
+
+# ---- module, model, tokens ------------------------------------------------------------------
+
+def test_version_and_info(model):
+    assert estream.__version__ == "0.1.0"
+    assert model.n_embd == 256 and model.n_vocab == 512 and model.n_ctx >= 48
+    info = model.info
+    assert info["architecture"] == "olmoe" and info["n_layer"] == 2 and info["threads"] == 2
+    assert info["has_tokenizer"] is True
+    assert "olmoe" in repr(model)
+
+
+def test_tokenize_matches_cli(model):
+    for text in TEXTS:
+        cli = json.loads(subprocess.run([str(CLI), "tokenize", "-m", str(MODEL), "-p", text, "--json"], check=True,
+                                        capture_output=True, text=True).stdout)
+        assert model.tokenize(text) == cli["ids"]
+    assert model.tokenize(TEXTS) == [model.tokenize(t) for t in TEXTS]
+
+
+def test_detokenize_round_trip(model):
+    for text in TEXTS + ["naïve café ☕", ""]:
+        ids = model.tokenize(text, add_special=False)
+        assert model.detokenize(ids) == text
+        assert model.detokenize(np.array(ids, dtype=np.int64)) == text
+    ids = [model.tokenize(t, add_special=False) for t in TEXTS]
+    assert model.detokenize(ids) == TEXTS
+    # A token cutting a multi-byte character decodes with U+FFFD, never raises.
+    assert isinstance(model.detokenize([model.tokenize("☕", add_special=False)[0]]), str)
+
+
+# ---- results equal the C++ API's (the CLI) ----------------------------------------------------
+
+def test_score_and_next_token_match_cli(model, tmp_path):
+    inputs = [PROMPT, TEXTS[0], PROMPT[:7], TEXTS[1]]
+    lines = []
+    for i, x in enumerate(inputs):
+        line = {"id": i, "prompt_logprobs": True, "top_k": 5}
+        line["tokens" if isinstance(x, list) else "prompt"] = x
+        lines.append(line)
+    cli = run_cli_score(tmp_path, lines)
+    scores = model.score(inputs)
+    tops = model.next_token(inputs, top_k=5)
+    assert len(scores) == len(inputs) and len(tops) == len(inputs)
+    for i, (s, top) in enumerate(zip(scores, tops)):
+        ref = cli[i]
+        assert "error" not in ref, ref
+        assert len(s.tokens) == ref["n_tokens"]
+        assert s.logprobs.dtype == np.float32 and s.tokens.dtype == np.int32
+        np.testing.assert_array_equal(s.logprobs, np.array(ref["prompt_logprobs"], dtype=np.float32))
+        assert s.total == ref["log_likelihood"]
+        assert s.perplexity == pytest.approx(math.exp(-s.total / (len(s.tokens) - 1)))
+        assert [t[0] for t in top] == [t["token"] for t in ref["top"]]
+        assert [t[1] for t in top] == [np.float32(t["logprob"]) for t in ref["top"]]
+        assert [t[2] for t in top] == [t["text"] for t in ref["top"]]
+    # One input gives one result, equal to its row of the batch.
+    one = model.score(PROMPT)
+    np.testing.assert_array_equal(one.logprobs, scores[0].logprobs)
+    assert model.next_token(TEXTS[0], top_k=5) == tops[1]
+    assert model.score(np.array(PROMPT, dtype=np.int32)).total == one.total
+
+
+def test_score_matches_golden_logits(model):
+    s = model.score(PROMPT)
+    for t in (0, 20, 46):
+        assert s.logprobs[t] == pytest.approx(golden_log_softmax(t)[PROMPT[t + 1]], abs=1e-4)
+    top = model.next_token(PROMPT, top_k=3)
+    g = golden_log_softmax(47)
+    assert top[0][0] == int(np.argmax(g))
+    for tok, lp, _ in top:
+        assert lp == pytest.approx(g[tok], abs=1e-4)
+
+
+def test_embed_matches_cli(model, tmp_path):
+    inputs = [TEXTS[0], PROMPT[:20], TEXTS[2]]
+    for pooling in ("mean", "last"):
+        lines = []
+        for i, x in enumerate(inputs):
+            line = {"id": i, "embedding": pooling}
+            line["tokens" if isinstance(x, list) else "prompt"] = x
+            lines.append(line)
+        cli = run_cli_score(tmp_path, lines)
+        E = model.embed(inputs, pooling=pooling)
+        assert E.shape == (3, 256) and E.dtype == np.float32 and E.flags["C_CONTIGUOUS"]
+        for i in range(3):
+            np.testing.assert_array_equal(E[i], np.array(cli[i]["embedding"], dtype=np.float32))
+        e1 = model.embed(TEXTS[0], pooling=pooling)
+        assert e1.shape == (256,)
+        np.testing.assert_array_equal(e1, E[0])
+    assert model.embed([]).shape == (0, 256)
+
+
+def test_classify_and_candidates_match_cli(model, tmp_path):
+    labels = [" yes", " no", " maybe not"]
+    cli = run_cli_score(tmp_path, [{"id": 0, "prompt": TEXTS[0], "continuations": labels},
+                                   {"id": 1, "tokens": PROMPT[:16], "continuations": [PROMPT[16:20], PROMPT[16:18]]}])
+    cands = model.score_candidates(TEXTS[0], labels)
+    assert len(cands) == 3
+    for c, ref in zip(cands, cli[0]["continuations"]):
+        np.testing.assert_array_equal(c.logprobs, np.array(ref["logprobs"], dtype=np.float32))
+        assert c.total == ref["logprob"] and c.is_greedy == ref["is_greedy"] and len(c.tokens) == ref["n_tokens"]
+    cands2 = model.score_candidates(PROMPT[:16], [PROMPT[16:20], PROMPT[16:18]])
+    for c, ref in zip(cands2, cli[1]["continuations"]):
+        assert c.total == ref["logprob"]
+    # Candidates equal the same tokens scored inside the whole prompt (to rounding).
+    full = model.score(PROMPT)
+    np.testing.assert_allclose(cands2[0].logprobs, full.logprobs[15:19], atol=1e-5)
+
+    p = model.classify(TEXTS[0], labels)
+    assert p.shape == (3,) and p.dtype == np.float64
+    ll = np.array([c.total for c in cands])
+    np.testing.assert_allclose(p, np.exp(ll - ll.max()) / np.exp(ll - ll.max()).sum(), rtol=1e-12)
+    assert p.sum() == pytest.approx(1.0)
+    P = model.classify([TEXTS[0], TEXTS[1]], labels)
+    assert P.shape == (2, 3)
+    np.testing.assert_array_equal(P[0], p)
+
+
+def test_batch_equals_single_calls(model):
+    inputs = [TEXTS[0], PROMPT, TEXTS[1], PROMPT[:5]]
+    batch = model.score(inputs)
+    for x, b in zip(inputs, batch):
+        np.testing.assert_array_equal(model.score(x).logprobs, b.logprobs)
+    E = model.embed(inputs)
+    for x, e in zip(inputs, E):
+        np.testing.assert_array_equal(model.embed(x), e)
+    # A 2-D integer array is a batch of equal-length token lists; tuples work like lists.
+    rows = np.array([PROMPT[:10], PROMPT[10:20]], dtype=np.int64)
+    by_rows = model.score(rows)
+    assert len(by_rows) == 2
+    np.testing.assert_array_equal(by_rows[1].logprobs, model.score(tuple(PROMPT[10:20])).logprobs)
+    np.testing.assert_array_equal(model.embed(rows), model.embed([PROMPT[:10], PROMPT[10:20]]))
+
+
+def test_many_embeddings_one_array(model):
+    texts = [f"text number {i} about experts" for i in range(300)]
+    E = model.embed(texts)
+    assert E.shape == (300, 256) and np.isfinite(E).all()
+    np.testing.assert_array_equal(E[123], model.embed(texts[123]))
+    assert model.stats.requests == 1  # the last call: the single embed
+
+
+def test_stats(model):
+    model.embed(TEXTS)
+    st = model.stats
+    assert st.requests == 3 and st.passes >= 1 and st.seconds > 0 and st.wall_seconds >= st.seconds
+    assert st.tokens == sum(len(model.tokenize(t)) for t in TEXTS)
+    assert st.peak_rss_bytes > 0 and st.bytes_read == 0 and st.streamed is False
+    d = st.to_dict()
+    for key in ("bubble_seconds", "bubble_rate", "bytes_read", "peak_rss_bytes", "attention_seconds",
+                "experts_seconds", "schedule"):
+        assert key in d
+    assert "Stats(" in repr(st)
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+def test_load_errors():
+    with pytest.raises(OSError, match="nonexistent"):
+        estream.Model("/nonexistent/model.gguf")
+    with pytest.raises(OSError):
+        estream.Model(str(MODELS / "olmoe-tiny.tokens.txt"))  # not GGUF
+    with pytest.raises(ValueError, match="4X"):
+        estream.Model(str(MODEL), budget="4X")
+    with pytest.raises(ValueError, match="schedule"):
+        estream.Model(str(MODEL), schedule="sometimes")
+    with pytest.raises(ValueError):
+        estream.Model(str(MODEL), threads=-1)
+    with pytest.raises(TypeError):
+        estream.Model(str(MODEL), budget=[1])
+
+
+def test_bad_inputs_raise_and_model_stays_usable(model):
+    before = model.score(PROMPT).logprobs.copy()
+    with pytest.raises(ValueError, match="999999"):
+        model.score([1, 999999, 2])
+    with pytest.raises(ValueError, match="input 1:"):
+        model.score([PROMPT, [1, -5]])
+    with pytest.raises(ValueError):
+        model.score([[]])  # an empty prompt
+    with pytest.raises(ValueError):
+        model.embed([[1] * (model.n_ctx + 1)])  # longer than the context
+    with pytest.raises(ValueError, match="out of range"):
+        model.score([1, 2**40])
+    with pytest.raises(ValueError, match="top_k"):
+        model.next_token(PROMPT, top_k=0)
+    with pytest.raises(ValueError, match="pooling"):
+        model.embed(PROMPT, pooling="max")
+    with pytest.raises(ValueError, match="labels"):
+        model.classify(TEXTS[0], [])
+    with pytest.raises(ValueError):
+        model.classify(TEXTS[0], [" yes", ""])  # a label of no tokens
+    with pytest.raises(TypeError):
+        model.score(3.5)
+    with pytest.raises(TypeError):
+        model.score([1.5, 2.5])
+    with pytest.raises(TypeError):
+        model.classify(TEXTS[0], " yes")
+    with pytest.raises(TypeError):
+        model.detokenize("text")
+    np.testing.assert_array_equal(model.score(PROMPT).logprobs, before)
+    assert model.score([]) == []
+
+
+# ---- threads --------------------------------------------------------------------------------
+
+def test_two_threads_share_one_model(model):
+    ref_scores = [s.logprobs for s in model.score(TEXTS)]
+    ref_embed = model.embed(TEXTS)
+    errors, done = [], []
+
+    def worker(k):
+        try:
+            for _ in range(6):
+                if k == 0:
+                    got = [s.logprobs for s in model.score(TEXTS)]
+                    for a, b in zip(got, ref_scores):
+                        np.testing.assert_array_equal(a, b)
+                else:
+                    np.testing.assert_array_equal(model.embed(TEXTS), ref_embed)
+                with pytest.raises(ValueError):
+                    model.score([1, 999999])
+                _ = model.stats.requests
+            done.append(k)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(done) == [0, 1]

@@ -1,0 +1,358 @@
+/* The C API from C (C11, not C++): every function on the tiny shared OLMoE model, checked
+ * against the golden logits of testdata/models and against itself (candidates vs the same tokens
+ * scored as one prompt, estream_embed vs estream_run_batch), and every error path, after which
+ * the model must stay usable.
+ *
+ * Usage: capi_test MODELS_DIR   (ESTREAM_SHARED_DIR/testdata/models) */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "estream/estream.h"
+
+static int g_failures = 0;
+
+#define CHECK(cond)                                                                     \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              estream_last_error());                                                    \
+      ++g_failures;                                                                     \
+    }                                                                                   \
+  } while (0)
+#define CHECK_OK(expr) CHECK((expr) == ESTREAM_OK)
+
+/* Reads "a,b,c,..." ids; returns their number. */
+static size_t ReadIds(const char* path, int32_t* ids, size_t cap) {
+  FILE* f = fopen(path, "r");
+  size_t n = 0;
+  long v;
+  if (f == NULL) return 0;
+  while (n < cap && fscanf(f, "%ld", &v) == 1) {
+    ids[n++] = (int32_t)v;
+    if (fgetc(f) != ',') break;
+  }
+  fclose(f);
+  return n;
+}
+
+/* Golden logits [rows][n_vocab] -> the log-softmax of row `row`. */
+static int GoldenLogSoftmax(const char* path, int row, int n_vocab, double* out) {
+  FILE* f = fopen(path, "rb");
+  float* buf = (float*)malloc(sizeof(float) * (size_t)n_vocab);
+  double mx = -1e300, sum = 0;
+  int i, ok = 0;
+  if (f != NULL && buf != NULL && fseek(f, (long)row * n_vocab * (long)sizeof(float), SEEK_SET) == 0 &&
+      fread(buf, sizeof(float), (size_t)n_vocab, f) == (size_t)n_vocab) {
+    for (i = 0; i < n_vocab; ++i) mx = buf[i] > mx ? buf[i] : mx;
+    for (i = 0; i < n_vocab; ++i) sum += exp(buf[i] - mx);
+    for (i = 0; i < n_vocab; ++i) out[i] = buf[i] - mx - log(sum);
+    ok = 1;
+  }
+  if (f != NULL) fclose(f);
+  free(buf);
+  return ok;
+}
+
+/* Two threads share one model: each embeds the same prompts several times (the calls take turns
+ * in the engine) and must get the reference rows bit for bit; each thread's last error is its
+ * own. */
+typedef struct ThreadArg {
+  estream_model* m;
+  const estream_tokens* prompts;
+  const float* reference; /* [2][256] */
+  int index;
+  int failures;
+} ThreadArg;
+
+static void* EmbedWorker(void* p) {
+  ThreadArg* a = (ThreadArg*)p;
+  float out[2 * 256];
+  int32_t bad = 999999;
+  estream_tokens bad_prompt;
+  int rep, j;
+  bad_prompt.ids = &bad;
+  bad_prompt.n = 1;
+  for (rep = 0; rep < 4; ++rep) {
+    if (estream_embed(a->m, a->prompts, 2, ESTREAM_POOLING_MEAN, out, 2 * 256) != ESTREAM_OK) ++a->failures;
+    for (j = 0; j < 2 * 256; ++j)
+      if (out[j] != a->reference[j]) ++a->failures;
+    if (a->index == 1) {
+      if (estream_embed(a->m, &bad_prompt, 1, ESTREAM_POOLING_MEAN, out, 256) != ESTREAM_INVALID_ARGUMENT) ++a->failures;
+      if (strstr(estream_last_error(), "999999") == NULL) ++a->failures;
+    } else if (strcmp(estream_last_error(), "") != 0) {
+      ++a->failures; /* thread 0 never failed: another thread's error must not show here */
+    }
+  }
+  return NULL;
+}
+
+int main(int argc, char** argv) {
+  char path[4096], tokens_path[4096], logits_path[4096];
+  int32_t prompt[64];
+  size_t n_prompt;
+  estream_model* m = NULL;
+  estream_load_options o;
+  estream_model_info info;
+  uint64_t bytes = 0;
+  int i;
+
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s MODELS_DIR\n", argv[0]);
+    return 2;
+  }
+  snprintf(path, sizeof(path), "%s/olmoe-tiny-f32.gguf", argv[1]);
+  snprintf(tokens_path, sizeof(tokens_path), "%s/olmoe-tiny.tokens.txt", argv[1]);
+  snprintf(logits_path, sizeof(logits_path), "%s/olmoe-tiny-f32.logits.f32", argv[1]);
+  n_prompt = ReadIds(tokens_path, prompt, 64);
+  if (n_prompt != 48) {
+    fprintf(stderr, "cannot read 48 ids from %s\n", tokens_path);
+    return 1;
+  }
+
+  /* ---- version, sizes, statuses ---- */
+  CHECK(strcmp(estream_version(), "0.1.0") == 0);
+  CHECK(strcmp(estream_status_name(ESTREAM_IO_ERROR), "IOError") == 0);
+  CHECK(strcmp(estream_status_name(99), "Unknown") == 0);
+  CHECK_OK(estream_parse_size("4G", &bytes));
+  CHECK(bytes == 4ull << 30);
+  CHECK_OK(estream_parse_size("600M", &bytes));
+  CHECK(bytes == 600ull << 20);
+  CHECK(estream_parse_size("4X", &bytes) == ESTREAM_INVALID_ARGUMENT);
+  CHECK(strstr(estream_last_error(), "4X") != NULL);
+
+  /* ---- load errors ---- */
+  CHECK(estream_model_load("/nonexistent/model.gguf", NULL, &m) == ESTREAM_IO_ERROR);
+  CHECK(m == NULL);
+  CHECK(strstr(estream_last_error(), "/nonexistent/model.gguf") != NULL);
+  CHECK(estream_model_load(tokens_path, NULL, &m) == ESTREAM_CORRUPTION); /* not a GGUF file */
+  estream_load_options_init(&o);
+  o.struct_size = 0;
+  CHECK(estream_model_load(path, &o, &m) == ESTREAM_INVALID_ARGUMENT);
+  estream_load_options_init(&o);
+  o.schedule = 7;
+  CHECK(estream_model_load(path, &o, &m) == ESTREAM_INVALID_ARGUMENT);
+  CHECK(estream_model_load(path, NULL, NULL) == ESTREAM_INVALID_ARGUMENT);
+
+  /* ---- load ---- */
+  estream_load_options_init(&o);
+  o.n_threads = 2;
+  CHECK_OK(estream_model_load(path, &o, &m));
+  if (m == NULL) return 1;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  CHECK_OK(estream_model_get_info(m, &info));
+  CHECK(strcmp(info.architecture, "olmoe") == 0);
+  CHECK(info.n_embd == 256 && info.n_vocab == 512 && info.n_layer == 2 && info.n_threads == 2);
+  CHECK(info.has_tokenizer == 1);
+  CHECK(info.pass_tokens > 0);
+
+  /* ---- tokens ---- */
+  {
+    const char* text = "Hello, world! Mixture of experts.";
+    int32_t ids[128], one[1];
+    size_t n = 0, len = 0, n2 = 0;
+    char out[256], small[4];
+    CHECK_OK(estream_tokenize(m, text, (size_t)-1, 0, ids, 128, &n));
+    CHECK(n > 1);
+    CHECK(estream_tokenize(m, text, (size_t)-1, 0, one, 1, &n2) == ESTREAM_BUFFER_TOO_SMALL);
+    CHECK(n2 == n); /* the size needed is written back */
+    CHECK_OK(estream_detokenize(m, ids, n, 0, out, sizeof(out), &len));
+    CHECK(len == strlen(text) && strcmp(out, text) == 0); /* byte-level BPE round trip */
+    CHECK(estream_detokenize(m, ids, n, 0, small, sizeof(small), &len) == ESTREAM_BUFFER_TOO_SMALL);
+    CHECK(len == strlen(text));
+    CHECK_OK(estream_tokenize(m, text, 5, 0, ids, 128, &n2)); /* explicit length: "Hello" */
+    CHECK_OK(estream_detokenize(m, ids, n2, 0, out, sizeof(out), &len));
+    CHECK(strcmp(out, "Hello") == 0);
+    CHECK_OK(estream_tokenize(m, "", 0, 0, ids, 128, &n2));
+    CHECK(n2 == 0);
+  }
+
+  /* ---- a batch: scores, a bad request, embeddings and candidates ---- */
+  {
+    estream_request r[3];
+    estream_tokens cands[2];
+    int32_t bad[3] = {1, 999999, 2};
+    estream_batch* b = NULL;
+    const estream_token_logprob* top = NULL;
+    const float* lp;
+    size_t n = 0, k, j;
+    double* golden = (double*)malloc(sizeof(double) * 512);
+    double sum = 0, ll, cand_ll[2];
+    int greedy[2];
+    estream_stats st;
+    float emb_helper[2 * 256];
+    estream_tokens two[2];
+
+    for (i = 0; i < 3; ++i) estream_request_init(&r[i]);
+    r[0].prompt.ids = prompt;
+    r[0].prompt.n = n_prompt;
+    r[0].top_k = 5;
+    r[0].prompt_logprobs = 1;
+    r[1].prompt.ids = bad;
+    r[1].prompt.n = 3;
+    r[1].top_k = 5;
+    cands[0].ids = prompt + 16;
+    cands[0].n = 4;
+    cands[1].ids = prompt + 16;
+    cands[1].n = 2;
+    r[2].prompt.ids = prompt;
+    r[2].prompt.n = 16;
+    r[2].pooling = ESTREAM_POOLING_MEAN;
+    r[2].continuations = cands;
+    r[2].n_continuations = 2;
+    CHECK_OK(estream_run_batch(m, r, 3, &b));
+    CHECK(estream_batch_size(b) == 3);
+
+    /* request 0 against the golden logits of the last position */
+    CHECK(estream_batch_status(b, 0) == ESTREAM_OK);
+    CHECK(estream_batch_n_tokens(b, 0) == 48);
+    k = estream_batch_top(b, 0, &top);
+    CHECK(k == 5 && top != NULL);
+    CHECK(GoldenLogSoftmax(logits_path, 47, 512, golden));
+    for (j = 0; j < k && top != NULL; ++j) CHECK(fabs(top[j].logprob - golden[top[j].token]) < 1e-4);
+    for (j = 0; j < 512 && top != NULL; ++j) CHECK(golden[j] <= golden[top[0].token] + 1e-6);
+    lp = estream_batch_prompt_logprobs(b, 0, &n);
+    CHECK(lp != NULL && n == 47);
+    for (j = 0; j < n && lp != NULL; ++j) {
+      sum += lp[j];
+      if (j == 20) {
+        CHECK(GoldenLogSoftmax(logits_path, 20, 512, golden));
+        CHECK(fabs(lp[j] - golden[prompt[21]]) < 1e-4);
+      }
+    }
+    CHECK(fabs(sum - estream_batch_log_likelihood(b, 0)) < 1e-4);
+    CHECK(fabs(estream_batch_perplexity(b, 0) - exp(-sum / 47)) < 1e-3);
+    CHECK(estream_batch_embedding(b, 0, &n) == NULL && n == 0);
+
+    /* request 1 failed alone, with a message naming the id */
+    CHECK(estream_batch_status(b, 1) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(strstr(estream_batch_error(b, 1), "999999") != NULL);
+    CHECK(estream_batch_top(b, 1, &top) == 0 && top == NULL);
+    CHECK(estream_batch_error(b, 0)[0] == '\0');
+
+    /* request 2: candidates equal the same tokens scored inside request 0's prompt */
+    CHECK(estream_batch_status(b, 2) == ESTREAM_OK);
+    CHECK(estream_batch_n_continuations(b, 2) == 2);
+    lp = estream_batch_continuation(b, 2, 0, &n, &ll, NULL);
+    CHECK(lp != NULL && n == 4);
+    {
+      const float* full = estream_batch_prompt_logprobs(b, 0, NULL);
+      double s4 = 0;
+      for (j = 0; j < 4 && full != NULL && lp != NULL; ++j) {
+        CHECK(fabs(lp[j] - full[15 + j]) < 1e-4);
+        s4 += full[15 + j];
+      }
+      CHECK(fabs(ll - s4) < 1e-3);
+    }
+    CHECK(estream_batch_continuation(b, 2, 2, &n, &ll, NULL) == NULL && n == 0);
+    lp = estream_batch_embedding(b, 2, &n);
+    CHECK(lp != NULL && n == 256);
+
+    /* estream_score_candidates: the same numbers */
+    CHECK_OK(estream_score_candidates(m, r[2].prompt, cands, 2, cand_ll, greedy));
+    {
+      double ll0 = 0, ll1 = 0;
+      estream_batch_continuation(b, 2, 0, NULL, &ll0, NULL);
+      estream_batch_continuation(b, 2, 1, NULL, &ll1, NULL);
+      CHECK(fabs(cand_ll[0] - ll0) < 1e-6 && fabs(cand_ll[1] - ll1) < 1e-6);
+      CHECK(greedy[0] == 0 || greedy[0] == 1);
+    }
+
+    /* estream_embed: the same embedding as the batch, bit for bit (the kernels are row-wise) */
+    two[0] = r[0].prompt;
+    two[1] = r[2].prompt;
+    CHECK_OK(estream_embed(m, two, 2, ESTREAM_POOLING_MEAN, emb_helper, 2 * 256));
+    for (j = 0; j < 256 && lp != NULL; ++j) CHECK(fabs(emb_helper[256 + j] - lp[j]) <= 1e-6f * (1 + fabsf(lp[j])));
+    CHECK_OK(estream_model_last_stats(m, (memset(&st, 0, sizeof(st)), st.struct_size = sizeof(st), &st)));
+    CHECK(st.requests == 2 && st.passes >= 1 && st.tokens == 48 + 16 && st.seconds > 0 && st.peak_rss_bytes > 0);
+    CHECK(st.wall_seconds >= st.seconds);
+    CHECK(st.streamed == 0 && st.bytes_read == 0 && strcmp(st.schedule, "") == 0);
+
+    /* per-request and whole-batch statistics */
+    memset(&st, 0, sizeof(st));
+    st.struct_size = sizeof(st);
+    CHECK_OK(estream_batch_stats(b, 0, &st));
+    CHECK(st.requests == 1 && st.seconds > 0 && st.tokens >= 48);
+    CHECK(st.attention_seconds > 0 && st.experts_seconds > 0);
+    CHECK(estream_batch_stats(b, 1, &st) == ESTREAM_INVALID_ARGUMENT); /* failed request */
+    CHECK_OK(estream_batch_total_stats(b, &st));
+    CHECK(st.requests == 3 && st.passes >= 1 && st.tokens == 48 + 16 + 6);
+    /* an older, shorter struct: only its fields are written */
+    {
+      estream_stats small;
+      memset(&small, 0x7f, sizeof(small));
+      small.struct_size = offsetof(estream_stats, seconds);
+      CHECK_OK(estream_batch_total_stats(b, &small));
+      CHECK(small.wall_seconds > 0);
+      CHECK(small.requests == 0x7f7f7f7f); /* untouched */
+    }
+
+    /* error paths of the helpers; the model stays usable */
+    CHECK(estream_embed(m, two, 2, ESTREAM_POOLING_MEAN, emb_helper, 256) == ESTREAM_BUFFER_TOO_SMALL);
+    CHECK(estream_embed(m, two, 2, ESTREAM_POOLING_NONE, emb_helper, 512) == ESTREAM_INVALID_ARGUMENT);
+    two[1].ids = bad;
+    two[1].n = 3;
+    CHECK(estream_embed(m, two, 2, ESTREAM_POOLING_LAST, emb_helper, 512) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(strstr(estream_last_error(), "prompt 1:") != NULL);
+    two[1].n = 0;
+    CHECK(estream_embed(m, two, 2, ESTREAM_POOLING_LAST, emb_helper, 512) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(estream_score_candidates(m, r[2].prompt, cands, 0, cand_ll, NULL) == ESTREAM_INVALID_ARGUMENT);
+    cands[1].n = 0; /* an empty continuation */
+    CHECK(estream_score_candidates(m, r[2].prompt, cands, 2, cand_ll, NULL) == ESTREAM_INVALID_ARGUMENT);
+    estream_batch_free(b);
+    CHECK(estream_run_batch(m, NULL, 1, &b) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(b == NULL);
+    r[0].pooling = 9;
+    CHECK(estream_run_batch(m, r, 1, &b) == ESTREAM_INVALID_ARGUMENT);
+    r[0].pooling = ESTREAM_POOLING_LAST;
+    CHECK_OK(estream_run_batch(m, r, 1, &b));
+    CHECK(estream_batch_status(b, 0) == ESTREAM_OK);
+    CHECK(estream_batch_embedding(b, 0, &n) != NULL && n == 256);
+    CHECK(estream_batch_status(b, 5) == ESTREAM_INVALID_ARGUMENT);
+    estream_batch_free(b);
+
+    /* an empty batch is fine */
+    CHECK_OK(estream_run_batch(m, r, 0, &b));
+    CHECK(estream_batch_size(b) == 0);
+    estream_batch_free(b);
+    estream_batch_free(NULL);
+    free(golden);
+  }
+
+  /* ---- two threads on one model ---- */
+  {
+    estream_tokens prompts[2];
+    float reference[2 * 256];
+    pthread_t th[2];
+    ThreadArg args[2];
+    prompts[0].ids = prompt;
+    prompts[0].n = 48;
+    prompts[1].ids = prompt + 5;
+    prompts[1].n = 11;
+    CHECK_OK(estream_embed(m, prompts, 2, ESTREAM_POOLING_MEAN, reference, 2 * 256));
+    for (i = 0; i < 2; ++i) {
+      args[i].m = m;
+      args[i].prompts = prompts;
+      args[i].reference = reference;
+      args[i].index = i;
+      args[i].failures = 0;
+      CHECK(pthread_create(&th[i], NULL, EmbedWorker, &args[i]) == 0);
+    }
+    for (i = 0; i < 2; ++i) {
+      pthread_join(th[i], NULL);
+      CHECK(args[i].failures == 0);
+    }
+  }
+
+  estream_model_free(m);
+  estream_model_free(NULL);
+  if (g_failures > 0) {
+    fprintf(stderr, "capi_test: %d checks failed\n", g_failures);
+    return 1;
+  }
+  printf("capi_test: all checks passed\n");
+  return 0;
+}
