@@ -3,10 +3,10 @@
 
 Usage: scripts/layer_deps.py [--mermaid] [--with-base]
 
-Every source file belongs to one layer: its folder under src/ (src/io/ holds two libraries: the
-packed-model files packed_layout.*, pack_*.* and metadata_update.* form `pack`, the rest `io`),
-tools/estream/ is `tools`, and include/estream/engine.h is the public API of the `model` layer
-(src/model/engine.cc implements it). An edge A -> B means a file of A includes a header of B.
+Every source file belongs to one layer: its folder under src/, tools/estream/ is `tools`; of the
+public headers, include/estream/status.h and options.h (the vocabulary: Status, Schedule, ...)
+belong to `base` (src/base implements them) and the others, such as include/estream/engine.h,
+to the `model` layer (src/model/engine.cc implements the API). An edge A -> B means a file of A includes a header of B.
 Each edge must be one that docs/DESIGN.md section 1 allows (ALLOWED below, the same table); the
 script prints every edge that is not and exits 1, else exits 0.
 --mermaid prints the edges found as a Mermaid flowchart (top to bottom: a layer above depends on
@@ -34,13 +34,13 @@ ALLOWED = {
     "config": {"base", "gguf"},
     "tokenizer": {"base", "gguf"},
     "model": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config"},
-    "profiler": {"base", "quant", "gguf", "kernels", "io", "pack", "config", "tokenizer", "model"},
+    "profiler": {"base", "quant", "gguf", "kernels", "io", "pack", "pipeline", "config", "tokenizer", "model"},
     "tools": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config", "tokenizer",
               "model", "profiler"},
 }
 ORDER = ["tools", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
          "gguf", "quant", "base"]
-PACK_FILES = re.compile(r"^(packed_layout|pack_[^/]*|metadata_update)\.(h|cc)$")
+BASE_PUBLIC = {"status.h", "options.h"}  # include/estream/ headers of the base layer
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -48,13 +48,11 @@ def layer_of_path(rel):
     """Layer of a repository-relative source path, or None when not part of a layer."""
     parts = rel.split("/")
     if parts[0] == "src" and len(parts) >= 3:
-        if parts[1] == "io":
-            return "pack" if PACK_FILES.match(parts[-1]) else "io"
         return parts[1]
     if parts[:2] == ["tools", "estream"]:
         return "tools"
     if parts[:2] == ["include", "estream"]:
-        return "model"
+        return "base" if parts[-1] in BASE_PUBLIC else "model"
     return None
 
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/stats.h"  // FormatBytes, Median
 #include "base/status.h"
 
 namespace estream::cli {
@@ -41,7 +42,5 @@ int ReportError(const char* command, const Status& status);
 
 // Parses a size with an optional K/M/G/T suffix (powers of 1024; "4G", "512M", "1000").
 Result<uint64_t> ParseSize(const std::string& text);
-// "1.23 GiB", "512.0 MiB", "17 B".
-std::string FormatBytes(uint64_t bytes);
 
 }  // namespace estream::cli
