@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 
+#include "cli_test_util.h"
 #include "pipeline_test_util.h"
 #include "profiler/measure.h"
 #include "profiler/sweep.h"
@@ -29,31 +30,11 @@ namespace {
 
 using pipeline_test::TestModels;
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
+using cli_test::CliResult;
 
-// Runs the estream binary; stdout and stderr captured separately.
 CliResult RunCli(const std::string& args) {
   pipeline_test::ScratchDir dir;
-  const std::string err_path = dir.File("stderr.txt");
-  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
-  CliResult r;
-  if (std::FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t k;
-    while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, k);
-    const int status = pclose(p);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  if (std::FILE* f = std::fopen(err_path.c_str(), "r")) {
-    char buf[4096];
-    size_t k;
-    while ((k = std::fread(buf, 1, sizeof(buf), f)) > 0) r.err.append(buf, k);
-    std::fclose(f);
-  }
-  return r;
+  return cli_test::RunCli(args, dir.File("stderr.txt"));
 }
 
 // The last line of the CLI's stderr (its error line).

@@ -49,10 +49,7 @@ class ProfileCommand : public Command {
     ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseSize(p_.budget_text));
     if (p_.budget_bytes == 0) return Status::InvalidArgument("--budget must be positive");
     ESTREAM_ASSIGN_OR_RETURN(p_.io, ParseIoBackend(io_));
-    p_.progress = [](const std::string& line) {
-      std::fprintf(stderr, "estream profile: %s\n", line.c_str());
-      std::fflush(stderr);
-    };
+    p_.progress = ProgressPrinter(name());
     ESTREAM_ASSIGN_OR_RETURN(profiler::ProfileModelResult r, profiler::ProfileModel(p_));
     if (json_) {
       std::printf("%s\n", profiler::ProfileModelJson(r).c_str());

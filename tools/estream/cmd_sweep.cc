@@ -54,10 +54,7 @@ class SweepCommand : public Command {
     ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseSize(budget_));
     if (p_.budget_bytes == 0) return Status::InvalidArgument("--budget must be positive");
     ESTREAM_ASSIGN_OR_RETURN(p_.io, ParseIoBackend(io_));
-    p_.progress = [](const std::string& line) {
-      std::fprintf(stderr, "estream sweep: %s\n", line.c_str());
-      std::fflush(stderr);
-    };
+    p_.progress = ProgressPrinter(name());
     ESTREAM_ASSIGN_OR_RETURN(profiler::SweepResult r, profiler::Sweep(p_));
     if (json_) {
       std::printf("%s\n", profiler::SweepJson(r).c_str());

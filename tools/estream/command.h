@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,9 @@ struct CommandRegistrar {
 
 // Prints "estream <command>: error: <status message>" to stderr; returns 1.
 int ReportError(const char* command, const Status& status);
+
+// A progress callback that prints "estream <command>: <line>" to stderr (flushed).
+std::function<void(const std::string&)> ProgressPrinter(const char* command);
 
 // Parses a size with an optional K/M/G/T suffix (powers of 1024; "4G", "512M", "1000").
 Result<uint64_t> ParseSize(const std::string& text);

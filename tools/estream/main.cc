@@ -34,6 +34,13 @@ Result<uint64_t> ParseSize(const std::string& text) {
   return static_cast<uint64_t>(v * mult);
 }
 
+std::function<void(const std::string&)> ProgressPrinter(const char* command) {
+  return [command](const std::string& line) {
+    std::fprintf(stderr, "estream %s: %s\n", command, line.c_str());
+    std::fflush(stderr);
+  };
+}
+
 }  // namespace estream::cli
 
 int main(int argc, char** argv) {
