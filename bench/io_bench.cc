@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "base/memory.h"
+#include "base/stats.h"
 #include "base/timer.h"
 #include "io/file.h"
 #include "io/loader.h"
@@ -95,11 +96,7 @@ struct Point {
   size_t chunk = 0;
   std::vector<double> gbps;       // one per repeat
   std::vector<double> cpu_per_gb;  // CPU seconds (user + sys, whole process) per GB read
-  static double MedianOf(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-  }
-  double Median() const { return MedianOf(gbps); }
+  double Median() const { return estream::Median(gbps); }
 };
 
 double CpuSeconds() {
@@ -110,7 +107,7 @@ double CpuSeconds() {
 
 // Reads `target_bytes` worth of random groups; returns GB/s (1e9 bytes per second), or < 0 on
 // error; *cpu_per_gb: CPU seconds the process used per GB read.
-double RunPoint(io::File& file, io::IoBackend backend, size_t expert_bytes, int g, int q, size_t chunk,
+double RunPoint(io::File& file, IoBackend backend, size_t expert_bytes, int g, int q, size_t chunk,
                 uint64_t target_bytes, uint64_t seed, std::atomic<uint64_t>* bad_blocks, double* cpu_per_gb) {
   auto loader = io::Loader::Create({.backend = backend, .queue_depth = q, .chunk_bytes = chunk});
   if (!loader.ok()) {
@@ -229,7 +226,7 @@ int Main(int argc, char** argv) {
     for (size_t i = 0; i < points.size(); ++i) {
       Point& p = points[i];
       double cpu = 0;
-      const double gbps = RunPoint(**file, p.backend == "io_uring" ? io::IoBackend::kIoUring : io::IoBackend::kPread,
+      const double gbps = RunPoint(**file, p.backend == "io_uring" ? IoBackend::kIoUring : IoBackend::kPread,
                                    p.expert_bytes, p.g, p.q, p.chunk, target, 1000 * rep + i, &bad_blocks, &cpu);
       if (gbps < 0) return 1;
       p.gbps.push_back(gbps);
@@ -278,13 +275,13 @@ int Main(int argc, char** argv) {
   }
   for (const auto& [key, by_q] : pooled) {
     double peak = 0;
-    for (const auto& [q, cell] : by_q) peak = std::max(peak, Point::MedianOf(cell.first));
+    for (const auto& [q, cell] : by_q) peak = std::max(peak, estream::Median(cell.first));
     int q0 = -1;
     std::printf("| %s | %zuK |", key.first.c_str(), key.second >> 10);
     for (const auto& [q, cell] : by_q) {
-      const double bw = Point::MedianOf(cell.first);
+      const double bw = estream::Median(cell.first);
       if (q0 < 0 && bw >= 0.95 * peak) q0 = q;
-      std::printf(" %.2f \\| %.0f |", bw, 1e3 * Point::MedianOf(cell.second));
+      std::printf(" %.2f \\| %.0f |", bw, 1e3 * estream::Median(cell.second));
     }
     std::printf(" %d |\n", q0);
   }

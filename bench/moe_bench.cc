@@ -10,7 +10,7 @@
 //     one core's peak (the per-core efficiency, robust to time slices lost on a shared machine).
 //   moe_bench layer [--preset olmoe-1b-7b|qwen3-30b-a3b] [--tokens 512,1024] [--reps N]
 //     One MoE layer of a synthetic 1-layer model of the preset (Q4_0, repacked): routes from its
-//     router on a fixed prompt; the previous path (model::ExpertsBatched) and the fused one
+//     router on a fixed prompt; the previous path (ref::ExpertsBatched) and the fused one
 //     (model::FusedExperts) alternated in the same run, median wall time of each.
 // Threads: OMP_NUM_THREADS (default: all CPUs).
 #include <omp.h>
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "base/memory.h"
+#include "base/stats.h"
 #include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/experts.h"
@@ -35,6 +36,7 @@
 #include "model/synth.h"
 #include "moe/expert_op.h"
 #include "quant/quant.h"
+#include "ref/experts_baseline.h"
 
 namespace estream {
 namespace {
@@ -50,10 +52,6 @@ double CpuNow() {
 double PeakPerCore() {
   const char* env = std::getenv("ESTREAM_PEAK_INT8_GOPS");
   return env != nullptr && *env != '\0' ? std::atof(env) : 1050.0;
-}
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 std::vector<std::string> Split(const std::string& s) {
   std::vector<std::string> out;
@@ -165,7 +163,7 @@ int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int rep
     for (int r = 0; r < reps + 1; ++r) {
       std::copy(x0.begin(), x0.end(), ws.x.get());
       double t0 = Now();
-      model::ExpertsBatched((*model)->layers()[0].experts, c, T, &ws);
+      ref::ExpertsBatched((*model)->layers()[0].experts, c, T, &ws);
       const double b = Now() - t0;
       std::copy(x0.begin(), x0.end(), ws.x.get());
       t0 = Now();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "model_test_util.h"
 
 namespace estream {
@@ -36,26 +37,9 @@ const Family kFamilies[] = {
     {"lfm2moe", "shortconv.l_cache", 3, 2},
 };
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
+using cli_test::CliResult;
 
-CliResult RunCli(const ScratchDir& dir, const std::string& args) {
-  const std::string err_path = dir.File("stderr.txt");
-  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
-  CliResult r;
-  if (std::FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t k;
-    while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, k);
-    const int status = pclose(p);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
-  return r;
-}
+CliResult RunCli(const ScratchDir& dir, const std::string& args) { return cli_test::RunCli(args, dir.File("stderr.txt")); }
 
 nlohmann::json Json(const CliResult& r) {
   EXPECT_EQ(r.exit_code, 0) << r.err;

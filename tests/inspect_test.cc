@@ -126,7 +126,7 @@ TEST_F(CliTest, InspectEverySharedFile) {
     EXPECT_EQ(j["tensors"].empty(), vocab_only) << file;
     EXPECT_EQ(j["experts"]["moe_layers"], vocab_only ? 0 : 2) << file;
     if (!vocab_only) {
-      // F32 experts: W_e = 3 * n_embd * n_ff_exp * 4 bytes.
+      // F32 experts: W_e = 3 * n_embd * n_ff_expert * 4 bytes.
       const uint64_t n_ff = std::string(file).find("mixtral") != std::string::npos ? 512 : 128;
       EXPECT_EQ(j["experts"]["W_e"], 3 * 256 * n_ff * 4) << file;
     }

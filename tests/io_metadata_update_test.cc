@@ -24,8 +24,8 @@
 
 #include "estream/engine.h"
 #include "gguf/gguf.h"
-#include "io/metadata_update.h"
-#include "io/packed_layout.h"
+#include "pack/metadata_update.h"
+#include "pack/packed_layout.h"
 #include "pipeline_test_util.h"
 
 namespace estream {

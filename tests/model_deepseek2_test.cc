@@ -17,7 +17,7 @@
 
 #include "estream/engine.h"
 #include "gguf/gguf.h"
-#include "io/pack_model.h"
+#include "pack/pack_model.h"
 #include "kernels/kernels.h"
 #include "model/ffn.h"
 #include "model/model.h"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/blocks.h"
+#include "ref/experts_baseline.h"
 #include "model/experts.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -54,8 +55,8 @@ TEST_P(ExpertPaths, BatchedEqualsGrouped) {
     EXPECT_GT(most, model::kExpertChunkRows);
     EXPECT_GT(T * c.n_expert_used, model::kRouteWindow);
 
-    model::ExpertsGrouped((*model)->layers()[0].experts, c, T, &a);
-    model::ExpertsBatched((*model)->layers()[0].experts, c, T, &b);
+    ref::ExpertsGrouped((*model)->layers()[0].experts, c, T, &a);
+    ref::ExpertsBatched((*model)->layers()[0].experts, c, T, &b);
     EXPECT_EQ(std::memcmp(a.x.get(), b.x.get(), T * d * sizeof(float)), 0);
     int64_t first_diff = -1;
     for (int64_t i = 0; i < T * d && first_diff < 0; ++i)

@@ -17,7 +17,7 @@
 
 #include "estream/engine.h"
 #include "gguf/gguf.h"
-#include "io/pack_model.h"
+#include "pack/pack_model.h"
 #include "model_test_util.h"
 
 namespace estream {

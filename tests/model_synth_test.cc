@@ -179,7 +179,7 @@ INSTANTIATE_TEST_SUITE_P(All, SynthVsReference,
                          CaseName);
 
 // llama-quantize mixes (synth --type): every new weight type appears in one of them on the tiny
-// shapes (n_embd 256, n_ff_exp 128 or 512, 8 experts: attn_k/attn_v become q8_0, attn_output
+// shapes (n_embd 256, n_ff_expert 128 or 512, 8 experts: attn_k/attn_v become q8_0, attn_output
 // q5_K, and 128-wide rows fall back to q4_0/q5_0/q5_1/iq4_nl as in llama-quantize). The fp64
 // forward runs on the dequantised weights, so the bound is the activation quantisation's, as above.
 INSTANTIATE_TEST_SUITE_P(Mixes, SynthVsReference,

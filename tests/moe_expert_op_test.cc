@@ -567,7 +567,7 @@ TEST_P(ExpertOp, RefusesMismatchedBindings) {
   b[0] = SlotBinding{};
   b[1] = fx.Bindings({1})[0];
   EXPECT_TRUE(plan->Invoke(fx.Inv(r.begin, r.tok, r.w, b, y.data())).ok());
-  EXPECT_FALSE(ExpertPlan::Create(ExpertShape{.n_embd = 100, .n_ff = 64}, 0, 8, 1).ok());
+  EXPECT_FALSE(ExpertPlan::Create(ExpertShape{.n_embd = 100, .n_ff_expert = 64}, 0, 8, 1).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,5 +1,5 @@
 // The engine's expert path (model::FusedExperts, the fused operator of src/moe) against the
-// previous one (model::ExpertsBatched): bit-identical x on a synthetic qwen3moe layer with a
+// previous one (ref::ExpertsBatched): bit-identical x on a synthetic qwen3moe layer with a
 // skewed router (an expert with more routes than a pass holds: passes cut through slots), for
 // quantised and float weights and several thread counts; and no allocation by Reserve once the
 // plans cover the request.
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/blocks.h"
+#include "ref/experts_baseline.h"
 #include "model/experts.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -49,7 +50,7 @@ TEST_P(FusedVsBatched, BitIdentical) {
       model::RouteBlock(**model, 0, T, ws);
     }
     EXPECT_GT(T * c.n_expert_used, model::kRouteWindow);  // more than one pass
-    model::ExpertsBatched((*model)->layers()[0].experts, c, T, &a);
+    ref::ExpertsBatched((*model)->layers()[0].experts, c, T, &a);
     ASSERT_TRUE(fused.Run(**model, 0, T, &b).ok());
     int64_t first_diff = -1;
     for (int64_t i = 0; i < T * d && first_diff < 0; ++i)

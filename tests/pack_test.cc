@@ -24,8 +24,8 @@
 #include "base/fp16.h"
 #include "gguf/gguf.h"
 #include "gguf_test_util.h"
-#include "io/pack_model.h"
-#include "io/packed_layout.h"
+#include "pack/pack_model.h"
+#include "pack/packed_layout.h"
 #include "kernels/kernels.h"
 #include "quant/quant.h"
 

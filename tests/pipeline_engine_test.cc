@@ -31,7 +31,8 @@
 #include "estream/engine.h"
 #include "gguf/gguf.h"
 #include "io/file.h"
-#include "io/pack_model.h"
+#include "model/engine_hooks.h"
+#include "pack/pack_model.h"
 #include "model/synth.h"
 #include "model_test_util.h"
 #include "pipeline_test_util.h"
@@ -263,10 +264,11 @@ TEST(PipelineEngine, IoErrorAndChecksumMismatchFailTheRequestOnly) {
   io::FaultInjectingFile file(base->get(), {.on_read = [&](uint64_t, size_t n, void* dst) {
                                               if (corrupt.load() && n > 100) static_cast<uint8_t*>(dst)[77] ^= 0x5a;
                                             }});
+  const EngineHooks hooks{.expert_file = &file};
   for (auto sched : {EngineOptions::Schedule::kEarly, EngineOptions::Schedule::kOnDemand}) {
     auto e = Engine::Load(TestModels().packed, {.n_threads = 2, .group_size = 4, .banks = 2, .schedule = sched,
                                                 .budget_tokens = 128, .verify_every_read = true,
-                                                .expert_file_for_testing = &file});
+                                                .hooks = &hooks});
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     // An I/O error on every read.
     file.AddRule({.kind = io::FaultRule::Kind::kError, .offset = 0, .length = file.size(), .error = 5});
@@ -300,8 +302,9 @@ TEST(PipelineEngine, DefaultVerificationCatchesACorruptRecordOnItsFirstRead) {
   io::FaultInjectingFile file(base->get(), {.on_read = [](uint64_t, size_t n, void* dst) {
                                               if (n > 100) static_cast<uint8_t*>(dst)[77] ^= 0x5a;
                                             }});
+  const EngineHooks hooks{.expert_file = &file};
   auto e = Engine::Load(TestModels().packed, {.n_threads = 2, .group_size = 4, .banks = 2, .budget_tokens = 128,
-                                              .expert_file_for_testing = &file});
+                                              .hooks = &hooks});
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto r = RunOnce(**e);
   ASSERT_FALSE(r.ok());
@@ -393,13 +396,13 @@ TEST(PipelineStress, RandomDelaysKeepOutputsAndInvariants) {
   ASSERT_TRUE(base.ok());
   io::FaultInjectingFile file(base->get(), {.short_read_probability = 0.2, .max_random_delay_s = 0.002, .seed = 3});
   using S = EngineOptions::Schedule;
+  const EngineHooks hooks{.expert_file = &file, .max_feeder_delay_s = 0.001, .max_executor_delay_s = 0.001};
   int iter = 0;
   for (S s : {S::kEarly, S::kAfterRouting, S::kOnDemand}) {
     for (auto [g, b] : {std::pair{2, 2}, {3, 1}, {4, 3}}) {
       auto e = Engine::Load(TestModels().packed,
                             {.n_threads = 1, .group_size = g, .banks = b, .queue_depth = 2, .schedule = s,
-                             .budget_tokens = 128, .expert_file_for_testing = &file,
-                             .max_feeder_delay_s_for_testing = 0.001, .max_executor_delay_s_for_testing = 0.001});
+                             .budget_tokens = 128, .hooks = &hooks});
       ASSERT_TRUE(e.ok()) << e.status().ToString();
       for (int rep = 0; rep < 3; ++rep, ++iter) {
         auto r = RunOnce(**e);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "io/file.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 #include "pipeline/expert_stream.h"
 #include "pipeline_test_util.h"
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
-#include "io/pack_model.h"
+#include "pack/pack_model.h"
 #include "model/synth.h"
 #include "model_test_util.h"
 

@@ -31,9 +31,11 @@
 #include "config/profile.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 #include "pipeline_test_util.h"
 #include "profiler/calibrate.h"
+#include "profiler/measure.h"
+#include "profiler/profile_model.h"
 #include "profiler/calibration.h"
 
 namespace estream {
@@ -70,20 +72,34 @@ config::DiskProfile FlatDisk() {
 TEST(ProfilerTrace, ParsesServiceTimesAndSplitsMergedSteps) {
   const io::PackedModelInfo layout = LayoutOf(TestModels().packed);  // blocks 0, 1, 2; 16 experts
   // Group size 3: groups 0..4 full, group 5 holds one expert (partial).
-  const std::string json = R"({"traceEvents": [
-    {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "compute"}},
-    {"name": "attention+router L0", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 500, "args": {"layer": 0}},
-    {"name": "attention+router L2", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 9000, "dur": 250, "args": {"layer": 2}},
-    {"name": "read L0 g0", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 100, "dur": 300, "args": {"layer": 0, "group": 0, "bytes": 10, "ok": 1}},
-    {"name": "read L0 g1", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 150, "dur": 450, "args": {"layer": 0, "group": 1, "bytes": 10, "ok": 1}},
-    {"name": "read L0 g5", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 700, "dur": 100, "args": {"layer": 0, "group": 5, "bytes": 10, "ok": 1}},
-    {"name": "read L0 g2", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 1000, "dur": 200, "args": {"layer": 0, "group": 2, "bytes": 10, "ok": 0}},
-    {"name": "read L0 g3", "cat": "read", "ph": "X", "pid": 1, "tid": 2, "ts": 1100, "dur": 300, "args": {"layer": 0, "group": 3, "bytes": 10, "ok": 1}},
-    {"name": "experts L0 g0-2", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 600, "dur": 900, "args": {"layer": 0, "groups": 3, "first_bank": 0, "routes": 30}},
-    {"name": "experts L2 g4-4", "cat": "compute", "ph": "X", "pid": 1, "tid": 1, "ts": 9300, "dur": 100, "args": {"layer": 2, "groups": 1, "first_bank": 1, "routes": 7}},
-    {"name": "wait L0 g3", "cat": "bubble", "ph": "X", "pid": 1, "tid": 1, "ts": 1500, "dur": 10, "args": {"layer": 0, "group": 3}}
-  ], "displayTimeUnit": "ms"})";
-  auto t = profiler::ParseRunTrace(json, layout, 3, "hand trace");
+  using pipeline::TraceEvent;
+  using pipeline::TraceStep;
+  const double us = 1e-6;
+  const std::vector<TraceEvent> events = {
+      {.name = "attention+router L0", .start_s = 0, .dur_s = 500 * us, .args = {{"layer", 0}},
+       .step = TraceStep::kAttentionRouter},
+      {.name = "attention+router L2", .start_s = 9000 * us, .dur_s = 250 * us, .args = {{"layer", 2}},
+       .step = TraceStep::kAttentionRouter},
+      {.name = "read L0 g0", .start_s = 100 * us, .dur_s = 300 * us,
+       .args = {{"layer", 0}, {"group", 0}, {"bytes", 10}, {"ok", 1}}, .step = TraceStep::kRead},
+      {.name = "read L0 g1", .start_s = 150 * us, .dur_s = 450 * us,
+       .args = {{"layer", 0}, {"group", 1}, {"bytes", 10}, {"ok", 1}}, .step = TraceStep::kRead},
+      {.name = "read L0 g5", .start_s = 700 * us, .dur_s = 100 * us,
+       .args = {{"layer", 0}, {"group", 5}, {"bytes", 10}, {"ok", 1}}, .step = TraceStep::kRead},
+      {.name = "read L0 g2", .start_s = 1000 * us, .dur_s = 200 * us,
+       .args = {{"layer", 0}, {"group", 2}, {"bytes", 10}, {"ok", 0}}, .step = TraceStep::kRead},
+      {.name = "read L0 g3", .start_s = 1100 * us, .dur_s = 300 * us,
+       .args = {{"layer", 0}, {"group", 3}, {"bytes", 10}, {"ok", 1}}, .step = TraceStep::kRead},
+      {.name = "experts L0 g0-2", .start_s = 600 * us, .dur_s = 900 * us,
+       .args = {{"layer", 0}, {"groups", 3}, {"first_bank", 0}, {"routes", 30}}, .step = TraceStep::kExperts},
+      {.name = "experts L2 g4-4", .start_s = 9300 * us, .dur_s = 100 * us,
+       .args = {{"layer", 2}, {"groups", 1}, {"first_bank", 1}, {"routes", 7}}, .step = TraceStep::kExperts},
+      {.name = "wait L0 g3", .start_s = 1500 * us, .dur_s = 10 * us, .args = {{"layer", 0}, {"group", 3}},
+       .step = TraceStep::kWait},
+      // A step of another kind whose name looks like a read: kinds, not names, decide.
+      {.name = "read L0 g4", .start_s = 50 * us, .dur_s = 5000 * us, .args = {{"layer", 0}, {"group", 4}, {"ok", 1}}},
+  };
+  auto t = profiler::RunTraceFromEvents(events, layout, 3);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_EQ(t->nonexpert_s.size(), 3u);
   EXPECT_NEAR(t->nonexpert_s[0], 500e-6, 1e-12);
@@ -105,14 +121,12 @@ TEST(ProfilerTrace, ParsesServiceTimesAndSplitsMergedSteps) {
   EXPECT_FLOAT_EQ(t->exec_rows[3], 7.0f);
   EXPECT_NEAR(t->exec_seconds[3], 100e-6, 1e-9);
 
-  for (const char* bad : {"", "{", "[]", "{\"traceEvents\": 3}",
-                          "{\"traceEvents\": [{\"name\": \"experts L0 g0-0\", \"ph\": \"X\", \"ts\": 0, \"dur\": 1}]}",
-                          "{\"traceEvents\": [{\"name\": 5, \"ph\": \"X\"}]}"}) {
-    auto r = profiler::ParseRunTrace(bad, layout, 3, "bad trace");
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
-    EXPECT_NE(r.status().message().find("bad trace"), std::string::npos) << r.status().message();
-  }
+  // An experts step without its arguments breaks the recorder's contract.
+  const std::vector<TraceEvent> bad = {{.name = "experts L0 g0-0", .dur_s = 1, .step = TraceStep::kExperts}};
+  auto r = profiler::RunTraceFromEvents(bad, layout, 3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  EXPECT_NE(r.status().message().find("experts L0 g0-0"), std::string::npos) << r.status().message();
 }
 
 TEST(ProfilerTrace, RouteCountsArePerPhysicalExpert) {
@@ -155,7 +169,6 @@ Calibrated& TheCalibration() {
     p.tokens = c->tokens;
     p.group_sizes = {1, 2, 4};
     p.n_threads = 2;
-    p.scratch_dir = c->dir.File("");
     auto r = profiler::Calibrate(c->model, FlatDisk(), p);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (r.ok()) c->result = std::move(*r);
@@ -336,6 +349,8 @@ TEST(ProfilerCalibrate, StoredChoiceIsLoweredToFit) {
   EXPECT_GE(r->config.banks, 1);
   EXPECT_EQ(r->config.queue_depth, 2);
   EXPECT_EQ(r->config.source.rfind("stored (banks 200 -> ", 0), 0u) << r->config.source;
+  EXPECT_EQ(r->config.source_kind, ConfigSource::kStored);
+  EXPECT_EQ(r->config.source_note.rfind("banks 200 -> ", 0), 0u) << r->config.source_note;
   EXPECT_LE(r->config.arena_bytes + r->config.other_bytes, budget);
 }
 
@@ -515,38 +530,45 @@ TEST(ProfilerCli, ThreadCountMismatchIsNoted) {
 }
 
 // --report where the peak RSS cannot be reset (simulated, profiler/measure.h): each point's peak is
-// the process's since it started, marked, with one warning; the command still succeeds.
-TEST(ProfilerCli, ReportWithARefusedPeakReset) {
+// the process's since it started, marked, with one warning; the workflow still succeeds. The
+// library call (profiler::ProfileModel) in this process.
+TEST(ProfileModel, ReportWithARefusedPeakReset) {
   pipeline_test::ScratchDir dir;
   const std::string model = dir.File("r.packed.gguf");
   fs::copy_file(TheCalibration().model, model);
   const config::Profile& p = TheCalibration().result.profile;
   ASSERT_TRUE(profiler::StoreInModel(model, &p, nullptr).ok());
-  const std::string budget = std::to_string(RoomyBudget(p, 0));
-  const std::string env = "ESTREAM_TEST_REFUSE_CLEAR_REFS=1 ";
-  CliResult r = RunCli("profile " + model + " --budget " + budget + " --report --json -t 2");  // stdout only
-  ASSERT_EQ(r.code, 0) << r.out;
-  for (const nlohmann::json& point : ParseJson(r)["report"])
-    EXPECT_EQ(point["peak_rss_exact"], true) << point.dump();
-  r = RunCli("profile " + model + " --budget " + budget + " --report --json -t 2", false, env);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const nlohmann::json j = ParseJson(r);
+  const uint64_t budget = RoomyBudget(p, 0);
+  std::string progress;
+  const profiler::ProfileModelParams params{.model_path = model, .budget_bytes = budget,
+                                            .budget_text = std::to_string(budget), .report = true, .n_threads = 2,
+                                            .progress = [&progress](const std::string& l) { progress += l + "\n"; }};
+  auto r = profiler::ProfileModel(params);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->calibrated);
+  ASSERT_GE(r->report.size(), 1u);
+  EXPECT_EQ(r->report[0].point, "chosen");
+  for (const profiler::ReportPoint& point : r->report)
+    if (point.error.empty()) EXPECT_TRUE(point.peak_rss_exact);
+
+  ASSERT_EQ(setenv(profiler::kRefuseClearRefsEnv, "1", 1), 0);
+  progress.clear();
+  r = profiler::ProfileModel(params);
+  unsetenv(profiler::kRefuseClearRefsEnv);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const nlohmann::json j = nlohmann::json::parse(profiler::ProfileModelJson(*r), nullptr, false);
+  ASSERT_TRUE(j.is_object());
   ASSERT_GE(j["report"].size(), 1u);
-  size_t measured = 0;
   for (const nlohmann::json& point : j["report"]) {
     if (point.contains("error")) continue;  // a neighbour that does not fit this process
-    ++measured;
     EXPECT_EQ(point["peak_rss_exact"], false) << point.dump();
     // A cumulative peak within the budget still proves the point was; above it: not known.
-    if (point["peak_rss_bytes"].get<uint64_t>() <= std::stoull(budget))
+    if (point["peak_rss_bytes"].get<uint64_t>() <= budget)
       EXPECT_EQ(point["within_budget"], true) << point.dump();
     else
       EXPECT_TRUE(point["within_budget"].is_null()) << point.dump();
   }
-  r = RunCli("profile " + model + " --budget " + budget + " --report -t 2", /*with_stderr=*/true, env);
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(Count(r.out, "estream profile: warning: the peak RSS cannot be reset here"), 1u) << r.out;
-  EXPECT_EQ(Count(r.out, "(cumulative)"), measured) << r.out;
+  EXPECT_EQ(Count(progress, "warning: the peak RSS cannot be reset here"), 1u) << progress;
 }
 
 TEST(ProfilerCli, Errors) {

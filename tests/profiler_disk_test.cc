@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "gguf/gguf.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 #include "pipeline_test_util.h"
 #include "profiler/disk.h"
 

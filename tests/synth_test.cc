@@ -78,7 +78,7 @@ TEST(SynthPresets, ReferenceShapes) {
   EXPECT_EQ(o->n_head, 16);
   EXPECT_EQ(o->n_expert, 64);
   EXPECT_EQ(o->n_expert_used, 8);
-  EXPECT_EQ(o->n_ff_exp, 1024);
+  EXPECT_EQ(o->n_ff_expert, 1024);
   EXPECT_EQ(o->n_vocab, 50304);
   auto q = FindPreset("qwen3-30b-a3b");
   ASSERT_TRUE(q.ok());
@@ -88,7 +88,7 @@ TEST(SynthPresets, ReferenceShapes) {
   EXPECT_EQ(q->n_head_kv, 4);
   EXPECT_EQ(q->head_dim, 128);
   EXPECT_EQ(q->n_expert, 128);
-  EXPECT_EQ(q->n_ff_exp, 768);
+  EXPECT_EQ(q->n_ff_expert, 768);
   EXPECT_EQ(q->n_vocab, 151936);
   auto m = FindPreset("mixtral-8x7b");
   ASSERT_TRUE(m.ok());
@@ -98,7 +98,7 @@ TEST(SynthPresets, ReferenceShapes) {
   EXPECT_EQ(m->n_head_kv, 8);
   EXPECT_EQ(m->n_expert, 8);
   EXPECT_EQ(m->n_expert_used, 2);
-  EXPECT_EQ(m->n_ff_exp, 14336);
+  EXPECT_EQ(m->n_ff_expert, 14336);
   EXPECT_EQ(m->n_vocab, 32000);
   for (const std::string& p : PresetNames()) {
     auto s = FindPreset(p);
@@ -194,7 +194,7 @@ TEST(SynthMixes, NamesAndRules) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("q4_K_M"), std::string::npos);
 
-  auto olmoe = FindPreset("olmoe-1b-7b");  // 16 layers, 64 experts, n_embd 2048, n_ff_exp 1024
+  auto olmoe = FindPreset("olmoe-1b-7b");  // 16 layers, 64 experts, n_embd 2048, n_ff_expert 1024
   ASSERT_TRUE(olmoe.ok());
   auto T = [&](const char* mix, const std::string& name, std::vector<int64_t> dims) {
     return MixTensorType(mix, *olmoe, name, dims);
@@ -252,7 +252,7 @@ TEST(SynthPresets, Lfm2_8bA1b) {
   EXPECT_EQ(l->n_head_kv, 8);
   EXPECT_EQ(l->head_dim, 64);
   EXPECT_EQ(l->n_ff, 7168);
-  EXPECT_EQ(l->n_ff_exp, 1792);
+  EXPECT_EQ(l->n_ff_expert, 1792);
   EXPECT_EQ(l->n_expert, 32);
   EXPECT_EQ(l->n_expert_used, 4);
   EXPECT_EQ(l->n_layer_dense_lead, 2);
@@ -415,9 +415,9 @@ std::vector<ExpectedTensor> ExpectedTable(const ModelShape& s, QuantType w) {
     }
     t.push_back({p + "ffn_norm.weight", {e}, f});
     t.push_back({p + "ffn_gate_inp.weight", {e, s.n_expert}, f});
-    t.push_back({p + "ffn_gate_exps.weight", {e, s.n_ff_exp, s.n_expert}, w});
-    t.push_back({p + "ffn_up_exps.weight", {e, s.n_ff_exp, s.n_expert}, w});
-    t.push_back({p + "ffn_down_exps.weight", {s.n_ff_exp, e, s.n_expert}, w});
+    t.push_back({p + "ffn_gate_exps.weight", {e, s.n_ff_expert, s.n_expert}, w});
+    t.push_back({p + "ffn_up_exps.weight", {e, s.n_ff_expert, s.n_expert}, w});
+    t.push_back({p + "ffn_down_exps.weight", {s.n_ff_expert, e, s.n_expert}, w});
   }
   t.push_back({"output_norm.weight", {e}, f});
   t.push_back({"output.weight", {e, s.n_vocab}, w});
@@ -443,7 +443,7 @@ void CheckKeys(const GgufFile& f, const ModelShape& s) {
   EXPECT_EQ(*f.GetU32(a + ".embedding_length"), static_cast<uint32_t>(s.n_embd));
   EXPECT_EQ(*f.GetU32(a + ".feed_forward_length"), static_cast<uint32_t>(s.n_ff));
   if (a == "llama") EXPECT_EQ(f.Find(a + ".expert_feed_forward_length"), nullptr);
-  else EXPECT_EQ(*f.GetU32(a + ".expert_feed_forward_length"), static_cast<uint32_t>(s.n_ff_exp));
+  else EXPECT_EQ(*f.GetU32(a + ".expert_feed_forward_length"), static_cast<uint32_t>(s.n_ff_expert));
   EXPECT_EQ(*f.GetU32(a + ".attention.head_count"), static_cast<uint32_t>(s.n_head));
   EXPECT_EQ(*f.GetU32(a + ".attention.head_count_kv"), static_cast<uint32_t>(s.n_head_kv));
   EXPECT_EQ(*f.GetU32(a + ".attention.key_length"), static_cast<uint32_t>(s.head_dim));
@@ -759,7 +759,7 @@ class NaiveForward {
           ++st.expert_counts[idx[kk]];
         }
       }
-      const int64_t ff = s_.n_ff_exp;
+      const int64_t ff = s_.n_ff_expert;
       for (const auto& [ex, list] : routes) {
         const auto wg = Rows(p + "ffn_gate_exps.weight", ex * ff, ff);
         const auto wu = Rows(p + "ffn_up_exps.weight", ex * ff, ff);

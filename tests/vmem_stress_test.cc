@@ -28,7 +28,7 @@ namespace estream::vmem {
 namespace {
 
 using io::FaultInjectingFile;
-using io::IoBackend;
+using estream::IoBackend;
 using io::Loader;
 using io::PosixFile;
 using testing_io::FirstMismatch;

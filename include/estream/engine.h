@@ -40,9 +40,14 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "estream/options.h"
+#include "estream/status.h"
 
 namespace estream {
+
+// estream's internal hooks (tests' fault-injecting files and delays, the calibration's trace
+// recorder); defined in src/model/engine_hooks.h. Applications leave EngineOptions::hooks null.
+struct EngineHooks;
 
 struct EngineOptions {
   // OpenMP threads used by Run. 0 = one per available CPU (omp_get_num_procs()).
@@ -64,8 +69,10 @@ struct EngineOptions {
   int group_size = 0;         // G; 0: solved from the budget (8 without one)
   int banks = 0;              // B; 0: solved from the budget (2 without one)
   int queue_depth = 0;        // Q reads in flight; 0: 8
-  enum class Schedule { kOnDemand, kAfterRouting, kEarly } schedule = Schedule::kEarly;
-  enum class Io { kAuto, kIoUring, kPread } io = Io::kAuto;  // kAuto: io_uring, else pread
+  using Schedule = estream::Schedule;  // options.h
+  using Io = estream::IoBackend;       // options.h
+  Schedule schedule = Schedule::kEarly;
+  Io io = Io::kAuto;  // kAuto: io_uring, else pread
   int64_t budget_tokens = 0;  // longest prompt the budget plans for; 0: min(context, 4096)
   // Most tokens of one forward pass of RunBatch (all sequences of the pass together, the tokens
   // of every continuation included). 0: budget_tokens' planned length for a streamed model (a
@@ -80,11 +87,8 @@ struct EngineOptions {
   bool verify_every_read = false;
   // Chrome/Perfetto trace (JSON) of the last request's reads and compute steps; empty: none.
   std::string trace_path;
-  // Tests: read the expert records through this file instead of opening the model again
-  // (not owned; must outlive the Engine). An estream::io::File (src/io/file.h).
-  void* expert_file_for_testing = nullptr;
-  double max_feeder_delay_s_for_testing = 0;
-  double max_executor_delay_s_for_testing = 0;
+  // estream's own tests and tools only (not owned; must outlive the Engine); null in normal use.
+  const EngineHooks* hooks = nullptr;
 };
 
 // What a Run computes. Every output is opt-in except `top` (k = top_k, may be 0).
@@ -197,17 +201,18 @@ struct Response {
   struct StreamConfig {
     bool streamed = false;     // experts streamed through the arena
     int group_size = 0, banks = 0, queue_depth = 0;
-    std::string schedule;      // "on-demand", "after-routing", "early"
-    std::string io_backend;    // "io_uring", "pread"
+    std::string schedule;      // ScheduleName: "on-demand", "after-routing", "early"
+    std::string io_backend;    // IoBackendName of the backend in use: "io_uring", "pread"
     uint64_t arena_bytes = 0, expert_bytes = 0, budget_bytes = 0;
     int64_t groups_read = 0, groups_skipped = 0, groups_cancelled = 0;
     // What the engine counts as non-arena memory when it checks the budget: RSS after load +
     // activation bound + margin (streamed only).
     uint64_t other_bytes = 0;
-    // How G, B and Q were chosen (streamed only): "explicit" (options), "stored" (the
-    // configurator's choice stored for this budget by `estream profile`), "profile" (re-solved
-    // from the stored profile for this budget), "rule" (no stored profile: the default rule),
-    // followed by a parenthesised note when the choice was adjusted or a stored one ignored.
+    // How G, B and Q were chosen (streamed only; ConfigSource in options.h), and a note when
+    // the choice was adjusted or a stored one ignored (empty otherwise). `source` is both as one
+    // string: ConfigSourceString(source_kind, source_note), e.g. "stored" or "rule (...)".
+    ConfigSource source_kind = ConfigSource::kExplicit;
+    std::string source_note;
     std::string source;
   } config;
 };

@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "estream/status.h"
 
 namespace estream {
 

@@ -36,26 +36,16 @@
 // Why depths beyond Q0(g), and deeper on a tie: Q costs no memory (reads land in bank slots), and
 // in a prefill the loader's thread shares the cores with the compute team, so a completed read
 // may wait before the next is issued; a deeper queue leaves the device work meanwhile. The disk
-// table, measured with idle cores, does not show this; every sweep does (docs/PERFORMANCE.md
-// "Configurator": on the six OLMoE-1B-7B and Qwen3-30B-A3B budgets swept, Q = 1, 2, 4 were 4-18%
-// slower than the best Q of the same (G, B) in the median, Q = 8, 16, 32 within 0.5-6%). With
-// the bandwidth envelope (DiskProfile::Bandwidth) and groups in flight from Q, the prediction is
-// non-increasing in Q as well, so the deepest measured depth within the band wins. Measured
-// regret of that choice (docs/PERFORMANCE.md "Configurator", fourth and fifth sessions): Qwen3
-// -0.5 to +0.9% at three budgets, OLMoE -4.6 to +2.8% (one build end to end, 20 runs per point);
-// on OLMoE, compute-bound, Q = 32 is ~1% slower than Q = 8 on the same arena (median of 43 paired
-// rounds), below the VM's run-to-run noise.
-// Why a 2% tie band between (g, q): the model ranks group sizes less finely than
-// that. On Qwen3-30B-A3B at 3800M it predicted G = 4 / B = 64 / Q = 2 at 9.613 s and
-// G = 1 / B = 256 / Q = 4 at 9.666 s (0.55% apart); measured (5 runs each, docs/PERFORMANCE.md
-// "Configurator") G = 4 took 10.61 s and G = 1 points 9.59-9.91 s. On OLMoE-1B-7B at three
-// budgets the chosen G = 1 points were the fastest or within noise of it.
+// table, measured with idle cores, does not show this; the sweeps do (shallow Q slower than deep
+// Q of the same (G, B): docs/PERFORMANCE.md, "Configurator"). With the bandwidth envelope
+// (DiskProfile::Bandwidth) and groups in flight from Q, the prediction is non-increasing in Q as
+// well, so the deepest measured depth within the band wins.
+// Why a 2% tie band between (g, q): the model ranks group sizes less finely than that (the
+// measured cases: docs/PERFORMANCE.md, "Configurator").
 // Read-ahead headroom (SelectParams::read_ahead_layers, default 2): the model's service times are
 // medians, while real reads and executions jitter and the loader's and feeder's threads compete
-// with the compute team, which the model does not see. Measured on OLMoE-1B-7B (T = 1024, 2
-// cores, docs/PERFORMANCE.md "Configurator"): the model's smallest b (G = 8, B = 4: 32 slots,
-// predicted bubble 0) ran with an 8% bubble, ~14% slower than B = 16 (two layers' groups, 128
-// slots, bubble 0), which the model predicts equal. So once the model's b is found it is raised
+// with the compute team, which the model does not see: the smallest b the model finds can run
+// with a bubble it predicts to be 0 (docs/PERFORMANCE.md, "Configurator"). So once the model's b is found it is raised
 // to read_ahead_layers x ceil(E / g) where the budget allows (never above b_max(g) nor
 // max_banks): memory the user granted buys tolerance to jitter, and the prediction cannot get
 // worse (monotone in b). Ties between g are then broken as above.

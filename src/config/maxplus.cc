@@ -8,23 +8,6 @@
 
 namespace estream::config {
 
-const char* ScheduleName(Schedule s) {
-  switch (s) {
-    case Schedule::kOnDemand: return "on-demand";
-    case Schedule::kAfterRouting: return "after-routing";
-    case Schedule::kEarly: return "early";
-  }
-  return "?";
-}
-
-Result<Schedule> ParseSchedule(std::string_view name) {
-  for (Schedule s : {Schedule::kOnDemand, Schedule::kAfterRouting, Schedule::kEarly}) {
-    if (name == ScheduleName(s)) return s;
-  }
-  return Status::InvalidArgument(
-      fmt::format("unknown schedule '{}': use on-demand, after-routing or early", name));
-}
-
 int PipelineInput::MaxLayerGroups() const {
   uint32_t most = 0;
   for (size_t w = 0; w + 1 < layer_begin.size(); ++w) most = std::max(most, layer_begin[w + 1] - layer_begin[w]);

@@ -78,14 +78,9 @@
 #include <vector>
 
 #include "base/status.h"
+#include "estream/options.h"
 
 namespace estream::config {
-
-enum class Schedule : int { kOnDemand = 0, kAfterRouting = 1, kEarly = 2 };
-// "on-demand", "after-routing", "early"
-const char* ScheduleName(Schedule s);
-// Inverse of ScheduleName; InvalidArgument listing the three names otherwise.
-Result<Schedule> ParseSchedule(std::string_view name);
 
 // The service times of one request. Groups are the ACTIVE groups only, layer after layer, in
 // execution order; all times in seconds, finite and >= 0.

@@ -1,5 +1,5 @@
 // The configurator's stored profile and chosen configuration, and their GGUF metadata form
-// (docs/DESIGN.md section 7, issue #8).
+// (docs/DESIGN.md section 7).
 //
 // A Profile holds everything the configurator needs to re-solve (G, Q, B) for a new memory
 // budget without running the model: the device's grouped-read bandwidth table, and what one
@@ -98,9 +98,8 @@ struct DiskProfile {
   // REQUIRES: group_sizes non-empty.
   int RowFor(int g) const;
   // bw(g, q): at a measured depth, the largest bandwidth the row measured at that depth or any
-  // shallower one (a running maximum: a deeper queue does not slow the device down; the dips the
-  // table shows at larger depths are the noise of its short cells, e.g. 0.72-1.35 GB/s between
-  // neighbouring depths on this project's development VM); linear in q between measured depths,
+  // shallower one (a running maximum: a deeper queue does not slow the device down; the dips a
+  // table shows at larger depths are the noise of its short cells); linear in q between measured depths,
   // clamped outside the range. Q0 is the same on the raw row and on this envelope.
   double Bandwidth(int g, int q) const;
   double Latency(int g) const { return latency_s[static_cast<size_t>(RowFor(g))]; }

@@ -20,15 +20,6 @@ size_t RoundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
-const char* IoBackendName(IoBackend b) {
-  switch (b) {
-    case IoBackend::kAuto: return "auto";
-    case IoBackend::kIoUring: return "io_uring";
-    case IoBackend::kPread: return "pread";
-  }
-  return "?";
-}
-
 const char* ReadOutcomeName(ReadOutcome o) {
   switch (o) {
     case ReadOutcome::kOk: return "ok";

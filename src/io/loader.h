@@ -43,12 +43,10 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "estream/options.h"
 #include "io/file.h"
 
 namespace estream::io {
-
-enum class IoBackend { kAuto, kIoUring, kPread };
-const char* IoBackendName(IoBackend b);
 
 struct LoaderParams {
   IoBackend backend = IoBackend::kAuto;  // kAuto: io_uring, else pread; kIoUring: error if unavailable

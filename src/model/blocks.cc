@@ -199,11 +199,6 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
   for (int64_t t = 0; t < T; ++t) kernels::Add(x + t * d, y + t * d, d);
 }
 
-void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
-  RouteBlock(model, il, n_tokens, ws);
-  ExpertsBatched(model.layers()[il].experts, model.config(), n_tokens, ws);
-}
-
 void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
   const ModelConfig& c = model.config();
   const LayerWeights& L = model.layers()[il];

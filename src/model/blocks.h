@@ -115,10 +115,10 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
 // (T x ldk floats each), and only its own query rows are computed (AttentionArgs::q_begin).
 void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpan> seqs, Workspace* ws);
 
-// x += MoE(RMSNorm(x)) for layer `il`: router (softmax, top-k, renormalisation per architecture),
-// routes grouped by expert, then the batched expert path of experts.h. MoeBlock = RouteBlock
-// then ExpertsBatched (split so that callers can time or replace the expert part).
-void MoeBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
+// The router half of x += MoE(RMSNorm(x)) for layer `il`: MoE norm into ws->xn (and its Q8A
+// form into ws->xq when a matrix is quantised), router logits, softmax / top-k /
+// renormalisation per architecture, and the routes grouped by expert (ws->expert_begin,
+// route_token, route_w). The experts then run from these (model::FusedExperts, experts.h).
 void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws);
 
 // y[r] = RMSNorm(x[r]) * output_norm for rows [row0, row0 + n_rows).

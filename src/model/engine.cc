@@ -13,12 +13,14 @@
 #include <fmt/format.h>
 
 #include "base/memory.h"
+#include "base/omp_threads.h"
 #include "base/timer.h"
 #include "gguf/gguf.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 #include "kernels/kernels.h"
 #include "model/blocks.h"
 #include "model/experts.h"
+#include "model/engine_hooks.h"
 #include "model/ffn.h"
 #include "model/mla.h"
 #include "model/model.h"
@@ -28,16 +30,6 @@
 
 namespace estream {
 namespace {
-
-// Sets the calling thread's OpenMP team size for the life of the object, then restores it.
-class ScopedOmpThreads {
- public:
-  explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ScopedOmpThreads() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 // log(sum(exp(row))) in double, with the max subtracted first.
 double LogSumExp(const float* row, int64_t n) {
@@ -70,7 +62,8 @@ struct Engine::Impl {
   model::FusedExperts experts;  // the fused expert operator's plans (src/moe)
   // Packed models: the trace (declared first: the streamer adds to it until it is destroyed)
   // and the experts (resident, or streamed within a memory budget).
-  std::unique_ptr<pipeline::TraceRecorder> trace;
+  std::unique_ptr<pipeline::TraceRecorder> owned_trace;
+  pipeline::TraceRecorder* trace = nullptr;  // owned_trace, or EngineHooks::trace
   std::string trace_path;
   std::unique_ptr<model::VirtualExperts> vexp;
   AlignedPtr<float> hidden;  // [T x n_embd] final-normed rows (grown as needed)
@@ -547,28 +540,16 @@ namespace estream {
 Status Engine::Impl::OpenPackedExperts(const EngineOptions& o) {
   Engine::Impl* im = this;
   model::VirtualExpertsOptions vo;
-  vo.budget_bytes = o.budget_bytes;
-  vo.group_size = o.group_size;
-  vo.banks = o.banks;
-  vo.queue_depth = o.queue_depth;
-  vo.schedule = o.schedule == EngineOptions::Schedule::kOnDemand       ? pipeline::Schedule::kOnDemand
-                : o.schedule == EngineOptions::Schedule::kAfterRouting ? pipeline::Schedule::kAfterRouting
-                                                                       : pipeline::Schedule::kEarly;
-  vo.backend = o.io == EngineOptions::Io::kIoUring ? io::IoBackend::kIoUring
-               : o.io == EngineOptions::Io::kPread ? io::IoBackend::kPread
-                                                   : io::IoBackend::kAuto;
-  vo.verify_checksums = o.verify_checksums;
-  vo.verify_every_read = o.verify_every_read;
-  vo.budget_tokens = o.budget_tokens;
+  static_cast<EngineOptions&>(vo) = o;
   vo.n_threads = im->n_threads;
-  vo.file_for_testing = static_cast<io::File*>(o.expert_file_for_testing);
-  vo.max_feeder_delay_s_for_testing = o.max_feeder_delay_s_for_testing;
-  vo.max_executor_delay_s_for_testing = o.max_executor_delay_s_for_testing;
-  if (!o.trace_path.empty()) {
-    im->trace = std::make_unique<pipeline::TraceRecorder>();
-    im->trace_path = o.trace_path;
-    vo.trace = im->trace.get();
+  if (o.hooks && o.hooks->trace) {
+    im->trace = o.hooks->trace;
+  } else if (!o.trace_path.empty()) {
+    im->owned_trace = std::make_unique<pipeline::TraceRecorder>();
+    im->trace = im->owned_trace.get();
   }
+  im->trace_path = o.trace_path;
+  vo.trace = im->trace;
   ESTREAM_ASSIGN_OR_RETURN(im->vexp, model::VirtualExperts::Open(im->model.get(), vo));
   im->info.weight_bytes = im->model->weight_bytes();
   return Status::Ok();
@@ -586,12 +567,14 @@ void Engine::Impl::FillStreamStats(Response* resp) {
       rc.group_size = k.group_size;
       rc.banks = k.banks;
       rc.queue_depth = k.queue_depth;
-      rc.schedule = pipeline::ScheduleName(k.schedule);
+      rc.schedule = ScheduleName(k.schedule);
       rc.io_backend = k.io_backend;
       rc.arena_bytes = k.arena_bytes;
       rc.budget_bytes = k.budget_bytes;
       rc.other_bytes = k.other_bytes;
-      rc.source = k.source;
+      rc.source_kind = k.source;
+      rc.source_note = k.source_note;
+      rc.source = ConfigSourceString(k.source, k.source_note);
       const pipeline::StreamStats st = vexp->stream_stats();
       resp->bubble_seconds = st.bubble_s;
       resp->bubble_rate = resp->seconds > 0 ? st.bubble_s / resp->seconds : 0;

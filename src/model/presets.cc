@@ -23,7 +23,7 @@ ModelShape Tiny(const std::string& arch) {
     s.n_head = 4;
     s.n_head_kv = 4;
     s.n_ff = 128;
-    s.n_ff_exp = 128;
+    s.n_ff_expert = 128;
     s.rms_eps = 1e-5f;
     s.rope_freq_base = 10000.0f;
   } else if (arch == "qwen3moe") {
@@ -31,7 +31,7 @@ ModelShape Tiny(const std::string& arch) {
     s.n_head = 8;
     s.n_head_kv = 2;
     s.n_ff = 512;
-    s.n_ff_exp = 128;
+    s.n_ff_expert = 128;
     s.rms_eps = 1e-6f;
     s.rope_freq_base = 1000000.0f;
   } else if (arch == "deepseek2") {
@@ -47,7 +47,7 @@ ModelShape Tiny(const std::string& arch) {
     s.kv_lora_rank = 128;
     s.q_lora_rank = 64;
     s.n_ff = 512;
-    s.n_ff_exp = 128;
+    s.n_ff_expert = 128;
     s.n_expert = 16;
     s.n_expert_used = 6;
     s.n_expert_shared = 2;
@@ -65,7 +65,7 @@ ModelShape Tiny(const std::string& arch) {
     s.n_head = 4;
     s.n_head_kv = 2;
     s.n_ff = 512;
-    s.n_ff_exp = 128;
+    s.n_ff_expert = 128;
     s.n_expert = 16;
     s.n_expert_used = 4;
     s.n_layer_dense_lead = 2;
@@ -80,7 +80,7 @@ ModelShape Tiny(const std::string& arch) {
     s.n_head = 4;
     s.n_head_kv = 2;
     s.n_ff = 512;
-    s.n_ff_exp = 512;
+    s.n_ff_expert = 512;
     s.rms_eps = 1e-5f;
     s.rope_freq_base = 1000000.0f;
   }
@@ -100,7 +100,7 @@ ModelShape Olmoe1b7b() {
   s.n_head_kv = 16;
   s.head_dim = 128;
   s.n_ff = 1024;
-  s.n_ff_exp = 1024;
+  s.n_ff_expert = 1024;
   s.n_expert = 64;
   s.n_expert_used = 8;
   s.n_vocab = 50304;
@@ -123,7 +123,7 @@ ModelShape Qwen3_30bA3b() {
   s.n_head_kv = 4;
   s.head_dim = 128;
   s.n_ff = 6144;
-  s.n_ff_exp = 768;
+  s.n_ff_expert = 768;
   s.n_expert = 128;
   s.n_expert_used = 8;
   s.n_vocab = 151936;
@@ -145,7 +145,7 @@ ModelShape Mixtral8x7b() {
   s.n_head_kv = 8;
   s.head_dim = 128;
   s.n_ff = 14336;
-  s.n_ff_exp = 14336;
+  s.n_ff_expert = 14336;
   s.n_expert = 8;
   s.n_expert_used = 2;
   s.n_vocab = 32000;
@@ -174,7 +174,7 @@ ModelShape DeepseekV2Lite() {
   s.kv_lora_rank = 512;
   s.q_lora_rank = 0;
   s.n_ff = 10944;
-  s.n_ff_exp = 1408;
+  s.n_ff_expert = 1408;
   s.n_expert = 64;
   s.n_expert_used = 6;
   s.n_expert_shared = 2;
@@ -205,7 +205,7 @@ ModelShape Lfm2_8bA1b() {
   s.n_head_kv = 8;
   s.head_dim = 64;
   s.n_ff = 7168;
-  s.n_ff_exp = 1792;
+  s.n_ff_expert = 1792;
   s.n_expert = 32;
   s.n_expert_used = 4;
   s.n_vocab = 65536;
@@ -256,7 +256,7 @@ Status ModelShape::Validate() const {
     return bad("n_head/n_head_kv", "must be positive with n_head a multiple of n_head_kv");
   if (head_dim < 2 || head_dim % 2 != 0) return bad("head_dim", "must be even");
   if (n_embd_q() % 32 != 0) return bad("n_head*head_dim", "must be a multiple of 32");
-  if (n_ff_exp < 32 || n_ff_exp % 32 != 0) return bad("n_ff_exp", "must be a positive multiple of 32");
+  if (n_ff_expert < 32 || n_ff_expert % 32 != 0) return bad("n_ff_expert", "must be a positive multiple of 32");
   if (n_ff < 1) return bad("n_ff", "must be >= 1");
   if (n_expert < 1) return bad("--experts", "must be >= 1");
   if (n_expert_used < 1 || n_expert_used > n_expert)

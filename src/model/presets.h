@@ -36,7 +36,7 @@ struct ModelShape {
   int n_head_kv = 0;         // attention.head_count_kv (GQA)
   int head_dim = 0;          // attention.key_length == value_length == rope.dimension_count
   int n_ff = 0;              // feed_forward_length (dense FFN size of the family; llama: expert)
-  int n_ff_exp = 0;          // expert_feed_forward_length (d_ff of one expert)
+  int n_ff_expert = 0;          // expert_feed_forward_length (d_ff of one expert)
   int n_expert = 0;          // expert_count
   int n_expert_used = 0;     // expert_used_count (top-k)
   int n_vocab = 0;           // vocab_size (rows of token_embd and output)
@@ -46,7 +46,7 @@ struct ModelShape {
   // deepseek2 only (multi-head latent attention, model/mla.h; MoE variants, model/ffn.h).
   // head_dim = qk_nope + qk_rope is the per-head q/k width; n_head_kv = n_head.
   int n_layer_dense_lead = 0;  // leading_dense_block_count (a dense FFN of n_ff)
-  int n_expert_shared = 0;     // expert_shared_count (one merged FFN of n_ff_exp * this)
+  int n_expert_shared = 0;     // expert_shared_count (one merged FFN of n_ff_expert * this)
   int q_lora_rank = 0;         // 0: attn_q; else attn_q_a / attn_q_a_norm / attn_q_b
   int kv_lora_rank = 0;
   int qk_rope = 0;             // rope.dimension_count

@@ -232,11 +232,11 @@ void AddLfm2Layer(const ModelShape& s, int l, QuantType w, float b, Add& add) {
   // Sigmoid scores renormalised over the k chosen: their squared mass is close to the softmax
   // router's with renormalisation, which sets the down scale below.
   const float down = b / (kSiluRms * std::sqrt(1.0f / static_cast<float>(s.n_expert_used)) *
-                          std::sqrt(static_cast<float>(s.n_ff_exp)));
+                          std::sqrt(static_cast<float>(s.n_ff_expert)));
   add(p + "ffn_gate_inp.weight", f32, {s.n_embd, s.n_expert}, InitKind::kRouter, inv_sqrt_embd, l);
-  add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
-  add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
-  add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, down, l);
+  add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_expert, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+  add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_expert, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+  add(p + "ffn_down_exps.weight", w, {s.n_ff_expert, s.n_embd, s.n_expert}, InitKind::kGaussian, down, l);
   add(p + "exp_probs_b.bias", f32, {s.n_expert}, InitKind::kGaussian, 0.05f, l);
 }
 
@@ -474,7 +474,7 @@ Status SynthModel::Build() {
   const float inv_sqrt_embd = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
   const float qk_std = (s.qk_norm_whole() || s.qk_norm_per_head() ? 1.0f : kAttnGain) * inv_sqrt_embd;
   const float o_std = b / (kAttnAvgRms * std::sqrt(static_cast<float>(s.n_embd_q())));
-  const float down_std = b / (kSiluRms * std::sqrt(route_energy) * std::sqrt(static_cast<float>(s.n_ff_exp)));
+  const float down_std = b / (kSiluRms * std::sqrt(route_energy) * std::sqrt(static_cast<float>(s.n_ff_expert)));
 
   // ---- tensors ----
   auto add = [&](std::string name, QuantType type, std::vector<int64_t> dims, InitKind init, float scale, int layer) {
@@ -503,7 +503,7 @@ Status SynthModel::Build() {
   const float v_width = static_cast<float>(s.mla() ? s.n_head * s.v_head_dim : s.n_embd_q());
   const float mla_o_std = b / (kAttnAvgRms * std::sqrt(v_width));
   const float split = s.n_expert_shared > 0 ? std::sqrt(0.5f) : 1.0f;
-  const int64_t ff_shexp = int64_t{s.n_ff_exp} * s.n_expert_shared;
+  const int64_t ff_shexp = int64_t{s.n_ff_expert} * s.n_expert_shared;
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
@@ -537,9 +537,9 @@ Status SynthModel::Build() {
         continue;
       }
       add(p + "ffn_gate_inp.weight", f32, {s.n_embd, s.n_expert}, InitKind::kRouter, inv_sqrt_embd, l);
-      add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
-      add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
-      add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, split * down_std, l);
+      add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_expert, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+      add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_expert, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+      add(p + "ffn_down_exps.weight", w, {s.n_ff_expert, s.n_embd, s.n_expert}, InitKind::kGaussian, split * down_std, l);
       if (s.n_expert_shared > 0) {
         add(p + "ffn_gate_shexp.weight", w, {s.n_embd, ff_shexp}, InitKind::kGaussian, inv_sqrt_embd, l);
         add(p + "ffn_up_shexp.weight", w, {s.n_embd, ff_shexp}, InitKind::kGaussian, inv_sqrt_embd, l);
@@ -561,9 +561,9 @@ Status SynthModel::Build() {
     }
     add(p + "ffn_norm.weight", f32, {s.n_embd}, InitKind::kNorm, 1.0f, l);
     add(p + "ffn_gate_inp.weight", f32, {s.n_embd, s.n_expert}, InitKind::kRouter, inv_sqrt_embd, l);
-    add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
-    add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_exp, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
-    add(p + "ffn_down_exps.weight", w, {s.n_ff_exp, s.n_embd, s.n_expert}, InitKind::kGaussian, down_std, l);
+    add(p + "ffn_gate_exps.weight", w, {s.n_embd, s.n_ff_expert, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_up_exps.weight", w, {s.n_embd, s.n_ff_expert, s.n_expert}, InitKind::kGaussian, inv_sqrt_embd, l);
+    add(p + "ffn_down_exps.weight", w, {s.n_ff_expert, s.n_embd, s.n_expert}, InitKind::kGaussian, down_std, l);
   }
   if (s.lfm2()) {
     // Tied LM head: the embedding rows (rms ~sqrt(2) per value) are the output matrix, so the final
@@ -594,7 +594,7 @@ Status SynthModel::Build() {
     // The key set of shared/testdata/models/deepseek2-tiny (llama.cpp's newer converter: the
     // absorbed-form key/value lengths plus the per-head *_mla ones, head_count_kv 1).
     kv.push_back({a + ".leading_dense_block_count", u32(s.n_layer_dense_lead)});
-    kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
+    kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_expert)});
     kv.push_back({a + ".expert_count", u32(s.n_expert)});
     kv.push_back({a + ".expert_used_count", u32(s.n_expert_used)});
     kv.push_back({a + ".expert_shared_count", u32(s.n_expert_shared)});
@@ -622,7 +622,7 @@ Status SynthModel::Build() {
       kv.push_back({a + ".rope.scaling.yarn_log_multiplier", GgufValue::F32(s.yarn_log_mul)});
     }
   } else if (s.lfm2()) {
-    kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
+    kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_expert)});
     // The key set of llama.cpp's LFM2-MoE files (and the reference tiny model): the layer pattern
     // as a per-layer head_count_kv, no key/value/rope lengths (head_dim = n_embd / n_head).
     kv.push_back({a + ".leading_dense_block_count", u32(s.n_layer_dense_lead)});
@@ -637,7 +637,7 @@ Status SynthModel::Build() {
     kv.push_back({a + ".rope.freq_base", GgufValue::F32(s.rope_freq_base)});
     kv.push_back({a + ".shortconv.l_cache", u32(s.conv_l)});
   } else {
-    if (s.has_expert_ff_key()) kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_exp)});
+    if (s.has_expert_ff_key()) kv.push_back({a + ".expert_feed_forward_length", u32(s.n_ff_expert)});
     kv.push_back({a + ".attention.head_count", u32(s.n_head)});
     kv.push_back({a + ".attention.head_count_kv", u32(s.n_head_kv)});
     kv.push_back({a + ".attention.key_length", u32(s.head_dim)});

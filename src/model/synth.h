@@ -19,9 +19,9 @@
 //   blk.N.ffn_norm.weight         [n_embd]                             F32
 //   blk.N.ffn_gate_inp.weight     [n_embd, n_expert]  (router)         F32, as llama.cpp's
 //                                 quantiser keeps it (small, and routing is sensitive to it)
-//   blk.N.ffn_gate_exps.weight    [n_embd, n_ff_exp, n_expert]         weight type
-//   blk.N.ffn_up_exps.weight      [n_embd, n_ff_exp, n_expert]         weight type
-//   blk.N.ffn_down_exps.weight    [n_ff_exp, n_embd, n_expert]         weight type
+//   blk.N.ffn_gate_exps.weight    [n_embd, n_ff_expert, n_expert]         weight type
+//   blk.N.ffn_up_exps.weight      [n_embd, n_ff_expert, n_expert]         weight type
+//   blk.N.ffn_down_exps.weight    [n_ff_expert, n_embd, n_expert]         weight type
 //   output_norm.weight            [n_embd]                             F32
 //   output.weight                 [n_embd, n_vocab]                    weight type
 // With a mix (SynthOptions::mix) every "weight type" tensor gets MixTensorType's type instead.
@@ -40,7 +40,7 @@
 //   inputs); for llama (no q/k norm) attn_q/attn_k carry a gain 1.6, for olmoe/qwen3moe the q/k
 //   norm weights do (1.6): attention scores have std ~2.6, neither flat nor one-hot.
 //   attn_output: N(0, (b / (0.75 sqrt(n_head*head_dim)))^2) (0.75: rms of an attention average).
-//   ffn_down_exps: N(0, (b / (0.596 * sqrt(E[sum w^2]) * sqrt(n_ff_exp)))^2), where 0.596^2 =
+//   ffn_down_exps: N(0, (b / (0.596 * sqrt(E[sum w^2]) * sqrt(n_ff_expert)))^2), where 0.596^2 =
 //   E[silu(z)^2] for z ~ N(0,1) and E[sum w^2] is the mean squared routing weight mass of the
 //   arch's router (computed by Monte Carlo over the router model below).
 //   norms: 1 + 0.02 N(0,1); output: N(0, 4/n_embd) (logits of std ~2).

@@ -8,10 +8,12 @@
 #include <optional>
 #include <thread>
 
+#include "base/stats.h"
 #include "base/timer.h"
 #include "config/configurator.h"
 #include "config/profile.h"
 #include "kernels/kernels.h"
+#include "model/engine_hooks.h"
 #include "model/experts.h"
 #include "model/mla.h"
 #include "moe/expert_op.h"
@@ -25,7 +27,6 @@ kernels::WeightView ShapeView(const io::PackedLayerInfo& li, io::ExpertPart part
   return {.type = p.type, .layout = p.layout, .n = p.n, .k = p.k, .data = nullptr};
 }
 
-std::string Mib(uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); }
 
 }  // namespace
 
@@ -74,10 +75,10 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
   v->options_ = options;
   ESTREAM_ASSIGN_OR_RETURN(v->layout_, io::ReadPackedLayout(model->file()));
   const ModelConfig& c = model->config();
-  if (v->layout_.n_embd != c.n_embd || v->layout_.n_ff != c.n_ff_expert || v->layout_.n_expert != c.n_expert)
+  if (v->layout_.n_embd != c.n_embd || v->layout_.n_ff_expert != c.n_ff_expert || v->layout_.n_expert != c.n_expert)
     return Status::Corruption(fmt::format("{}: estream.n_embd/n_ff/n_expert = {}/{}/{} disagree with the model's "
                                           "{}/{}/{}; re-pack the model", model->path(), v->layout_.n_embd,
-                                          v->layout_.n_ff, v->layout_.n_expert, c.n_embd, c.n_ff_expert, c.n_expert));
+                                          v->layout_.n_ff_expert, v->layout_.n_expert, c.n_embd, c.n_ff_expert, c.n_expert));
   v->ordinal_of_block_.assign(c.n_layer, -1);
   for (size_t i = 0; i < v->layout_.layers.size(); ++i) {
     const int blk = v->layout_.layers[i].layer;
@@ -133,29 +134,29 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
   }
   pipeline::StreamParams sp;
   sp.layout = &v->layout_;
-  sp.file = options.file_for_testing;
+  sp.file = options.hooks ? options.hooks->expert_file : nullptr;
   sp.group_size = v->config_.group_size;
   sp.n_banks = v->config_.banks;
   sp.queue_depth = v->config_.queue_depth;
   sp.schedule = options.schedule;
-  sp.backend = options.backend;
+  sp.backend = options.io;
   // Checksums are checked by the compute team when a group is first used (RunExperts), not by
   // the feeder thread: on a machine with as many compute threads as cores a third busy thread
-  // stalls the OpenMP team at every barrier (measured on OLMoE T=128: attention 0.49 -> 1.16 s).
+  // stalls the OpenMP team at every barrier (docs/PERFORMANCE.md, "Expert virtualization").
   sp.verify_checksums = false;
   sp.trace = options.trace;
-  sp.max_feeder_delay_s_for_testing = options.max_feeder_delay_s_for_testing;
+  sp.max_feeder_delay_s_for_testing = options.hooks ? options.hooks->max_feeder_delay_s : 0;
   ESTREAM_ASSIGN_OR_RETURN(v->streamer_, pipeline::ExpertStreamer::Create(sp));
   v->config_.streamed = true;
   v->config_.schedule = options.schedule;
-  v->config_.io_backend = io::IoBackendName(v->streamer_->loader().backend());
+  v->config_.io_backend = IoBackendName(v->streamer_->loader().backend());
   v->config_.arena_bytes = v->streamer_->arena().total_bytes();
   return v;
 }
 
 Status VirtualExperts::LoadResident() {
   std::unique_ptr<io::PosixFile> owned;
-  io::File* file = options_.file_for_testing;
+  io::File* file = options_.hooks ? options_.hooks->expert_file : nullptr;
   if (!file) {
     ESTREAM_ASSIGN_OR_RETURN(owned, io::PosixFile::Open(layout_.file, {.direct = true}));
     file = owned.get();
@@ -201,7 +202,7 @@ Status VirtualExperts::Solve() {
   uint64_t stride = 0;
   for (const io::PackedLayerInfo& li : layout_.layers) stride = std::max(stride, li.record_bytes);
   const auto groups = [&](int g) { return (c.n_expert + g - 1) / g; };
-  k.source = "explicit";
+  k.source = ConfigSource::kExplicit;
   if (k.budget_bytes == 0) {  // explicit sizes only
     k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);
     k.banks = options_.banks > 0 ? options_.banks : 2;
@@ -245,9 +246,7 @@ bool VirtualExperts::SolveFromProfile(uint64_t avail, uint64_t stride) {
   const ModelConfig& c = model_->config();
   VirtualExpertsConfig& k = config_;
   const std::vector<GgufKv>& kvs = model_->file().kvs();
-  const config::Schedule schedule = options_.schedule == pipeline::Schedule::kOnDemand       ? config::Schedule::kOnDemand
-                                    : options_.schedule == pipeline::Schedule::kAfterRouting ? config::Schedule::kAfterRouting
-                                                                                             : config::Schedule::kEarly;
+  const Schedule schedule = options_.schedule;
   const int n_layer = static_cast<int>(layout_.layers.size());
   int g = 0, b = 0, q = 0;
   std::string note;
@@ -275,7 +274,7 @@ bool VirtualExperts::SolveFromProfile(uint64_t avail, uint64_t stride) {
     } else if (choice->budget_bytes == k.budget_bytes && choice->schedule == schedule &&
                choice->group_size <= c.n_expert && choice->queue_depth <= kMaxQueueDepth) {
       g = choice->group_size, b = choice->banks, q = choice->queue_depth;
-      k.source = "stored";
+      k.source = ConfigSource::kStored;
     }
   }
   if (g == 0 && profile) {
@@ -288,21 +287,24 @@ bool VirtualExperts::SolveFromProfile(uint64_t avail, uint64_t stride) {
                          kMaxQueueDepth);
     } else {
       g = sel->best.group_size, b = sel->best.banks, q = sel->best.queue_depth;
-      k.source = "profile";
+      k.source = ConfigSource::kProfile;
     }
   }
   if (g == 0) {
-    k.source = note.empty() ? "rule" : "rule (" + note + ")";
+    k.source = ConfigSource::kRule;
+    k.source_note = note;
     return false;
   }
   const uint64_t fit = avail / (static_cast<uint64_t>(g) * stride);
   if (fit < 1) {
-    k.source = fmt::format("rule ({} configuration G={} B={} does not fit: {} left for the arena after the "
-                           "measured non-arena memory {})", k.source, g, b, Mib(avail), Mib(k.other_bytes));
+    k.source_note = fmt::format("{} configuration G={} B={} does not fit: {} left for the arena after the "
+                                "measured non-arena memory {}", ConfigSourceName(k.source), g, b, Mib(avail),
+                                Mib(k.other_bytes));
+    k.source = ConfigSource::kRule;
     return false;
   }
   if (static_cast<uint64_t>(b) > fit) {
-    k.source += fmt::format(" (banks {} -> {}: the measured non-arena memory {} is larger than the profile's)", b, fit,
+    k.source_note = fmt::format("banks {} -> {}: the measured non-arena memory {} is larger than the profile's", b, fit,
                             Mib(k.other_bytes));
     b = static_cast<int>(fit);
   }
@@ -331,7 +333,7 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
   if (trace)
     trace->Add({.name = fmt::format("attention+router L{}", il), .category = "compute",
                 .tid = pipeline::kComputeTid, .start_s = layer_start_s_, .dur_s = t_enter - layer_start_s_,
-                .args = {{"layer", il}}});
+                .args = {{"layer", il}}, .step = pipeline::TraceStep::kAttentionRouter});
   const std::vector<int64_t>& begin = ws->expert_begin;
   std::vector<uint8_t> active(table.n_groups(), 0);
   for (int e = 0; e < c.n_expert; ++e)
@@ -392,7 +394,8 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
       if (trace)
         trace->Add({.name = fmt::format("verify L{} g{}-{}", il, q, leases.back().group), .category = "verify",
                     .tid = pipeline::kComputeTid, .start_s = t0, .dur_s = NowSeconds() - t0,
-                    .args = {{"layer", il}, {"groups", static_cast<int64_t>(leases.size())}}});
+                    .args = {{"layer", il}, {"groups", static_cast<int64_t>(leases.size())}},
+                    .step = pipeline::TraceStep::kVerify});
     }
     int64_t n = 0;
     if (status.ok()) {
@@ -423,17 +426,18 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
                              .route_weight = group_w_.get(), .bindings = bindings_.data(), .xn = ws->xn.get(),
                              .xq = ws->xq.get(), .acc = ws->acc.get(), .n_tokens = n_tokens});
     }
-    if (options_.max_executor_delay_s_for_testing > 0) {
+    if (options_.hooks && options_.hooks->max_executor_delay_s > 0) {
       rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
       const double u = static_cast<double>(rng_state_ >> 11) / static_cast<double>(uint64_t{1} << 53);
-      std::this_thread::sleep_for(std::chrono::duration<double>(u * options_.max_executor_delay_s_for_testing));
+      std::this_thread::sleep_for(std::chrono::duration<double>(u * options_.hooks->max_executor_delay_s));
     }
     const double t1 = NowSeconds();
     if (trace)
       trace->Add({.name = fmt::format("experts L{} g{}-{}", il, q, leases.back().group), .category = "compute",
                   .tid = pipeline::kComputeTid, .start_s = t0, .dur_s = t1 - t0,
                   .args = {{"layer", il}, {"groups", static_cast<int64_t>(leases.size())},
-                           {"first_bank", leases.front().bank}, {"routes", n}}});
+                           {"first_bank", leases.front().bank}, {"routes", n}},
+                  .step = pipeline::TraceStep::kExperts});
     for (const pipeline::GroupLease& l : leases) streamer_->ReleaseGroup(l);
     q = next;
   }

@@ -26,17 +26,17 @@
 // the model's dense part is loaded (weights, metadata, tokenizer, code), plus the activations of
 // a prompt of `budget_tokens` tokens (ActivationBytes, an upper bound), plus a margin
 // (kBudgetMargin). The arena gets the rest, and (G, B, Q) come from, in this order:
-//   1. explicit group_size / banks (queue_depth: explicit, else 8)          source "explicit"
+//   1. explicit group_size / banks (queue_depth: explicit, else 8)          kExplicit        
 //   2. the configurator's stored choice (estream.config.*, `estream profile`) when it was solved
-//      for this budget and schedule                                          source "stored"
+//      for this budget and schedule                                          kStored        
 //   3. the stored profile (estream.profile.*) re-solved for this budget and schedule
-//      (config::SelectConfig, a few milliseconds)                              source "profile"
+//      (config::SelectConfig, a few milliseconds)                              kProfile        
 //   4. the default rule: Q = 8 and the largest G <= 8 for which B >= 2 banks fit (B capped at
-//      two layers' worth of groups)                                          source "rule"
+//      two layers' worth of groups)                                          kRule        
 // For 2 and 3 an explicit queue_depth still overrides Q, and the choice must pass this process's
 // own fit check: when the measured non-arena memory is larger than the profile's (a longer
 // budget_tokens, say), B is lowered to what fits; when not even one bank of G fits, the rule
-// (4) decides. A stored choice or profile that does not parse is ignored (source says why).
+// (4) decides. A stored choice or profile that does not parse is ignored (source_note says why).
 // A budget below the load's own peak or below other + one bank of one expert is refused with
 // ResourceExhausted giving the minimum.
 //
@@ -51,9 +51,11 @@
 
 #include "base/memory.h"
 #include "base/status.h"
+#include "estream/engine.h"
+#include "estream/options.h"
 #include "io/file.h"
 #include "io/loader.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 #include "model/blocks.h"
 #include "model/model.h"
 #include "moe/expert_op.h"
@@ -66,22 +68,10 @@ namespace estream::model {
 // the response's vectors.
 constexpr uint64_t kBudgetMargin = uint64_t{24} << 20;
 
-struct VirtualExpertsOptions {
-  uint64_t budget_bytes = 0;  // 0: no budget
-  int group_size = 0;         // 0: solved from the budget (8 without one)
-  int banks = 0;              // 0: solved from the budget (2 without one)
-  int queue_depth = 0;        // 0: 8
-  pipeline::Schedule schedule = pipeline::Schedule::kEarly;
-  io::IoBackend backend = io::IoBackend::kAuto;
-  bool verify_checksums = true;
-  bool verify_every_read = false;  // else each record is checked the first time it is read
-  int64_t budget_tokens = 0;  // activations planned for prompts up to this length; 0: min(n_ctx, 4096)
-  int n_threads = 1;
-  pipeline::TraceRecorder* trace = nullptr;  // not owned
-  // Tests: read the records through this file (not owned) instead of opening the model path.
-  io::File* file_for_testing = nullptr;
-  double max_feeder_delay_s_for_testing = 0;
-  double max_executor_delay_s_for_testing = 0;
+// The engine's options (budget, G, B, Q, schedule, io, checksums, budget_tokens, test hooks:
+// estream/engine.h), with n_threads resolved (>= 1) and the engine's trace recorder.
+struct VirtualExpertsOptions : EngineOptions {
+  pipeline::TraceRecorder* trace = nullptr;  // not owned; may be null
 };
 
 // Upper bound of the activation memory of one request of n_tokens tokens with n_threads threads
@@ -91,16 +81,17 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
 struct VirtualExpertsConfig {
   bool streamed = false;
   int group_size = 0, banks = 0, queue_depth = 0;
-  pipeline::Schedule schedule = pipeline::Schedule::kEarly;
+  Schedule schedule = Schedule::kEarly;
   std::string io_backend;      // "io_uring" / "pread" (streamed only)
   uint64_t arena_bytes = 0;
   uint64_t expert_bytes = 0;   // all records of all layers
   uint64_t budget_bytes = 0;
   uint64_t other_bytes = 0;    // measured RSS after load + activations + margin
   int64_t budget_tokens = 0;
-  // How G, B, Q were chosen (see Budget above): "explicit", "stored", "profile" or "rule",
-  // followed by a parenthesised note when the choice was adjusted or a stored one was ignored.
-  std::string source;
+  // How G, B, Q were chosen (see Budget above), and a note when the choice was adjusted or a
+  // stored one was ignored (empty otherwise).
+  ConfigSource source = ConfigSource::kExplicit;
+  std::string source_note;
 };
 
 class VirtualExperts {

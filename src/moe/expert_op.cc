@@ -34,7 +34,7 @@ bool Matches(const kernels::WeightView& w, QuantType t, kernels::WeightLayout la
 ExpertShape ExpertShape::Of(const kernels::WeightView& gate, const kernels::WeightView& up,
                             const kernels::WeightView& down) {
   return ExpertShape{.n_embd = gate.k,
-                     .n_ff = gate.n,
+                     .n_ff_expert = gate.n,
                      .gate_type = gate.type,
                      .up_type = up.type,
                      .down_type = down.type,
@@ -43,9 +43,9 @@ ExpertShape ExpertShape::Of(const kernels::WeightView& gate, const kernels::Weig
 
 Result<ExpertPlan> ExpertPlan::Create(const ExpertShape& shape, int64_t capacity_routes, int64_t max_tokens,
                                       int n_threads) {
-  if (shape.n_embd <= 0 || shape.n_ff <= 0 || shape.n_embd % kQK8A != 0 || shape.n_ff % kQK8A != 0)
+  if (shape.n_embd <= 0 || shape.n_ff_expert <= 0 || shape.n_embd % kQK8A != 0 || shape.n_ff_expert % kQK8A != 0)
     return Status::InvalidArgument(fmt::format(
-        "ExpertPlan: n_embd = {} and n_ff = {} must be positive multiples of {}", shape.n_embd, shape.n_ff, kQK8A));
+        "ExpertPlan: n_embd = {} and n_ff = {} must be positive multiples of {}", shape.n_embd, shape.n_ff_expert, kQK8A));
   for (QuantType t : {shape.gate_type, shape.up_type, shape.down_type})
     if (!kernels::GemmSupports(t))
       return Status::InvalidArgument(
@@ -68,10 +68,10 @@ Result<ExpertPlan> ExpertPlan::Create(const ExpertShape& shape, int64_t capacity
   // Measured (moe_bench layer, Qwen3-30B shapes, T = 1024, 2 threads): tiles of 768 x 512 columns
   // instead of 256 x 128 took the fused layer from 107 to 100 ms (the GEMM calls' X preparation).
   p.row_tile_ = std::min<int64_t>(128, p.capacity_);
-  p.ff_tile_ = std::min(kMaxFfTile, shape.n_ff);
+  p.ff_tile_ = std::min(kMaxFfTile, shape.n_ff_expert);
   p.embd_tile_ = std::min(kMaxEmbdTile, shape.n_embd);
   p.tile_elems_ = p.row_tile_ * (2 * p.ff_tile_ + p.embd_tile_);
-  const int64_t C = p.capacity_, d = shape.n_embd, ff = shape.n_ff;
+  const int64_t C = p.capacity_, d = shape.n_embd, ff = shape.n_ff_expert;
   // A pass's units: at most one partial unit per slot plus the full ones.
   p.max_units_ = C + C / p.row_tile_ + 2;
 
@@ -112,12 +112,12 @@ Status ExpertPlan::Invoke(const ExpertInvocation& inv) {
       return Status::InvalidArgument(fmt::format("ExpertPlan::Invoke: slot_begin is not ascending at slot {}", i));
     if (inv.slot_begin[i + 1] == inv.slot_begin[i]) continue;
     const SlotBinding& b = inv.bindings[i];
-    if (!Matches(b.gate, s.gate_type, s.layout, s.n_ff, s.n_embd) ||
-        !Matches(b.up, s.up_type, s.layout, s.n_ff, s.n_embd) ||
-        !Matches(b.down, s.down_type, s.layout, s.n_embd, s.n_ff))
+    if (!Matches(b.gate, s.gate_type, s.layout, s.n_ff_expert, s.n_embd) ||
+        !Matches(b.up, s.up_type, s.layout, s.n_ff_expert, s.n_embd) ||
+        !Matches(b.down, s.down_type, s.layout, s.n_embd, s.n_ff_expert))
       return Status::InvalidArgument(fmt::format(
           "ExpertPlan::Invoke: the binding of slot {} is not of the plan's shape class (n_embd {}, n_ff {}, types {}/{}/{})",
-          i, s.n_embd, s.n_ff, TypeName(s.gate_type), TypeName(s.up_type), TypeName(s.down_type)));
+          i, s.n_embd, s.n_ff_expert, TypeName(s.gate_type), TypeName(s.up_type), TypeName(s.down_type)));
   }
   InvokeUnchecked(inv);
   return Status::Ok();
@@ -126,7 +126,7 @@ Status ExpertPlan::Invoke(const ExpertInvocation& inv) {
 void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
   last_passes_ = 0;
   if (inv.n_slots <= 0) return;
-  const int64_t d = shape_.n_embd, ff = shape_.n_ff;
+  const int64_t d = shape_.n_embd, ff = shape_.n_ff_expert;
   const int64_t d_blocks = d / kQK8A, ff_blocks = ff / kQK8A;
   const int64_t C = capacity_, rt = row_tile_, tile_elems = tile_elems_;
   const int64_t r_begin = inv.slot_begin[0], r_end = inv.slot_begin[inv.n_slots];

@@ -1,4 +1,4 @@
-// The expert plan and the fused expert operator (docs/DESIGN.md section 3, issue 6).
+// The expert plan and the fused expert operator (docs/DESIGN.md section 3).
 //
 // What it computes. For every slot s with routes i in [slot_begin[s], slot_begin[s + 1]):
 //     acc[t_i] += (double) a_i * (double) v_i,   v_i = Wd_s^T ( silu(Wg_s^T x_i) * (Wu_s^T x_i) ) (fp32)
@@ -65,7 +65,7 @@ namespace estream::moe {
 // The shape class of an expert: every expert the plan runs must match it exactly.
 struct ExpertShape {
   int64_t n_embd = 0;  // d: k of gate/up, n of down; a multiple of 32
-  int64_t n_ff = 0;    // k of down, n of gate/up; a multiple of 32
+  int64_t n_ff_expert = 0;  // k of down, n of gate/up; a multiple of 32
   QuantType gate_type = QuantType::kQ4_0;
   QuantType up_type = QuantType::kQ4_0;
   QuantType down_type = QuantType::kQ4_0;

@@ -1,4 +1,4 @@
-// The route CSR builder (docs/DESIGN.md section 3, issue 6): from the router's per-token top-k
+// The route CSR builder (docs/DESIGN.md section 3): from the router's per-token top-k
 // choices and a placement map, the routes grouped by slot, the input of moe::ExpertPlan::Invoke.
 //
 // A route is (token t, choice j): expert e = expert_ids[t * k + j] with weight

@@ -10,22 +10,6 @@
 
 namespace estream::pipeline {
 
-const char* ScheduleName(Schedule s) {
-  switch (s) {
-    case Schedule::kOnDemand: return "on-demand";
-    case Schedule::kAfterRouting: return "after-routing";
-    case Schedule::kEarly: return "early";
-  }
-  return "?";
-}
-
-Result<Schedule> ParseSchedule(const std::string& name) {
-  if (name == "on-demand") return Schedule::kOnDemand;
-  if (name == "after-routing") return Schedule::kAfterRouting;
-  if (name == "early") return Schedule::kEarly;
-  return Status::InvalidArgument("schedule '" + name + "' is unknown (use on-demand, after-routing or early)");
-}
-
 Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::Create(const StreamParams& p) {
   if (!p.layout || p.layout->layers.empty())
     return Status::InvalidArgument("ExpertStreamer: a packed layout with at least one MoE layer is required");
@@ -204,7 +188,8 @@ Result<GroupLease> ExpertStreamer::AcquireGroup(int layer, int group) {
   if (params_.trace && t1 - t0 > 1e-6)
     params_.trace->Add({.name = fmt::format("wait L{} g{}", params_.layout->layers[layer].layer, group),
                         .category = "bubble", .tid = kComputeTid, .start_s = t0, .dur_s = t1 - t0,
-                        .args = {{"layer", params_.layout->layers[layer].layer}, {"group", group}}});
+                        .args = {{"layer", params_.layout->layers[layer].layer}, {"group", group}},
+                        .step = TraceStep::kWait});
   if (!t.ok()) return t.status();
   return GroupLease{.ticket = *t, .layer = layer, .group = group, .bank = t->bank};
 }
@@ -372,7 +357,8 @@ void ExpertStreamer::FinishRead(Completed c) {
                         .tid = kLoaderTid, .start_s = r.start_s, .dur_s = r.end_s - r.start_s,
                         .args = {{"layer", li.layer}, {"group", c.group.group},
                                  {"bytes", static_cast<int64_t>(r.bytes_read)},
-                                 {"ok", r.outcome == io::ReadOutcome::kOk}}});
+                                 {"ok", r.outcome == io::ReadOutcome::kOk}},
+                        .step = TraceStep::kRead});
   Status outcome;
   if (r.outcome == io::ReadOutcome::kFailed) {
     outcome = Status(r.status.code(), GroupLabel(c.group) + ": " + r.status.message());
@@ -382,7 +368,7 @@ void ExpertStreamer::FinishRead(Completed c) {
     const double t1 = NowSeconds();
     if (params_.trace)
       params_.trace->Add({.name = fmt::format("verify L{} g{}", li.layer, c.group.group), .category = "verify",
-                          .tid = kFeederTid, .start_s = t0, .dur_s = t1 - t0});
+                          .tid = kFeederTid, .start_s = t0, .dur_s = t1 - t0, .step = TraceStep::kVerify});
     MutexLock lock(&mutex_);
     stats_.verify_s += t1 - t0;
   }

@@ -45,19 +45,15 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "estream/options.h"
 #include "io/file.h"
 #include "io/loader.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 #include "pipeline/trace.h"
 #include "vmem/arena.h"
 #include "vmem/residency.h"
 
 namespace estream::pipeline {
-
-enum class Schedule { kOnDemand, kAfterRouting, kEarly };
-const char* ScheduleName(Schedule s);  // "on-demand", "after-routing", "early"
-// InvalidArgument listing the names.
-Result<Schedule> ParseSchedule(const std::string& name);
 
 struct StreamParams {
   // The packed layout (not owned; must outlive the streamer). Its layers are the MoE layers,
@@ -71,7 +67,7 @@ struct StreamParams {
   int queue_depth = 8;  // Q >= 1
   size_t chunk_bytes = size_t{1} << 20;
   Schedule schedule = Schedule::kEarly;
-  io::IoBackend backend = io::IoBackend::kAuto;
+  IoBackend backend = IoBackend::kAuto;
   bool verify_checksums = true;
   bool prefault_arena = true;  // the arena is resident (and counted in RSS) from the start
   double wait_timeout_s = 600;  // a wait longer than this is an Internal error (a bug)

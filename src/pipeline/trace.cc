@@ -24,6 +24,11 @@ size_t TraceRecorder::size() const {
   return events_.size();
 }
 
+std::vector<TraceEvent> TraceRecorder::Events() const {
+  MutexLock lock(&mutex_);
+  return events_;
+}
+
 namespace {
 // Event names are ours ("layer 3 group 5", "attention"): escape only what JSON requires.
 std::string JsonEscape(const std::string& s) {

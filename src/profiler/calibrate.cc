@@ -11,41 +11,17 @@
 #include <sstream>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "base/memory.h"
+#include "base/stats.h"
 #include "base/timer.h"
 #include "gguf/gguf.h"
-#include "io/metadata_update.h"
+#include "model/engine_hooks.h"
+#include "pack/metadata_update.h"
 #include "profiler/measure.h"
 
 namespace estream::profiler {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string Mib(uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); }
-
-// An integer argument of a trace event, or `fallback`.
-int64_t Arg(const nlohmann::json& e, const char* key, int64_t fallback) {
-  if (!e.contains("args")) return fallback;
-  const nlohmann::json& a = e["args"];
-  if (!a.is_object() || !a.contains(key) || !a[key].is_number_integer()) return fallback;
-  return a[key].get<int64_t>();
-}
-
-Result<std::string> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError(fmt::format("{}: cannot open the calibration trace", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 int ResolveThreadCount(int n_threads) { return n_threads > 0 ? n_threads : omp_get_num_procs(); }
@@ -58,11 +34,9 @@ std::vector<int> DefaultGroupSizes(int n_expert) {
   return out;
 }
 
-Result<RunTrace> ParseRunTrace(std::string_view json, const io::PackedModelInfo& layout, int group_size,
-                               std::string_view source) {
-  const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
-    return Status::Corruption(fmt::format("{}: not a trace (no \"traceEvents\" array)", source));
+Result<RunTrace> RunTraceFromEvents(std::span<const pipeline::TraceEvent> events, const io::PackedModelInfo& layout,
+                                    int group_size) {
+  using pipeline::TraceStep;
   const int W = static_cast<int>(layout.layers.size());
   int max_block = 0;
   for (const io::PackedLayerInfo& li : layout.layers) max_block = std::max(max_block, li.layer);
@@ -77,26 +51,21 @@ Result<RunTrace> ParseRunTrace(std::string_view json, const io::PackedModelInfo&
     bool sample;
   };
   std::vector<Read> reads;
-  for (const nlohmann::json& e : doc["traceEvents"]) {
-    if (!e.is_object() || !e.contains("ph") || e["ph"] != "X") continue;
-    if (!e.contains("name") || !e["name"].is_string() || !e.contains("ts") || !e["ts"].is_number() ||
-        !e.contains("dur") || !e["dur"].is_number())
-      return Status::Corruption(fmt::format("{}: an event without name, ts or dur", source));
-    const std::string& name = e["name"].get_ref<const std::string&>();
-    const double ts = e["ts"].get<double>() * 1e-6, dur = e["dur"].get<double>() * 1e-6;
-    const int w = ordinal_of(Arg(e, "layer", -1));
-    if (name.rfind("attention+router L", 0) == 0) {
+  for (const pipeline::TraceEvent& e : events) {
+    const double ts = e.start_s, dur = e.dur_s;
+    const int w = ordinal_of(e.Arg("layer", -1));
+    if (e.step == TraceStep::kAttentionRouter) {
       if (w >= 0) out.nonexpert_s[w] = dur;
-    } else if (name.rfind("read L", 0) == 0) {
-      const int64_t q = Arg(e, "group", -1);
-      const bool ok = Arg(e, "ok", 0) != 0;
+    } else if (e.step == TraceStep::kRead) {
+      const int64_t q = e.Arg("group", -1);
+      const bool ok = e.Arg("ok", 0) != 0;
       const bool full = w >= 0 && q >= 0 && q * group_size < layout.layers[w].n_expert &&
                         layout.layers[w].GroupRecords(static_cast<int>(q), group_size) == group_size;
       reads.push_back({ts, ts + dur, ok && full});
-    } else if (name.rfind("experts L", 0) == 0) {
-      const int64_t groups = Arg(e, "groups", 0), routes = Arg(e, "routes", -1);
+    } else if (e.step == TraceStep::kExperts) {
+      const int64_t groups = e.Arg("groups", 0), routes = e.Arg("routes", -1);
       if (groups < 1 || routes < 0)
-        return Status::Corruption(fmt::format("{}: step '{}' has no groups/routes arguments", source, name));
+        return Status::Internal(fmt::format("trace step '{}' has no groups/routes arguments", e.name));
       const float rows = static_cast<float>(static_cast<double>(routes) / static_cast<double>(groups));
       const float secs = static_cast<float>(dur / static_cast<double>(groups));
       for (int64_t i = 0; i < groups; ++i) {
@@ -167,8 +136,6 @@ Result<CalibrationResult> Calibrate(const std::string& model_path, const config:
   }
   p.calib_tokens = static_cast<uint32_t>(params.tokens.size());
   p.disk = disk;
-  const std::string dir =
-      params.scratch_dir.empty() ? std::filesystem::temp_directory_path().string() : params.scratch_dir;
   std::vector<std::vector<double>> nonexpert(W);
   std::vector<double> other_s;
   uint64_t most_other = 0;
@@ -184,15 +151,8 @@ Result<CalibrationResult> Calibrate(const std::string& model_path, const config:
       banks = static_cast<int>(std::clamp<uint64_t>(fit, std::min(2, n_groups), banks));
     }
     const int q0 = disk.Q0(g);
-    const std::string trace_path =
-        (std::filesystem::path(dir) / fmt::format("estream-calibration-{}-g{}.json", ::getpid(), g)).string();
-    struct Remove {
-      std::string path;
-      ~Remove() {
-        std::error_code ec;
-        std::filesystem::remove(path, ec);
-      }
-    } remove_trace{trace_path};
+    pipeline::TraceRecorder trace;
+    const EngineHooks hooks{.trace = &trace};
     EngineOptions eo{.n_threads = params.n_threads};
     eo.group_size = g;
     eo.banks = banks;
@@ -200,10 +160,10 @@ Result<CalibrationResult> Calibrate(const std::string& model_path, const config:
     eo.schedule = EngineOptions::Schedule::kEarly;
     eo.io = params.io;
     eo.budget_tokens = static_cast<int64_t>(params.tokens.size());
-    eo.trace_path = trace_path;
+    eo.hooks = &hooks;
     // What the previous run freed goes back to the kernel first (glibc keeps freed small blocks,
     // e.g. the GGUF reader's metadata values, in its heap): else every run's M_other would carry
-    // the earlier runs' leftovers (measured on OLMoE: +140 MiB from the second run on).
+    // the earlier runs' leftovers (on OLMoE: a hundred MiB and more from the second run on).
     (void)malloc_trim(0);
     // Refused: the peak is the process's since it started, so M_other(g) of the later runs is an
     // over-estimate (safe: it never lets a configuration exceed the budget); said once.
@@ -230,9 +190,9 @@ Result<CalibrationResult> Calibrate(const std::string& model_path, const config:
                                                                     engine->info().n_expert_used,
                                                                     engine->info().n_layer, layout));
     }
-    engine.reset();  // the trace is complete (it was written at the end of Run)
-    ESTREAM_ASSIGN_OR_RETURN(std::string json, ReadWhole(trace_path));
-    ESTREAM_ASSIGN_OR_RETURN(RunTrace rt, ParseRunTrace(json, layout, g, trace_path));
+    engine.reset();  // the trace is complete (the streamer's threads have stopped)
+    const std::vector<pipeline::TraceEvent> events = trace.Events();
+    ESTREAM_ASSIGN_OR_RETURN(RunTrace rt, RunTraceFromEvents(events, layout, g));
     for (int w = 0; w < W; ++w) {
       if (rt.nonexpert_s[w] < 0)
         return Status::Internal(fmt::format("{}: the calibration trace (G = {}) has no step for MoE block {}",

@@ -1,18 +1,18 @@
-// Calibration runs of the configurator (docs/DESIGN.md section 7, step 2; issue 8 item 1b) and
-// storing the result in the packed model (item 1d).
+// Calibration runs of the configurator (docs/DESIGN.md section 7, step 2) and storing the result
+// in the packed model.
 //
 // One request per candidate group size g, on the calibration tokens (calibration.h): the packed
 // model is loaded streamed with group size g, a small bank count (below) and queue depth Q0(g)
-// of the disk table, schedule early; the request runs once with the engine's trace on
-// (EngineOptions::trace_path, a temporary file read back and removed), and from the trace and
-// the Response the run yields:
-//   - per MoE layer w the non-expert seconds T_ne_w: the "attention+router L" step (from the
+// of the disk table, schedule early; the request runs once with the engine recording its typed
+// trace events into a recorder of ours (EngineHooks::trace), and from the events and the
+// Response the run yields:
+//   - per MoE layer w the non-expert seconds T_ne_w: the kAttentionRouter step (from the
 //     layer's start to its experts); pooled over the runs by the median, per layer;
-//   - load samples: per completed read of a FULL group ("read L g", ok), its completion minus
+//   - load samples: per completed read of a FULL group (kRead, ok), its completion minus
 //     max(its first chunk's issue, the previous read's completion), in completion order: the
 //     device time this read alone accounts for (config::CalibrationRun);
 //   - exec samples (routed rows, seconds) per group: the engine runs every group already loaded
-//     together in one operator invocation ("experts L g0-g1" with {groups, routes}); such a step
+//     together in one operator invocation (kExperts with {groups, routes}); such a step
 //     is split evenly: each of its n groups gets (routes / n rows, seconds / n), n copies. For
 //     the affine model X = c0 + c1 * rho the split is exact (n X(mean rho) = sum X(rho_k)). The
 //     step includes the first-read checksum check of its records, as every measured run does;
@@ -39,13 +39,15 @@
 
 #include <cstdint>
 #include <string>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "base/status.h"
 #include "config/profile.h"
 #include "estream/engine.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
+#include "pipeline/trace.h"
 #include "profiler/disk.h"
 
 namespace estream::profiler {
@@ -58,7 +60,6 @@ struct CalibrateParams {
   int n_threads = 0;              // EngineOptions::n_threads
   uint64_t budget_bytes = 0;      // only to choose the runs' bank count (above); 0: none
   EngineOptions::Io io = EngineOptions::Io::kAuto;
-  std::string scratch_dir;        // for the trace files; empty: the system's temp directory
   ProgressFn progress{};
 };
 
@@ -88,23 +89,24 @@ std::vector<int> DefaultGroupSizes(int n_expert);
 
 // Runs the calibration (see the top of this file) for the packed model at `model_path`.
 // REQUIRES: disk.Validate() is OK. Errors: InvalidArgument (not a packed model: "run estream
-// pack"; no tokens; a group size outside [1, n_expert]), the errors of Engine::Load / Run, IOError
-// for the trace file, Internal when a run's trace lacks a layer's steps.
+// pack"; no tokens; a group size outside [1, n_expert]), the errors of Engine::Load / Run,
+// Internal when a run's trace lacks a layer's steps.
 Result<CalibrationResult> Calibrate(const std::string& model_path, const config::DiskProfile& disk,
                                     const CalibrateParams& params);
 
 // ---- Pieces of Calibrate, public for tests ----
 
-// What one run's trace (pipeline::TraceRecorder::WriteJson's JSON) holds, by MoE layer ordinal
-// w of `layout` (layout.layers[w]); times in seconds. `group_size` is the run's G (full groups
-// only enter load_seconds). Corruption naming `source` for JSON that is not such a trace.
+// What one run's trace events (the engine's pipeline::TraceRecorder, by TraceStep kind) hold,
+// by MoE layer ordinal w of `layout` (layout.layers[w]); times in seconds. `group_size` is the
+// run's G (full groups only enter load_seconds). Internal for a kExperts event without its
+// "groups"/"routes" arguments (the recorder's contract broken).
 struct RunTrace {
   std::vector<double> nonexpert_s;        // [W]; -1 where the trace has no step for the layer
   std::vector<float> load_seconds;        // completed reads of full groups
   std::vector<float> exec_rows, exec_seconds;
 };
-Result<RunTrace> ParseRunTrace(std::string_view json, const io::PackedModelInfo& layout, int group_size,
-                               std::string_view source);
+Result<RunTrace> RunTraceFromEvents(std::span<const pipeline::TraceEvent> events, const io::PackedModelInfo& layout,
+                                    int group_size);
 
 // Route counts per physical expert, [W * E] at w * E + p, from Response::routing
 // ([n_block][n_tokens][n_used] logical ids over all blocks). InvalidArgument when the sizes

@@ -1,6 +1,6 @@
 // The calibration request: the prompt that the profiler (`estream profile`) and the exhaustive
 // sweep (`estream sweep`) run end to end to measure a packed model on this machine (docs/DESIGN.md
-// section 7, issue 8).
+// section 7).
 //
 // The default prompt is a built-in English text of about 1K tokens (original prose written for
 // estream: varied topics, numbers, a little code and punctuation, so the router sees a spread of

@@ -22,6 +22,7 @@
 
 #include "base/memory.h"
 #include "base/mutex.h"
+#include "base/stats.h"
 #include "base/timer.h"
 #include "io/file.h"
 
@@ -61,7 +62,7 @@ struct ReadTimes {
 // submitted after the previous one completed (latency); else as many are kept submitted as can
 // have chunks in flight, plus one (bandwidth). Returns each read's times.
 Result<std::vector<ReadTimes>> RunReads(io::File* file, const std::vector<Range>& ranges, int q, size_t chunk_bytes,
-                                        io::IoBackend backend, bool one_at_a_time) {
+                                        IoBackend backend, bool one_at_a_time) {
   ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<io::Loader> loader,
                            io::Loader::Create({.backend = backend, .queue_depth = q, .chunk_bytes = chunk_bytes}));
   size_t longest = 0;
@@ -131,12 +132,6 @@ Result<std::vector<ReadTimes>> RunReads(io::File* file, const std::vector<Range>
   MutexLock lock(&st.mutex);
   if (!st.error.ok()) return st.error;
   return st.times;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string Gbps(double bytes_per_s) { return fmt::format("{:.2f}", bytes_per_s / 1e9); }

@@ -1,4 +1,4 @@
-// Disk characterisation for the configurator (docs/DESIGN.md section 7, step 1; issue 8 item 1a):
+// Disk characterisation for the configurator (docs/DESIGN.md section 7, step 1):
 // the grouped-read bandwidth of the device holding a packed model, vs queue depth, for each
 // candidate group size, measured by reading REAL groups of the packed file with O_DIRECT
 // through io::Loader (page cache bypassed), as the engine's streamer reads them.
@@ -43,7 +43,7 @@
 #include "base/status.h"
 #include "config/profile.h"
 #include "io/loader.h"
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 
 namespace estream::profiler {
 
@@ -57,7 +57,7 @@ struct DiskParams {
   uint64_t cell_bytes = uint64_t{48} << 20;  // bytes read per (g, q) cell, at least
   int min_reads = 2;       // reads per cell, at least
   int latency_reads = 3;   // isolated reads per g for the latency (fewer when a group > cell_bytes)
-  io::IoBackend backend = io::IoBackend::kAuto;
+  IoBackend backend = IoBackend::kAuto;
   ProgressFn progress{};
 };
 

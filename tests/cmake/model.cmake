@@ -19,6 +19,7 @@ if(TARGET model_synth_test)
 endif()
 # The batched and the grouped expert paths agree bit for bit.
 estream_add_test(model_experts_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_experts_test.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/ref/experts_baseline.cc
   LIBS estream_model LABELS model)
 # Engine::RunBatch and shared-prefix candidates vs single requests, every arch and model kind
 # (GGUF, packed resident, packed streamed under each schedule; the packed model is made at test time).

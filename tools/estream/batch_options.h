@@ -8,6 +8,7 @@
 
 #include "estream/engine.h"
 #include "tools/estream/command.h"
+#include "tools/estream/common_flags.h"
 
 namespace estream::cli {
 
@@ -19,10 +20,10 @@ struct BatchEngineFlags {
   std::string schedule = "early";
 
   void Setup(CLI::App* sub) {
-    sub->add_option("-t,--threads", threads, "compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
-    sub->add_option("--budget", budget,
-                    "packed models: run within this memory budget (bytes, or with a K/M/G suffix: 3G); experts are "
-                    "streamed and each pass reads every active expert once for all the requests in it");
+    AddThreadsFlag(sub, &threads);
+    AddBudgetFlag(sub, &budget,
+                  "packed models: run within this memory budget (bytes, or with a K/M/G suffix: 3G); experts are "
+                  "streamed and each pass reads every active expert once for all the requests in it");
     sub->add_option("--budget-tokens", budget_tokens,
                     "packed models with --budget: tokens of one pass the budget plans activations for (default: "
                     "min(context, 4096)); with a budget it bounds --batch-tokens")
@@ -31,8 +32,7 @@ struct BatchEngineFlags {
                     "most tokens of one forward pass, all packed requests together (default: the budget's "
                     "--budget-tokens when streamed, else max(context length, 8192))")
         ->check(CLI::PositiveNumber);
-    sub->add_option("--schedule", schedule, "packed models with --budget: on-demand, after-routing, early (default)")
-        ->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
+    AddScheduleFlag(sub, &schedule, "packed models with --budget: on-demand, after-routing, early (default)");
   }
 
   Result<EngineOptions> Options() const {
@@ -43,9 +43,7 @@ struct BatchEngineFlags {
     }
     o.budget_tokens = budget_tokens;
     o.batch_tokens = batch_tokens;
-    o.schedule = schedule == "on-demand"       ? EngineOptions::Schedule::kOnDemand
-                 : schedule == "after-routing" ? EngineOptions::Schedule::kAfterRouting
-                                               : EngineOptions::Schedule::kEarly;
+    ESTREAM_ASSIGN_OR_RETURN(o.schedule, ParseSchedule(schedule));
     return o;
   }
 };

@@ -1,18 +1,25 @@
 // estream bench: latency / memory of prefill over prompt lengths x schedules x memory budgets
 // (and the all-resident run) on one (packed) model. Every configuration runs in a fresh child
 // process (this binary re-executed as `estream prefill --json`), so each peak RSS is that run's.
+// --in-process: one engine per configuration in this process, the prompt lengths run on it by
+// the library's prompt-length benchmark (profiler::BenchPromptLengths): load once, op rates and
+// CPU time per thread (peak RSS is then the process's).
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "estream/engine.h"
 #include "gguf/gguf.h"
+#include "profiler/prompt_lengths.h"
 #include "tools/estream/command.h"
+#include "tools/estream/common_flags.h"
 
 namespace estream::cli {
 namespace {
@@ -33,7 +40,9 @@ class BenchCommand : public Command {
     sub->add_option("--budgets", budgets_, "memory budgets, e.g. 1G,2G (K/M/G suffixes)")->delimiter(',');
     sub->add_flag("--resident", resident_, "also run with all experts resident (no budget)");
     sub->add_option("--repeat", repeat_, "runs per configuration (median reported)")->check(CLI::PositiveNumber);
-    sub->add_option("-t,--threads", threads_, "compute threads (default: one per CPU)");
+    AddThreadsFlag(sub, &threads_);
+    sub->add_flag("--in-process", in_process_, "run every prompt length on one engine per configuration in this "
+                  "process (load once; op rates and CPU time per thread; peak RSS is the process's)");
     sub->add_option("--json", json_, "write all results as JSON to FILE");
     sub->add_option("--csv", csv_, "write all results as CSV to FILE");
   }
@@ -53,6 +62,7 @@ class BenchCommand : public Command {
     const GgufTensorInfo* emb = f->FindTensor("token_embd.weight");
     if (!emb) return Status::Corruption(model_ + ": tensor 'token_embd.weight' is missing");
     const int64_t n_vocab = emb->ne(1);
+    if (in_process_) return RunInProcess(n_vocab);
     char exe[4096];
     const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (n <= 0) return Status::Internal("cannot find this executable (/proc/self/exe)");
@@ -136,11 +146,54 @@ class BenchCommand : public Command {
     return 0;
   }
 
+  // The prompt: token i is (7919 i + 13) mod n_vocab, as in the child-process runs.
+  static std::vector<int32_t> BenchTokens(int n, int64_t n_vocab) {
+    std::vector<int32_t> ids(n);
+    for (int i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((static_cast<int64_t>(i) * 7919 + 13) % n_vocab);
+    return ids;
+  }
+
+  Result<int> RunInProcess(int64_t n_vocab) {
+    int longest = 0;
+    for (int T : lengths_) longest = std::max(longest, T);
+    const std::vector<int32_t> ids = BenchTokens(longest, n_vocab);
+    struct Cfg { std::string schedule, budget; };
+    std::vector<Cfg> cfgs;
+    if (resident_) cfgs.push_back({"", ""});
+    for (const std::string& b : budgets_)
+      for (const std::string& sch : schedules_) cfgs.push_back({sch, b});
+    std::printf("%-10s %-14s %6s %10s %9s %8s %9s\n", "budget", "schedule", "T", "latency_s", "tok/s", "GOP/s",
+                "cpu_s/thr");
+    for (const Cfg& c : cfgs) {
+      EngineOptions eo{.n_threads = threads_};
+      if (!c.budget.empty()) {
+        ESTREAM_ASSIGN_OR_RETURN(eo.budget_bytes, ParseSize(c.budget));
+        ESTREAM_ASSIGN_OR_RETURN(eo.schedule, ParseSchedule(c.schedule));
+        eo.budget_tokens = longest;
+      }
+      ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
+      ESTREAM_ASSIGN_OR_RETURN(profiler::PromptLengthsResult r,
+                               profiler::BenchPromptLengths(*engine, ids, lengths_, repeat_));
+      for (const profiler::PromptLengthPoint& p : r.points)
+        std::printf("%-10s %-14s %6lld %10.3f %9.1f %8.1f %9.3f\n", c.budget.empty() ? "resident" : c.budget.c_str(),
+                    c.budget.empty() ? "resident" : c.schedule.c_str(), static_cast<long long>(p.n_tokens),
+                    p.seconds, static_cast<double>(p.n_tokens) / p.seconds, p.gops, p.cpu_seconds_per_thread);
+      std::fflush(stdout);
+      if (!json_.empty()) {
+        std::ofstream o(json_, std::ios::app);
+        o << profiler::PromptLengthsJson(model_, r) << "\n";
+        if (!o) return Status::IOError(json_ + ": cannot write");
+      }
+    }
+    return 0;
+  }
+
   std::string model_;
   std::vector<int> lengths_;
   std::vector<std::string> schedules_;
   std::vector<std::string> budgets_;
   bool resident_ = false;
+  bool in_process_ = false;
   int repeat_ = 1;
   int threads_ = 0;
   std::string json_, csv_;

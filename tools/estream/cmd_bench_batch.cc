@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/memory.h"
+#include "base/stats.h"
 #include "estream/engine.h"
 #include "tools/estream/batch_options.h"
 #include "tools/estream/command.h"
@@ -27,10 +28,6 @@
 namespace estream::cli {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
 
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 

@@ -8,7 +8,7 @@
 
 #include "base/memory.h"
 #include "gguf/gguf.h"
-#include "io/pack_model.h"
+#include "pack/pack_model.h"
 #include "tools/estream/command.h"
 
 namespace estream::cli {

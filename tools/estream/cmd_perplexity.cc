@@ -30,6 +30,7 @@
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
+#include "tools/estream/common_flags.h"
 
 namespace estream::cli {
 namespace {
@@ -55,7 +56,7 @@ class PerplexityCommand : public Command {
     sub->add_option("-f,--file", file_, "text file to score")->required();
     sub->add_option("--ctx", ctx_, "tokens per window (default: 512, or the context length if smaller)")
         ->check(CLI::Range(2, 1 << 30));
-    sub->add_option("-t,--threads", threads_, "compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
+    AddThreadsFlag(sub, &threads_);
     sub->add_option("--max-windows", max_windows_, "score at most this many windows (default: all)")
         ->check(CLI::PositiveNumber);
     sub->add_flag("--no-bos", no_bos_, "do not start each window with the BOS token the vocabulary asks for");

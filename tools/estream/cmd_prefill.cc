@@ -1,7 +1,5 @@
 // estream prefill: one prompt through the all-resident engine; prints the next-token distribution,
 // the timing and the peak memory (or one JSON object with --json).
-#include <sys/resource.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -18,11 +16,14 @@
 #include <vector>
 
 #include "base/memory.h"
+#include "base/stats.h"
 #include "config/profile.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
+#include "profiler/prompt_lengths.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
+#include "tools/estream/common_flags.h"
 
 namespace estream::cli {
 namespace {
@@ -60,19 +61,6 @@ Result<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// User + system CPU time of this process (all threads), in seconds.
-double ProcessCpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 class PrefillCommand : public Command {
  public:
   const char* name() const override { return "prefill"; }
@@ -92,16 +80,16 @@ class PrefillCommand : public Command {
     sub->add_option("--pool", pool_, "embedding pooling: last (default) or mean")
         ->check(CLI::IsMember({"last", "mean"}));
     sub->add_flag("--json", json_, "print one JSON object");
-    sub->add_option("-t,--threads", threads_, "compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
+    AddThreadsFlag(sub, &threads_);
     sub->add_option("--dump-logits", dump_logits_,
                     "write the logits of every position to FILE: float32 little-endian [n_tokens][n_vocab]");
     sub->add_option("--repack", repack_, "repack quantised weights into the kernels' layout at load: auto (default), "
                     "never")->check(CLI::IsMember({"auto", "never"}));
     sub->add_option("--sweep", sweep_,
                     "benchmark: run the first N tokens of the prompt for each N of this list (e.g. 128,512,1024,2048), "
-                    "--repeat times each, and report median times and the implied share of the int8 peak")
+                    "--repeat times each, and report median times and op rates (as `estream bench --in-process`)")
         ->delimiter(',');
-    sub->add_option("--budget", budget_,
+    AddBudgetFlag(sub, &budget_,
                     "packed models: run within this memory budget (bytes, or with a K/M/G suffix: 4G); experts are "
                     "streamed through a bounded arena and peak RSS stays under it; G/B/Q come from the configuration "
                     "'estream profile' stored for this budget, else are re-solved from its stored profile, else a "
@@ -112,10 +100,9 @@ class PrefillCommand : public Command {
         ->check(CLI::PositiveNumber);
     sub->add_option("--queue-depth", queue_depth_, "packed models: reads in flight (Q; default: from --budget, else 8)")
         ->check(CLI::PositiveNumber);
-    sub->add_option("--schedule", schedule_, "packed models: when expert groups are read: on-demand, after-routing, "
-                    "early (default)")->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
-    sub->add_option("--io", io_, "packed models: read backend: uring (default; pread when unavailable), pread")
-        ->check(CLI::IsMember({"uring", "pread"}));
+    AddScheduleFlag(sub, &schedule_, "packed models: when expert groups are read: on-demand, after-routing, "
+                    "early (default)");
+    AddIoFlag(sub, &io_, "packed models: ");
     sub->add_option("--budget-tokens", budget_tokens_,
                     "packed models: longest prompt the budget plans activations for (default: the prompt's length)")
         ->check(CLI::PositiveNumber);
@@ -178,10 +165,8 @@ class PrefillCommand : public Command {
     eo.group_size = group_size_;
     eo.banks = banks_;
     eo.queue_depth = queue_depth_;
-    eo.schedule = schedule_ == "on-demand"       ? EngineOptions::Schedule::kOnDemand
-                  : schedule_ == "after-routing" ? EngineOptions::Schedule::kAfterRouting
-                                                 : EngineOptions::Schedule::kEarly;
-    eo.io = io_ == "pread" ? EngineOptions::Io::kPread : EngineOptions::Io::kAuto;
+    ESTREAM_ASSIGN_OR_RETURN(eo.schedule, ParseSchedule(schedule_));
+    ESTREAM_ASSIGN_OR_RETURN(eo.io, ParseIoBackend(io_));
     int64_t longest = static_cast<int64_t>(ids.size());
     for (int n : sweep_) longest = std::max<int64_t>(longest, n);
     eo.budget_tokens = budget_tokens_ > 0 ? budget_tokens_ : longest;
@@ -330,24 +315,22 @@ class PrefillCommand : public Command {
   // With --budget: says on stderr when G/B/Q did not come from the configurator (estream profile),
   // and when they did but from a profile measured with another thread count than this run's.
   void ReportConfigSource(const Response::StreamConfig& k, int n_threads) const {
-    // "stored ..." is the stored choice (solved from the profile's timings: its own count, else the
-    // profile's); "profile ..." a re-solve from the stored profile.
+    // kStored is the stored choice (solved from the profile's timings: its own count, else the
+    // profile's); kProfile a re-solve from the stored profile.
     uint32_t measured_with = 0;
-    if (k.source.rfind("stored", 0) == 0)
+    if (k.source_kind == ConfigSource::kStored)
       measured_with = stored_threads_.choice > 0 ? stored_threads_.choice : stored_threads_.profile;
-    else if (k.source.rfind("profile", 0) == 0)
+    else if (k.source_kind == ConfigSource::kProfile)
       measured_with = stored_threads_.profile;
     const std::string note = config::ThreadMismatchNote(measured_with, n_threads, model_, budget_);
     if (!note.empty()) std::fprintf(stderr, "estream prefill: %s\n", note.c_str());
-    if (k.source.rfind("rule", 0) == 0) {
-      const size_t open = k.source.find('(');
-      if (open == std::string::npos)
+    if (k.source_kind == ConfigSource::kRule) {
+      if (k.source_note.empty())
         std::fprintf(stderr, "estream prefill: no stored profile: run estream profile %s --budget %s (G/B/Q from the "
                      "default rule)\n", model_.c_str(), budget_.c_str());
       else
-        std::fprintf(stderr, "estream prefill: G/B/Q from the default rule: %s\n",
-                     k.source.substr(open + 1, k.source.size() - open - 2).c_str());
-    } else if (k.source.find('(') != std::string::npos) {
+        std::fprintf(stderr, "estream prefill: G/B/Q from the default rule: %s\n", k.source_note.c_str());
+    } else if (!k.source_note.empty()) {
       std::fprintf(stderr, "estream prefill: G/B/Q %s\n", k.source.c_str());
     }
   }
@@ -355,62 +338,24 @@ class PrefillCommand : public Command {
   CLI::Option* tokens_opt_ = nullptr;
   CLI::Option* prompt_opt_ = nullptr;
   CLI::Option* file_opt_ = nullptr;
-  // Multiply-adds of one prefill of n tokens with the top-1 LM head row: every weight matrix a token
-  // meets (Q/K/V/O, router, its experts' gate/up/down) plus the attention scores and the weighted
-  // sums over the causal prefix.
-  // (ModelInfo: per architecture, dense blocks, shared experts and MLA included.)
-  static double PrefillMacs(const ModelInfo& i, int64_t n) {
-    const double attention = double(n) * double(n + 1) / 2 * i.attention_macs_per_pair;  // over the prefix
-    return n * i.weight_macs_per_token + attention + double(i.n_embd) * i.n_vocab;
-  }
-
+  // --sweep: the prompt-length benchmark of the library (profiler::BenchPromptLengths).
   Result<int> Sweep(Engine& engine, const std::vector<int32_t>& ids) {
-    constexpr double kInt8PeakOps = 2.1e12;  // this machine, 2 threads (docs/PERFORMANCE.md, Peaks)
-    nlohmann::json rows = nlohmann::json::array();
-    for (int n : sweep_) {
-      if (n < 1 || n > static_cast<int>(ids.size()))
-        return Status::InvalidArgument("--sweep length " + std::to_string(n) + " is not within the prompt's " +
-                                       std::to_string(ids.size()) + " tokens");
-      Request req{.tokens = std::vector<int32_t>(ids.begin(), ids.begin() + n), .top_k = 1};
-      std::vector<double> secs, cpu;
-      Response last;
-      for (int r = 0; r < repeat_; ++r) {
-        const double c0 = ProcessCpuSeconds();
-        ESTREAM_ASSIGN_OR_RETURN(last, engine.Run(req));
-        cpu.push_back(ProcessCpuSeconds() - c0);
-        secs.push_back(last.seconds);
-      }
-      const double med = Median(secs);
-      // CPU time of all threads, divided by the thread count: the wall time the run would take with
-      // its threads never descheduled (the machine is shared; see docs/PERFORMANCE.md). OpenMP's
-      // spin-waiting counts as CPU time, so this is an upper bound of that wall time.
-      const double cpu_wall = Median(cpu) / engine.n_threads();
-      const double macs = PrefillMacs(engine.info(), n);
-      const double share = 2 * macs / med / kInt8PeakOps;
-      rows.push_back({{"n_tokens", n}, {"seconds", med}, {"tokens_per_second", n / med}, {"seconds_all", secs},
-                      {"cpu_seconds_per_thread", cpu_wall}, {"tokens_per_cpu_second_per_thread", n / cpu_wall},
-                      {"gops", 2 * macs / med / 1e9}, {"int8_peak_share", share},
-                      {"timing", {{"attention", last.timing.attention}, {"router", last.timing.router},
-                                  {"experts", last.timing.experts}, {"dense_ffn", last.timing.dense_ffn},
-                                  {"head", last.timing.embed + last.timing.head}}}});
-      if (!json_) {
-        std::printf("T=%5d  median %8.3f s  %8.1f tok/s  %6.1f GOP/s  %5.1f%% of int8 peak | CPU/thread %.3f s  %.1f tok/s"
-                    "  %.1f%% | runs:",
-                    n, med, n / med, 2 * macs / med / 1e9, 100 * share, cpu_wall, n / cpu_wall,
-                    100 * 2 * macs / cpu_wall / kInt8PeakOps);
-        for (double v : secs) std::printf(" %.3f", v);
-        std::printf("   (last: attention %.3f, router %.3f, experts %.3f, dense FFN %.3f)\n", last.timing.attention,
-                    last.timing.router, last.timing.experts, last.timing.dense_ffn);
-        std::fflush(stdout);
-      }
-    }
+    ESTREAM_ASSIGN_OR_RETURN(profiler::PromptLengthsResult r,
+                             profiler::BenchPromptLengths(engine, ids, sweep_, repeat_));
     if (json_) {
-      nlohmann::json j{{"model", model_}, {"threads", engine.n_threads()}, {"peak_rss_bytes", PeakRssBytes()},
-                       {"sweep", rows}};
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("threads %d, peak RSS %s\n", engine.n_threads(), FormatBytes(PeakRssBytes()).c_str());
+      std::printf("%s\n", profiler::PromptLengthsJson(model_, r).c_str());
+      return 0;
     }
+    for (const profiler::PromptLengthPoint& p : r.points) {
+      const double n = static_cast<double>(p.n_tokens);
+      std::printf("T=%5lld  median %8.3f s  %8.1f tok/s  %6.1f GOP/s | CPU/thread %.3f s  %.1f tok/s | runs:",
+                  static_cast<long long>(p.n_tokens), p.seconds, n / p.seconds, p.gops, p.cpu_seconds_per_thread,
+                  n / p.cpu_seconds_per_thread);
+      for (double v : p.seconds_all) std::printf(" %.3f", v);
+      std::printf("   (last: attention %.3f, router %.3f, experts %.3f, dense FFN %.3f)\n", p.timing.attention,
+                  p.timing.router, p.timing.experts, p.timing.dense_ffn);
+    }
+    std::printf("threads %d, peak RSS %s\n", r.threads, FormatBytes(r.peak_rss_bytes).c_str());
     return 0;
   }
 

@@ -46,7 +46,7 @@ class SynthCommand : public Command {
     if (!quiet_)
       std::fprintf(stderr, "synth: %s (%s) L=%d d=%d heads=%d/%d experts=%d top-%d d_ff=%d vocab=%d %s -> %s (%s)\n",
                    s.preset.c_str(), s.arch.c_str(), s.n_layer, s.n_embd, s.n_head, s.n_head_kv, s.n_expert,
-                   s.n_expert_used, s.n_ff_exp, s.n_vocab, opt_.mix.empty() ? TypeName(opt_.type) : opt_.mix.c_str(),
+                   s.n_expert_used, s.n_ff_expert, s.n_vocab, opt_.mix.empty() ? TypeName(opt_.type) : opt_.mix.c_str(),
                    output_.c_str(),
                    FormatBytes((*model)->TensorBytes()).c_str());
     synth::SynthWriteStats stats;

@@ -6,10 +6,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "base/stats.h"  // FormatBytes, Median
 #include "base/status.h"
 
 namespace estream::cli {
@@ -39,9 +41,10 @@ struct CommandRegistrar {
 // Prints "estream <command>: error: <status message>" to stderr; returns 1.
 int ReportError(const char* command, const Status& status);
 
+// A progress callback that prints "estream <command>: <line>" to stderr (flushed).
+std::function<void(const std::string&)> ProgressPrinter(const char* command);
+
 // Parses a size with an optional K/M/G/T suffix (powers of 1024; "4G", "512M", "1000").
 Result<uint64_t> ParseSize(const std::string& text);
-// "1.23 GiB", "512.0 MiB", "17 B".
-std::string FormatBytes(uint64_t bytes);
 
 }  // namespace estream::cli

@@ -34,15 +34,11 @@ Result<uint64_t> ParseSize(const std::string& text) {
   return static_cast<uint64_t>(v * mult);
 }
 
-std::string FormatBytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) { v /= 1024; ++u; }
-  char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof(buf), "%.2f %s", v, units[u]);
-  return buf;
+std::function<void(const std::string&)> ProgressPrinter(const char* command) {
+  return [command](const std::string& line) {
+    std::fprintf(stderr, "estream %s: %s\n", command, line.c_str());
+    std::fflush(stderr);
+  };
 }
 
 }  // namespace estream::cli

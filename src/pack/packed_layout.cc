@@ -1,5 +1,5 @@
 // Reader of the packed layout documented in packed_layout.h.
-#include "io/packed_layout.h"
+#include "pack/packed_layout.h"
 
 #include <xxhash.h>
 
@@ -214,7 +214,7 @@ Result<PackedModelInfo> ReadPackedLayout(const GgufFile& f) {
                                           packed_keys::kNEmbd, n_embd, packed_keys::kNFf, n_ff, packed_keys::kNExpert,
                                           n_expert));
   info.n_embd = n_embd;
-  info.n_ff = n_ff;
+  info.n_ff_expert = n_ff;
   info.n_expert = static_cast<int>(n_expert);
 
   ESTREAM_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, GetI64Array(f, packed_keys::kLayers, -1));
@@ -240,7 +240,7 @@ Result<PackedModelInfo> ReadPackedLayout(const GgufFile& f) {
     if (L.record_bytes == 0 || L.record_bytes % kPackedRecordAlignment != 0)
       return Status::Corruption(fmt::format("{}: layer {}: {} = {} is not a positive multiple of {}", f.path(), L.layer,
                                             packed_keys::kRecordBytes, L.record_bytes, kPackedRecordAlignment));
-    ESTREAM_RETURN_IF_ERROR(ReadParts(f, i, types, layouts, offsets, bytes, info.n_embd, info.n_ff, &L));
+    ESTREAM_RETURN_IF_ERROR(ReadParts(f, i, types, layouts, offsets, bytes, info.n_embd, info.n_ff_expert, &L));
 
     const std::string tname = packed_keys::RegionTensor(L.layer);
     const GgufTensorInfo* t = f.FindTensor(tname);

@@ -1,4 +1,4 @@
-#include "io/metadata_update.h"
+#include "pack/metadata_update.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

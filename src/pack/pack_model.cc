@@ -1,5 +1,5 @@
 // estream pack: the streaming writer of the packed layout (pack_model.h, packed_layout.h).
-#include "io/pack_model.h"
+#include "pack/pack_model.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -21,10 +21,11 @@
 #include <nlohmann/json.hpp>
 
 #include "base/memory.h"
+#include "base/omp_threads.h"
 #include "base/mutex.h"
 #include "base/timer.h"
-#include "io/metadata_update.h"
-#include "io/packed_layout.h"
+#include "pack/metadata_update.h"
+#include "pack/packed_layout.h"
 #include "kernels/kernels.h"
 #include "kernels/repack.h"
 
@@ -65,7 +66,7 @@ struct RecordLayout {
 
 RecordLayout MakeRecordLayout(const SourceExperts& src, const SourceExpertLayer& L) {
   RecordLayout r;
-  const int64_t shapes[3][2] = {{src.n_ff, src.n_embd}, {src.n_ff, src.n_embd}, {src.n_embd, src.n_ff}};
+  const int64_t shapes[3][2] = {{src.n_ff_expert, src.n_embd}, {src.n_ff_expert, src.n_embd}, {src.n_embd, src.n_ff_expert}};
   uint64_t off = 0;
   for (int p = 0; p < 3; ++p) {
     off = AlignUp(off, kPackedPartAlignment);
@@ -90,17 +91,6 @@ void ZeroGaps(const RecordLayout& r, uint8_t* rec) {
   std::memset(rec + end, 0, r.record_bytes - end);
 }
 
-// Sets the calling thread's OpenMP team size (RepackWeights' parallel loop) for the scope.
-class OmpThreadsScope {
- public:
-  explicit OmpThreadsScope(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
-  OmpThreadsScope(const OmpThreadsScope&) = delete;
-  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
-
- private:
-  const int saved_;
-};
 
 // Writes filled buffers through the GgufWriter on a thread of its own, so that write(2) (often
 // held up by dirty-page writeback) overlaps the read and repack of the next record. Two buffers
@@ -331,12 +321,12 @@ Result<SourceExperts> FindSourceExperts(const GgufFile& in) {
     } else {
       continue;  // a dense block
     }
-    // n_ff from the first gate tensor; every expert tensor of every block must agree.
+    // n_ff_expert from the first gate tensor; every expert tensor of every block must agree.
     const int64_t n_ff = L.tensors[0][0]->ne(1);
-    if (src.n_ff == 0) src.n_ff = n_ff;
+    if (src.n_ff_expert == 0) src.n_ff_expert = n_ff;
     const int64_t E = src.n_expert;
     for (int k = 0; k < 3; ++k) {
-      const int64_t n_in = k == 2 ? src.n_ff : src.n_embd, n_out = k == 2 ? src.n_embd : src.n_ff;
+      const int64_t n_in = k == 2 ? src.n_ff_expert : src.n_embd, n_out = k == 2 ? src.n_embd : src.n_ff_expert;
       for (const GgufTensorInfo* t : L.tensors[k]) {
         if (L.per_expert) ESTREAM_RETURN_IF_ERROR(CheckTensor(in, *t, {n_in, n_out}));
         else ESTREAM_RETURN_IF_ERROR(CheckTensor(in, *t, {n_in, n_out, E}));
@@ -407,7 +397,7 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
   u32(packed_keys::kRecordAlignment, kPackedRecordAlignment);
   u32(packed_keys::kPartAlignment, kPackedPartAlignment);
   u32(packed_keys::kNEmbd, static_cast<uint32_t>(src.n_embd));
-  u32(packed_keys::kNFf, static_cast<uint32_t>(src.n_ff));
+  u32(packed_keys::kNFf, static_cast<uint32_t>(src.n_ff_expert));
   u32(packed_keys::kNExpert, static_cast<uint32_t>(src.n_expert));
   {
     std::vector<GgufValue> blocks, rec, types, lays, offs, bytes;
@@ -512,7 +502,7 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
   if (!source || !buffers[0] || !buffers[1])
     return Status::ResourceExhausted(fmt::format("estream pack: cannot allocate 2 x {} + {} bytes of buffers",
                                                  buffer_bytes, max_src));
-  OmpThreadsScope omp_threads(std::max(1, options.threads));
+  ScopedOmpThreads omp_threads(std::max(1, options.threads));
   WriteBehind write_behind(&writer, {buffers[0].get(), buffers[1].get()});
 
   PackProgress progress;

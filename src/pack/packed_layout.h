@@ -169,7 +169,7 @@ struct PackedModelInfo {
   uint32_t kernel_pack_version = 0;
   uint32_t record_alignment = 0;
   int64_t n_embd = 0;
-  int64_t n_ff = 0;
+  int64_t n_ff_expert = 0;  // expert FFN width (ModelInfo::n_ff_expert)
   int n_expert = 0;
   std::vector<PackedLayerInfo> layers;  // ascending block index
 

@@ -82,7 +82,7 @@ struct SourceExpertLayer {
 struct SourceExperts {
   std::string architecture;
   int64_t n_embd = 0;
-  int64_t n_ff = 0;
+  int64_t n_ff_expert = 0;
   int n_expert = 0;
   std::vector<SourceExpertLayer> layers;  // ascending block index
 };

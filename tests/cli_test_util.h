@@ -1,0 +1,35 @@
+// Running the built estream binary from a test (the CLI smoke tests): stdout and stderr captured
+// separately, the exit code.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace estream::cli_test {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `estream ARGS` (the binary of this build); stderr goes through the file `err_path`.
+inline CliResult RunCli(const std::string& args, const std::string& err_path) {
+  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
+  CliResult r;
+  if (std::FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t k;
+    while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, k);
+    const int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::ifstream e(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
+  return r;
+}
+
+}  // namespace estream::cli_test
