@@ -51,7 +51,7 @@ for r in $(seq 1 "$REPS"); do
   arrays+=("$a")
   echo "bench: rep $r: array of $K: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s wall (sbatch to last task end), $a tok/s"
   for t in $(seq 0 $((K - 1))); do
-    echo "bench:   task $t: $(grep -o 'budget [0-9]* MiB' "$D/out/r$r-${JOB}_$t.log" | head -n 1), $(grep -o '[0-9]* lines scored.*' "$D/out/r$r-${JOB}_$t.log" | sed 's/, [0-9]* failed.*;//')"
+    echo "bench:   task $t: $(grep -o 'budget [0-9]* MiB' "$D/out/r$r-${JOB}_$t.log" | head -n 1), $(grep -o '[0-9]* lines scored.*' "$D/out/r$r-${JOB}_$t.log" | sed -E "s/, [0-9]+ failed, [0-9]+ already in [^;]*;/;/")"
   done
   "$E" score --merge "$D"/shards/shard-*-of-$K.jsonl --input "$INPUT" -o "$D/all.jsonl" 2>/dev/null || true
   cmp -s "$D/all.jsonl" "$D/single.jsonl" && echo "bench:   merged array output = one-process output (byte-identical)" ||
