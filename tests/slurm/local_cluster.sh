@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # A throw-away single-node Slurm cluster on this machine, for tests and measurements (sourced by
 # tests/slurm/run_slurm_test.sh and tests/slurm/bench_array.sh; bash).
 #
@@ -12,8 +13,8 @@
 # is for a VM or container without systemd or cgroup control: ProctrackType=proctrack/linuxproc,
 # TaskPlugin=task/none, no cgroups, select/cons_tres with CR_Core_Memory (so --mem and
 # --cpus-per-task are honoured when placing tasks), no accounting daemon (sacct does not work;
-# the engine reports its own peak RSS). The daemons run as the calling user (SlurmUser = it);
-# root is needed for slurmd to start jobs as other users, which these scripts never do.
+# the engine reports its own peak RSS). slurmctld runs as the calling user (SlurmUser), slurmd
+# as SlurmdUser=root: run these scripts as root (CI's container is).
 # Ports: 20000 + a random offset (two clusters on one machine do not collide).
 
 CLUSTER_DIR=""

@@ -9,7 +9,7 @@
 #   tests/slurm/run_slurm_test.sh [ESTREAM_BINARY]     (default build/tools/estream/estream)
 #
 # Skips (exit 0, with a message) when Slurm or munge are not installed (scripts/setup_slurm.sh
-# installs them). Every wait has a timeout and the whole test a watchdog (SLURM_TEST_TIMEOUT,
+# installs them) or when not run as root (slurmd starts jobs as root here). Every wait has a timeout and the whole test a watchdog (SLURM_TEST_TIMEOUT,
 # default 240 s); the daemons are killed on every exit. KEEP_CLUSTER_DIR=1 keeps the directory
 # (logs, slurm.conf, outputs). Prints each task's peak RSS (the engine's figure) against its budget.
 set -euo pipefail
@@ -21,6 +21,10 @@ source "$ROOT/tests/slurm/local_cluster.sh"
 
 if ! slurm_available; then
   echo "slurm test: SKIPPED (Slurm/munge not installed; scripts/setup_slurm.sh installs them)"
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "slurm test: SKIPPED (slurmd must run as root to start jobs; run the test as root, e.g. in CI's container)"
   exit 0
 fi
 [ -x "$E" ] || { echo "slurm test: FAILED: no estream binary at $E (build first)" >&2; exit 1; }
