@@ -6,7 +6,9 @@
 #   3. the tests labelled `sanitize` (parsers, formats, loader, pipeline) under AddressSanitizer +
 #      UndefinedBehaviorSanitizer;
 #   4. the concurrency tests under ThreadSanitizer (where present);
-#   5. the GGUF fuzz target for FUZZ_SECONDS (default 60) on its seed corpus.
+#   5. the GGUF fuzz target for FUZZ_SECONDS (default 60) on its seed corpus;
+#   6. sharded scoring on a single-node Slurm cluster started here (tests/slurm/run_slurm_test.sh;
+#      skipped with a message where Slurm/munge are not installed: scripts/setup_slurm.sh).
 # Set QUICK=1 to run step 1 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,5 +59,8 @@ if [ -x scripts/ci_fuzz.sh ]; then
   step "GGUF fuzzing (${FUZZ_SECONDS:-60} s)"
   scripts/ci_fuzz.sh "${FUZZ_SECONDS:-60}"
 fi
+step "single-node Slurm: a 4-task score array, one task killed and requeued, merged = one process"
+tests/slurm/run_slurm_test.sh build/tools/estream/estream
+
 echo
 echo "all test stages passed in ${SECONDS}s"

@@ -3,6 +3,8 @@
 //    an error line and a non-zero exit status, the rest is scored; results equal the library's;
 //  - score resume: runs killed (SIGKILL) at random points, plus a torn last line, then completed:
 //    every id exactly once, results equal an uninterrupted run's;
+//  - score --shard I/N (by line and by id, one shard killed and resumed) then --merge: the merged
+//    file equals one process's output; bad shard specs and incomplete merges fail before any work;
 //  - eval: small hellaswag / winogrande / multiple-choice files written here, with gold answers set
 //    from an independent scoring (each candidate sequence run alone through Engine::Run) so the
 //    expected accuracy is known; every item's prediction and score must match.
@@ -206,6 +208,95 @@ TEST(Score, ResumeAfterKillsAndTornLine) {
   const std::vector<json> got = ReadJsonl(out);
   ASSERT_EQ(got.size(), static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) ExpectSameJson(got[i], want[i], "line " + std::to_string(i));
+}
+
+// ---- shards (issue 24) ----
+
+// An input with every kind of line (ids of both types, an id-less line, a repeated id, bad JSON,
+// a bad token, a blank line, continuations).
+std::string ShardInput(int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    json j = {{"id", i % 4 == 1 ? json(i) : json("s" + std::to_string(i))}, {"tokens", Ids(1 + (i * 5) % 23, i)},
+              {"top_k", 2}};
+    if (i % 6 == 0) j["continuations"] = {Ids(2, i + 1), Ids(1, i + 2)};
+    if (i == 7) j.erase("id");
+    if (i == 11) j["id"] = "s2";  // repeated id: an error line keyed by its line number
+    if (i == 13) j["tokens"] = {1, 99999};
+    text += j.dump() + "\n";
+    if (i == 9) text += "\n";
+    if (i == 17) text += "{not json\n";
+  }
+  return text;
+}
+
+TEST(Score, ShardsMergeToTheSingleProcessOutput) {
+  ScratchDir dir;
+  const std::string in = dir.File("in.jsonl"), single = dir.File("single.jsonl");
+  const int n = 45;
+  WriteFile(in, ShardInput(n));
+  const std::vector<std::string> common = {"-m", kModel, "--input", in, "-t", "1", "--batch-tokens", "48"};
+  auto score = [&](const std::string& out, std::vector<std::string> extra, int kill_after_ms = -1) {
+    std::vector<std::string> a = {"score"};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), {"--output", out});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return RunCli(a, kill_after_ms);
+  };
+  ASSERT_EQ(score(single, {}), 1);  // bad lines: exit 1
+  const std::vector<json> want = ReadJsonl(single);
+  ASSERT_EQ(want.size(), static_cast<size_t>(n + 1));
+  for (const char* by : {"line", "id"}) {
+    for (int shards : {1, 3, 4}) {
+      SCOPED_TRACE(std::string(by) + " " + std::to_string(shards));
+      std::vector<std::string> merge = {"score", "--merge"};
+      int64_t total = 0;
+      for (int s = 0; s < shards; ++s) {
+        const std::string out = dir.File(std::string(by) + std::to_string(shards) + "." + std::to_string(s));
+        const std::vector<std::string> shard = {"--shard", std::to_string(s) + "/" + std::to_string(shards),
+                                                "--shard-by", by};
+        if (s == 1) score(out, shard, 40);  // killed early (maybe before any output), resumed below
+        const int rc = score(out, shard);
+        EXPECT_TRUE(rc == 0 || rc == 1) << rc;
+        total += static_cast<int64_t>(ReadJsonl(out).size());
+        merge.push_back(out);
+      }
+      EXPECT_EQ(total, n + 1);
+      const std::string all = dir.File(std::string("all.") + by + std::to_string(shards));
+      merge.insert(merge.end(), {"--input", in, "-o", all});
+      EXPECT_EQ(RunCli(merge), 1);  // merged; exit 1: some lines are errors
+      const std::vector<json> got = ReadJsonl(all);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) ExpectSameJson(got[i], want[i], "line " + std::to_string(i));
+    }
+  }
+  // The repeated id's error line names its line; the id-less line too.
+  EXPECT_EQ(want[7]["line"], 8);
+  EXPECT_EQ(want[11]["line"], 13);  // physical line 13: after the blank line 11
+  EXPECT_NE(want[11]["error"].get<std::string>().find("duplicate id \"s2\""), std::string::npos);
+}
+
+TEST(Score, BadShardsAndMergesFailBeforeWork) {
+  ScratchDir dir;
+  const std::string in = dir.File("in.jsonl"), out = dir.File("out.jsonl");
+  WriteFile(in, ShardInput(12));
+  for (const char* spec : {"3/3", "1-3", "-1/3", "0/0", "x"}) {
+    EXPECT_EQ(RunCli({"score", "-m", kModel, "--input", in, "--output", out, "--shard", spec}), 1) << spec;
+    EXPECT_FALSE(std::ifstream(out).good()) << spec << ": output created";
+  }
+  EXPECT_EQ(RunCli({"score", "-m", kModel, "--input", in, "--output", out, "--shard", "0/2", "--shard-by", "x"}), 1);
+  EXPECT_EQ(RunCli({"score", "--input", in, "--output", out}), 1);  // no model
+  // A merge missing a shard: exit 1, nothing written.
+  const std::string s0 = dir.File("s0.jsonl"), s1 = dir.File("s1.jsonl"), all = dir.File("all.jsonl");
+  ASSERT_EQ(RunCli({"score", "-m", kModel, "--input", in, "--output", s0, "--shard", "0/2", "-t", "1"}), 1);
+  EXPECT_EQ(RunCli({"score", "--merge", s0, "--input", in, "-o", all}), 1);
+  EXPECT_FALSE(std::ifstream(all).good());
+  // Both shards, then the same file twice.
+  ASSERT_EQ(RunCli({"score", "-m", kModel, "--input", in, "--output", s1, "--shard", "1/2", "-t", "1"}), 1);
+  EXPECT_EQ(RunCli({"score", "--merge", s0, s1, s1, "--input", in, "-o", all}), 1);
+  EXPECT_FALSE(std::ifstream(all).good());
+  EXPECT_EQ(RunCli({"score", "--merge", s0, s1, "--input", in, "-o", all}), 1);  // lines with errors
+  EXPECT_EQ(ReadJsonl(all).size(), 12u);
 }
 
 // ---- eval ----

@@ -25,7 +25,8 @@ estream_add_test(model_experts_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_ex
 # (GGUF, packed resident, packed streamed under each schedule; the packed model is made at test time).
 estream_add_test(model_batch_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_batch_test.cc
   LIBS estream_model estream_pack LABELS model)
-# `estream score` (JSONL, resume after kills, malformed lines) and `estream eval` (hellaswag,
+# `estream score` (JSONL, resume after kills, malformed lines, --shard/--merge equal to one process)
+# and `estream eval` (hellaswag,
 # winogrande, multiple-choice files written by the test) through the CLI.
 estream_add_test(batch_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/batch_cli_test.cc
   LIBS estream_model estream_tokenizer estream_gguf nlohmann_json::nlohmann_json LABELS model)

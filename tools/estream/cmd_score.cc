@@ -1,6 +1,8 @@
 // estream score: batch scoring of a JSONL file, resumable.
 //
 //   estream score -m MODEL --input IN.jsonl --output OUT.jsonl [--budget SIZE] [--batch-tokens N] [-t N]
+//                 [--shard I/N [--shard-by line|id]]
+//   estream score --merge OUT1.jsonl OUT2.jsonl ... -o ALL.jsonl [--input IN.jsonl]
 //
 // Input: one JSON object per line:
 //   {"id": ANY, "prompt": "text" | "tokens": [ids...],
@@ -17,8 +19,10 @@
 //   {"id":..., "n_tokens": T, "top": [{"token": id, "logprob": lp, "text": "..."}],
 //    "continuations": [{"logprob": sum, "logprobs": [...], "n_tokens": n, "is_greedy": b}],
 //    "embedding": [...], "prompt_logprobs": [...], "log_likelihood": ll}
-// or, for a line that cannot be run (bad JSON, no id, bad tokens, too long, ...):
-//   {"id":..., "error": "one line"}      (a line whose id cannot be read: "id": null, "line": N)
+// or, for a line that cannot be run (bad JSON, no id, bad tokens, too long, a repeated id, ...):
+//   {"id":..., "error": "one line"}
+// A line whose id cannot be read, and a line repeating an earlier line's id (scored as an error),
+// also carry "line": N (1-based, physical): that is their key (src/batch/shard.h).
 //
 // Batching: consecutive lines are taken in windows of about 4 passes (--batch-tokens tokens each);
 // the engine packs each window longest first into passes (Engine::RunBatch). A window's lines are
@@ -29,8 +33,16 @@
 // (or line number, for id-less lines) it holds is skipped: a rerun after a crash or Ctrl-C
 // completes the file without duplicating or losing a line.
 //
-// Exit status: 0 when every input line has a result without error in OUT, 1 otherwise (bad
-// lines, a failed request, or a fatal error such as an unreadable model).
+// Shards (--shard I/N, src/batch/shard.h): only the lines of shard I are scored, into this
+// shard's own OUT, resumable as above (a re-queued shard continues where it stopped); every
+// shard reads the whole input, so ids repeated across shards are found as in one process. Lines
+// are dealt round robin by line index, or with --shard-by id by XXH64 of the id. --merge
+// (src/batch/merge.h) checks that the shard outputs hold every input line exactly once and writes
+// them in input order: the file one process would have written.
+//
+// Exit status: 0 when every input line (of the shard) has a result without error in OUT, 1
+// otherwise (bad lines, a failed request, or a fatal error such as an unreadable model). --merge:
+// 0 when merged and no line is an error, 1 otherwise (nothing is written when the check fails).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,6 +62,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/memory.h"
+#include "batch/merge.h"
+#include "batch/shard.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
@@ -61,13 +76,11 @@ namespace {
 
 using nlohmann::json;
 
-// The resume key of an output or input line: its id as JSON text, or "line:N" without an id.
-std::string Key(const json& id, int64_t line) { return id.is_null() ? "line:" + std::to_string(line) : id.dump(); }
-
 // One input line.
 struct Item {
   int64_t line = 0;  // 1-based
   json id;           // null when absent / unreadable
+  bool by_line = false;  // keyed by its line number (no id, or a repeated id): "line" in its result
   std::string error; // non-empty: the line fails with this message
   Request req;
   int64_t tokens = 0;
@@ -86,13 +99,20 @@ class ScoreCommand : public Command {
   }
 
   void Setup(CLI::App* sub) override {
-    sub->add_option("-m,--model", model_, "GGUF model file (packed for --budget)")->required();
+    sub->add_option("-m,--model", model_, "GGUF model file (packed for --budget); required unless --merge");
     sub->add_option("--input", input_, "input JSONL: one {\"id\", \"prompt\" or \"tokens\", optional "
-                    "\"continuations\", \"embedding\": \"last\"|\"mean\", \"top_k\", \"prompt_logprobs\"} per line")
-        ->required();
-    sub->add_option("--output", output_, "output JSONL, one result per input line in input order with the same id; "
-                    "if it exists, ids already in it are skipped (resume after a crash)")
-        ->required();
+                    "\"continuations\", \"embedding\": \"last\"|\"mean\", \"top_k\", \"prompt_logprobs\"} per line; "
+                    "with --merge: optional, checks every input line has exactly one result and gives the order");
+    sub->add_option("-o,--output", output_, "output JSONL, one result per input line in input order with the same id; "
+                    "if it exists, ids already in it are skipped (resume after a crash); with --merge: the merged file");
+    sub->add_option("--shard", shard_, "score only shard I of N (0 <= I < N): the input lines whose index mod N "
+                    "(or with --shard-by id, XXH64 of the id mod N) is I, into this shard's own --output; "
+                    "resumable per shard");
+    sub->add_option("--shard-by", shard_by_, "how --shard deals lines: line (index, round robin; default) or id "
+                    "(hash of the id: a line keeps its shard when the file is re-ordered)");
+    sub->add_option("--merge", merge_, "merge the outputs of the shards into --output (in input order with --input), "
+                    "after checking every line has exactly one result (else an error listing the ids, nothing written)")
+        ->expected(1, -1);
     flags_.Setup(sub);
     sub->add_flag("--no-progress", no_progress_, "no progress line on stderr (it is only shown on a terminal)");
     sub->footer(
@@ -103,7 +123,9 @@ class ScoreCommand : public Command {
         "              {\"id\": \"q7\", \"continuations\": [{\"logprob\": -1.2, \"logprobs\": [-1.2], \"n_tokens\": 1, "
         "\"is_greedy\": true}, ...]}\n"
         "A bad line gives {\"id\": ..., \"error\": \"...\"} and the run goes on; the exit status is 1 if any line "
-        "failed. Rerunning with the same --output resumes: ids already written are skipped.\n");
+        "failed. Rerunning with the same --output resumes: ids already written are skipped.\n"
+        "Sharded: estream score -m M --input IN.jsonl --shard 0/4 --output OUT.0.jsonl   (... 1/4, 2/4, 3/4)\n"
+        "         estream score --merge OUT.0.jsonl OUT.1.jsonl OUT.2.jsonl OUT.3.jsonl --input IN.jsonl -o ALL.jsonl\n");
   }
 
   int Run() override {
@@ -126,14 +148,15 @@ class ScoreCommand : public Command {
       if (nl == std::string::npos) break;  // torn: no newline
       ++line_no;
       json j = json::parse(text.begin() + pos, text.begin() + nl, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("id")) {
+      Result<std::string> key = j.is_discarded() ? Result<std::string>(Status::InvalidArgument("not JSON"))
+                                                 : batch::ResultKey(j);
+      if (!key.ok()) {
         if (text.find('\n', nl + 1) == std::string::npos && nl + 1 >= text.size()) break;  // torn last line
         std::fprintf(stderr, "estream score: warning: %s line %lld is not a result; ignored\n", output_.c_str(),
                      static_cast<long long>(line_no));
       } else {
-        const std::string key = Key(j["id"], j.value("line", int64_t{0}));
-        done->insert(key);
-        (*failed)[key] = j.contains("error");
+        done->insert(*key);
+        (*failed)[*key] = j.contains("error");
       }
       pos = nl + 1;
       good_end = pos;
@@ -147,11 +170,11 @@ class ScoreCommand : public Command {
     return Status::Ok();
   }
 
-  // Parses one input line into an Item (error set when it cannot run).
-  Item Parse(const std::string& text, int64_t line, const ModelInfo& info) {
+  // Parses one input line (j: its JSON, discarded when not JSON) into an Item (error set when it
+  // cannot run).
+  Item Parse(const json& j, int64_t line, const ModelInfo& info) {
     Item it;
     it.line = line;
-    json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       it.error = "line " + std::to_string(line) + " is not a JSON object";
       return it;
@@ -229,6 +252,7 @@ class ScoreCommand : public Command {
   ojson ResultJson(const Item& it, const Response& r) const {
     ojson o;
     o["id"] = it.id;
+    if (it.by_line) o["line"] = it.line;
     o["n_tokens"] = r.n_tokens;
     if (!r.top.empty()) {
       ojson top = ojson::array();
@@ -257,12 +281,40 @@ class ScoreCommand : public Command {
   static ojson ErrorJson(const Item& it, const std::string& error) {
     ojson o;
     o["id"] = it.id;
-    if (it.id.is_null()) o["line"] = it.line;
+    if (it.by_line) o["line"] = it.line;
     o["error"] = OneLine(error);
     return o;
   }
 
+  Result<int> RunMerge() {
+    if (!model_.empty()) return Status::InvalidArgument("--merge takes no --model: it only checks and joins the outputs");
+    if (!shard_.empty()) return Status::InvalidArgument("--merge and --shard do not go together");
+    if (output_.empty()) return Status::InvalidArgument("--merge needs the merged file: -o ALL.jsonl");
+    ESTREAM_ASSIGN_OR_RETURN(batch::MergeStats st,
+                             batch::MergeShardOutputs({.shard_outputs = merge_, .input = input_, .output = output_}));
+    std::string per_file;
+    for (size_t f = 0; f < st.lines_per_file.size(); ++f)
+      per_file += (f ? ", " : "") + std::to_string(st.lines_per_file[f]);
+    std::fprintf(stderr, "estream score: merged %lld lines (%s from each of the %zu outputs) into %s%s; %lld of them "
+                 "are errors\n", static_cast<long long>(st.lines), per_file.c_str(), merge_.size(), output_.c_str(),
+                 input_.empty() ? " (no --input: lines missing from every output cannot be detected; order as given)"
+                                : ", in input order, every input line exactly once",
+                 static_cast<long long>(st.error_lines));
+    return st.error_lines > 0 ? 1 : 0;
+  }
+
   Result<int> RunImpl() {
+    if (!merge_.empty()) return RunMerge();
+    // Flags first, before any work (CLI11 cannot say "required unless --merge").
+    if (model_.empty()) return Status::InvalidArgument("--model is required (the model to score with)");
+    if (input_.empty()) return Status::InvalidArgument("--input is required (the JSONL file to score)");
+    if (output_.empty()) return Status::InvalidArgument("--output is required (where the results go)");
+    batch::ShardSpec shard;
+    if (!shard_.empty()) {
+      ESTREAM_ASSIGN_OR_RETURN(shard, batch::ParseShardSpec(shard_, shard_by_));
+    } else if (shard_by_ != "line") {
+      return Status::InvalidArgument("--shard-by needs --shard I/N");
+    }
     const auto start = std::chrono::steady_clock::now();
     std::unordered_set<std::string> done;
     std::unordered_map<std::string, bool> failed;
@@ -279,23 +331,27 @@ class ScoreCommand : public Command {
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
     const ModelInfo& info = engine->info();
 
-    // Every input line: parsed, or skipped when OUT already has it.
+    // Every input line of the shard: parsed, or skipped when OUT already has it. Every line's id
+    // is read (keys), so a repeated id is found wherever its first line is.
     std::vector<Item> items;
-    std::unordered_set<std::string> seen;
+    batch::LineKeys keys;
     int64_t n_skipped = 0, n_failed_before = 0, total_tokens = 0;
     std::string text;
     for (int64_t line = 1; std::getline(in, text); ++line) {
       if (!text.empty() && text.back() == '\r') text.pop_back();
-      if (text.find_first_not_of(" \t") == std::string::npos) continue;  // blank line
-      Item it = Parse(text, line, info);
-      const std::string key = Key(it.id, line);
+      if (batch::IsBlankLine(text)) continue;
+      const json j = json::parse(text, nullptr, false);
+      bool duplicate = false;
+      const std::string key = keys.Add(j.is_discarded() ? json(nullptr) : batch::IdOfLine(j), line, &duplicate);
+      if (!batch::InShard(shard, line - 1, j.is_discarded() ? json(nullptr) : batch::IdOfLine(j))) continue;
       if (done.count(key)) {
         ++n_skipped;
         n_failed_before += failed[key];
-        seen.insert(key);
         continue;
       }
-      if (!seen.insert(key).second && it.error.empty()) it.error = "duplicate id " + it.id.dump();
+      Item it = Parse(j, line, info);
+      it.by_line = key.rfind("line:", 0) == 0;
+      if (duplicate && it.error.empty()) it.error = "duplicate id " + it.id.dump() + " (an earlier line has it)";
       total_tokens += it.error.empty() ? it.tokens : 0;
       items.push_back(std::move(it));
     }
@@ -366,16 +422,20 @@ class ScoreCommand : public Command {
     }
     if (progress) std::fprintf(stderr, "\n");
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string shard_text = shard_.empty() ? "" : "shard " + batch::ShardName(shard) + ": ";
     std::fprintf(stderr,
-                 "estream score: %lld lines scored, %lld failed, %lld already in %s (%lld of them failed); "
-                 "%lld tokens in %.2f s (%.1f tok/s)\n",
-                 static_cast<long long>(n_ok), static_cast<long long>(n_failed), static_cast<long long>(n_skipped),
-                 output_.c_str(), static_cast<long long>(n_failed_before), static_cast<long long>(tokens_done), wall,
-                 wall > 0 ? tokens_done / wall : 0.0);
+                 "estream score: %s%lld lines scored, %lld failed, %lld already in %s (%lld of them failed); "
+                 "%lld tokens in %.2f s (%.1f tok/s); peak RSS %s\n",
+                 shard_text.c_str(), static_cast<long long>(n_ok), static_cast<long long>(n_failed),
+                 static_cast<long long>(n_skipped), output_.c_str(), static_cast<long long>(n_failed_before),
+                 static_cast<long long>(tokens_done), wall, wall > 0 ? tokens_done / wall : 0.0,
+                 FormatBytes(PeakRssBytes()).c_str());
     return n_failed + n_failed_before > 0 ? 1 : 0;
   }
 
   std::string model_, input_, output_;
+  std::string shard_, shard_by_ = "line";
+  std::vector<std::string> merge_;
   BatchEngineFlags flags_;
   bool no_progress_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;
