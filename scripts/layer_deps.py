@@ -35,10 +35,11 @@ ALLOWED = {
     "tokenizer": {"base", "gguf"},
     "model": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config"},
     "profiler": {"base", "quant", "gguf", "kernels", "io", "pack", "config", "tokenizer", "model"},
+    "server": {"base", "tokenizer", "model"},
     "tools": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config", "tokenizer",
-              "model", "profiler"},
+              "model", "profiler", "server"},
 }
-ORDER = ["tools", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
+ORDER = ["tools", "server", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
          "gguf", "quant", "base"]
 PACK_FILES = re.compile(r"^(packed_layout|pack_[^/]*|metadata_update)\.(h|cc)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
