@@ -7,7 +7,7 @@
 //              [--vocab V] [--api-key KEY] [--warmup N]
 //
 // Prompts are random token ids in [10, V) (a different prompt per request, fixed seed), so no
-// cache can answer them. --requests is per level (default max(32, 8 x clients)).
+// cache can answer them. --requests is per level (default max(16, 2 x clients)).
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   }
   std::printf("clients,requests,seconds,requests_per_s,prompt_tokens_per_s,p50_ms,p99_ms,errors\n");
   for (int clients : ParseList(clients_list)) {
-    const int n = requests > 0 ? requests : std::max(32, 8 * clients);
+    const int n = requests > 0 ? requests : std::max(16, 2 * clients);
     std::vector<std::string> bodies;
     for (int i = 0; i < n; ++i) bodies.push_back(body(rng));
     std::atomic<int> next{0}, errors{0};
