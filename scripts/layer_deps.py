@@ -38,13 +38,14 @@ ALLOWED = {
     "model": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config"},
     "profiler": {"base", "quant", "gguf", "kernels", "io", "pack", "pipeline", "config", "tokenizer", "model"},
     "tools": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config", "tokenizer",
-              "model", "profiler", "batch"},
+              "model", "profiler", "batch", "server"},
+    "server": {"base", "tokenizer", "model"},
     "batch": {"base"},
     # Front ends that embed the engine: public headers only (plus the shared front-end helpers).
     "capi": {"base", "model", "tokenizer"},
     "python": {"base", "model", "tokenizer", "capi"},
 }
-ORDER = ["python", "capi", "tools", "batch", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
+ORDER = ["python", "capi", "tools", "server", "batch", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
          "gguf", "quant", "base"]
 BASE_PUBLIC = {"status.h", "options.h"}  # include/estream/ headers of the base layer
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

@@ -21,6 +21,18 @@ PACKAGES=(
   python3-numpy python3-pytest      # its arrays and its tests
 )
 
+# The official OpenAI Node client for tests/server_openai_node_test.sh, into tests/node/node_modules
+# (git-ignored; versions pinned by tests/node/package-lock.json). Optional: without node/npm the
+# test is skipped.
+node_client() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/node"
+  if command -v npm >/dev/null && [ ! -d "$dir/node_modules/openai" ]; then
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) ||
+      echo "setup: npm ci in tests/node failed; the OpenAI client test will be skipped"
+  fi
+}
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,6 +40,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages already installed"
+  node_client
   exit 0
 fi
 
@@ -37,4 +50,5 @@ echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+node_client
 echo "setup: done"

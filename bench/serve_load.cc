@@ -1,0 +1,123 @@
+// Load generator for `estream serve`: C concurrent clients, each on its own keep-alive
+// connection, send scoring requests of T tokens (POST /v1/completions with token ids, echo,
+// logprobs 1, max_tokens 0: lm-eval's loglikelihood) for a fixed number of requests per level;
+// prints throughput (requests/s, prompt tokens/s) and latency percentiles per concurrency level.
+//
+//   serve_load --port 8080 [--host 127.0.0.1] [--clients 1,4,16,64] [--tokens 128] [--requests N]
+//              [--vocab V] [--api-key KEY] [--warmup N]
+//
+// Prompts are random token ids in [10, V) (a different prompt per request, fixed seed), so no
+// cache can answer them. --requests is per level (default max(16, 2 x clients)).
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ',')) v.push_back(std::atoi(x.c_str()));
+  return v;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string host = "127.0.0.1", key, clients_list = "1,4,16,64";
+  int port = 8080, tokens = 128, requests = 0, vocab = 50000, warmup = 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "serve_load: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--host") host = next();
+    else if (a == "--port") port = std::atoi(next().c_str());
+    else if (a == "--clients") clients_list = next();
+    else if (a == "--tokens") tokens = std::atoi(next().c_str());
+    else if (a == "--requests") requests = std::atoi(next().c_str());
+    else if (a == "--vocab") vocab = std::atoi(next().c_str());
+    else if (a == "--api-key") key = next();
+    else if (a == "--warmup") warmup = std::atoi(next().c_str());
+    else {
+      std::fprintf(stderr, "serve_load: unknown argument %s (see the comment at the top of bench/serve_load.cc)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (tokens < 1 || vocab <= 10) {
+    std::fprintf(stderr, "serve_load: --tokens must be >= 1 and --vocab > 10\n");
+    return 2;
+  }
+  httplib::Headers headers;
+  if (!key.empty()) headers.emplace("Authorization", "Bearer " + key);
+  std::mt19937 rng(1234);
+  auto body = [&](std::mt19937& r) {
+    std::vector<int> ids(static_cast<size_t>(tokens));
+    for (int& t : ids) t = std::uniform_int_distribution<int>(10, vocab - 1)(r);
+    return nlohmann::json({{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}}).dump();
+  };
+  {  // warm-up: fault in the weights, size the buffers
+    httplib::Client c(host, port);
+    c.set_read_timeout(600, 0);
+    for (int i = 0; i < warmup; ++i) {
+      auto r = c.Post("/v1/completions", headers, body(rng), "application/json");
+      if (!r || r->status != 200) {
+        std::fprintf(stderr, "serve_load: warm-up request failed (%s)\n", r ? r->body.c_str() : "no response");
+        return 1;
+      }
+    }
+  }
+  std::printf("clients,requests,seconds,requests_per_s,prompt_tokens_per_s,p50_ms,p99_ms,errors\n");
+  for (int clients : ParseList(clients_list)) {
+    const int n = requests > 0 ? requests : std::max(16, 2 * clients);
+    std::vector<std::string> bodies;
+    for (int i = 0; i < n; ++i) bodies.push_back(body(rng));
+    std::atomic<int> next{0}, errors{0};
+    std::vector<std::vector<double>> lat(static_cast<size_t>(clients));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int c = 0; c < clients; ++c)
+      threads.emplace_back([&, c] {
+        httplib::Client cli(host, port);
+        cli.set_read_timeout(600, 0);
+        for (int i; (i = next++) < n;) {
+          const auto s = std::chrono::steady_clock::now();
+          auto r = cli.Post("/v1/completions", headers, bodies[static_cast<size_t>(i)], "application/json");
+          if (!r || r->status != 200) ++errors;
+          lat[static_cast<size_t>(c)].push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count());
+        }
+      });
+    for (auto& t : threads) t.join();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<double> all;
+    for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+    std::printf("%d,%d,%.3f,%.3f,%.1f,%.1f,%.1f,%d\n", clients, n, secs, n / secs, n * tokens / secs,
+                Percentile(all, 0.5), Percentile(all, 0.99), errors.load());
+    std::fflush(stdout);
+  }
+  return 0;
+}

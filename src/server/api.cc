@@ -1,0 +1,623 @@
+#include "server/api.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <numeric>
+#include <set>
+
+#include "tokenizer/tokenizer.h"
+
+namespace estream::server {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+ApiError Bad(std::string message, std::string param = "", std::string code = "") {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+// Parses a JSON object body. Errors name what is wrong.
+std::optional<ApiError> ParseObject(const std::string& body, json* out) {
+  *out = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (out->is_discarded()) return Bad("the request body is not valid JSON");
+  if (!out->is_object()) return Bad("the request body must be a JSON object");
+  return std::nullopt;
+}
+
+// Fields a route does not know -> 400 (for estream's own routes, where a typo would silently
+// change the meaning).
+std::optional<ApiError> RejectUnknown(const json& j, const std::set<std::string>& known) {
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!known.count(it.key()))
+      return Bad("unknown field \"" + it.key() + "\"", it.key(), "unknown_field");
+  return std::nullopt;
+}
+
+bool IsIdArray(const json& a) {
+  if (!a.is_array() || a.empty()) return false;
+  for (const json& x : a)
+    if (!x.is_number_integer()) return false;
+  return true;
+}
+
+std::optional<ApiError> Ids(const json& a, const std::string& field, std::vector<int32_t>* out) {
+  if (!a.is_array()) return Bad("\"" + field + "\" must be an array of token ids", field);
+  for (const json& x : a) {
+    if (!x.is_number_integer()) return Bad("\"" + field + "\" must hold integer token ids", field);
+    const int64_t v = x.get<int64_t>();
+    if (v < INT32_MIN || v > INT32_MAX) return Bad("token id " + std::to_string(v) + " in \"" + field + "\" is out of range", field);
+    out->push_back(static_cast<int32_t>(v));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> Text(const ApiContext& ctx, const std::string& text, bool add_special, const std::string& field,
+                             std::vector<int32_t>* out) {
+  if (!ctx.tokenizer) return Bad("the model has no vocabulary: give \"" + field + "\" as token ids", field);
+  *out = ctx.tokenizer->Encode(text, add_special, /*parse_special=*/false);
+  if (out->empty()) return Bad("\"" + field + "\" is empty after tokenization", field);
+  return std::nullopt;
+}
+
+// OpenAI's prompt forms: "text", ["text", ...], [ids], [[ids], ...]. One token list per prompt.
+std::optional<ApiError> PromptList(const json& p, const ApiContext& ctx, const std::string& field,
+                                   std::vector<std::vector<int32_t>>* out) {
+  if (p.is_string()) {
+    out->emplace_back();
+    return Text(ctx, p.get<std::string>(), true, field, &out->back());
+  }
+  if (!p.is_array() || p.empty())
+    return Bad("\"" + field + "\" must be a string, an array of strings, an array of token ids or an array of arrays of token ids", field);
+  if (IsIdArray(p)) {
+    out->emplace_back();
+    return Ids(p, field, &out->back());
+  }
+  for (const json& x : p) {
+    out->emplace_back();
+    if (x.is_string()) {
+      if (auto e = Text(ctx, x.get<std::string>(), true, field, &out->back())) return e;
+    } else if (x.is_array()) {
+      if (x.empty()) return Bad("\"" + field + "\" holds an empty token list", field);
+      if (auto e = Ids(x, field, &out->back())) return e;
+    } else {
+      return Bad("\"" + field + "\" must be a string, an array of strings, an array of token ids or an array of arrays of token ids", field);
+    }
+  }
+  return std::nullopt;
+}
+
+// One label / continuation: text (no special tokens) or ids.
+std::optional<ApiError> Continuation(const json& x, const ApiContext& ctx, const std::string& field,
+                                     std::vector<int32_t>* out) {
+  if (x.is_string()) return Text(ctx, x.get<std::string>(), false, field, out);
+  if (x.is_array() && !x.empty()) return Ids(x, field, out);
+  return Bad("each of \"" + field + "\" must be a non-empty string or an array of token ids", field);
+}
+
+std::string NextId(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  return std::string(prefix) + std::to_string(++counter);
+}
+
+// The text of one token as OpenAI lists it in logprobs.tokens: its bytes; special tokens as text.
+std::string Piece(const ApiContext& ctx, int32_t id) { return TokenString(ctx.tokenizer, id); }
+
+std::string Decode(const ApiContext& ctx, std::span<const int32_t> ids) {
+  if (!ctx.tokenizer) return "";
+  return ctx.tokenizer->Decode(ids);
+}
+
+// Engine::Run's log-sum-exp (src/model/engine.cc), so that top alternatives agree bit for bit
+// with the engine's prompt_logprobs and top.
+double LogSumExp(const float* row, int64_t n) {
+  float mx = row[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i]) - mx);
+  return mx + std::log(s);
+}
+
+// Top-n (token, logprob) of one logits row, most likely first, ties: lower id.
+std::vector<TokenLogprob> TopOf(const float* row, int64_t V, int n, std::vector<int32_t>* scratch) {
+  const double l = LogSumExp(row, V);
+  scratch->resize(V);
+  std::iota(scratch->begin(), scratch->end(), 0);
+  auto better = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+  std::partial_sort(scratch->begin(), scratch->begin() + n, scratch->end(), better);
+  std::vector<TokenLogprob> top;
+  for (int j = 0; j < n; ++j) top.push_back({(*scratch)[j], static_cast<float>(row[(*scratch)[j]] - l)});
+  return top;
+}
+
+ojson TopJson(const ApiContext& ctx, const std::vector<TokenLogprob>& top) {
+  ojson o = ojson::object();
+  for (const TokenLogprob& t : top) {
+    const std::string p = Piece(ctx, t.token);
+    if (!o.contains(p)) o[p] = t.logprob;
+  }
+  return o;
+}
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& e) {
+  ojson err;
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? ojson() : ojson(e.param);
+  err["code"] = e.code.empty() ? ojson() : ojson(e.code);
+  return Dump(ojson{{"error", err}});
+}
+
+ApiError ErrorFromStatus(const Status& s) {
+  ApiError e;
+  e.message = s.message();
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+      e.status = 400;
+      break;
+    case StatusCode::kResourceExhausted:
+      e.status = 503;
+      e.type = "server_error";
+      break;
+    default:
+      e.status = 500;
+      e.type = "server_error";
+  }
+  return e;
+}
+
+std::optional<ApiError> ValidateRequests(const std::vector<Request>& requests, const ModelInfo& info) {
+  auto check_ids = [&](const std::vector<int32_t>& ids, const char* what) -> std::optional<ApiError> {
+    for (int32_t t : ids)
+      if (t < 0 || t >= info.n_vocab)
+        return Bad(std::string(what) + " holds token id " + std::to_string(t) + ", outside the vocabulary [0, " +
+                   std::to_string(info.n_vocab) + ")", "", "invalid_token");
+    return std::nullopt;
+  };
+  for (const Request& r : requests) {
+    const int64_t T = static_cast<int64_t>(r.tokens.size());
+    if (T == 0) return Bad("a prompt is empty");
+    if (T > info.n_ctx)
+      return Bad("a prompt has " + std::to_string(T) + " tokens; the model's context length is " + std::to_string(info.n_ctx),
+                 "", "context_length_exceeded");
+    if (auto e = check_ids(r.tokens, "a prompt")) return e;
+    for (const auto& c : r.continuations) {
+      if (c.empty()) return Bad("a continuation is empty");
+      if (T + static_cast<int64_t>(c.size()) > info.n_ctx)
+        return Bad("prompt + continuation is " + std::to_string(T + c.size()) + " tokens; the context length is " +
+                   std::to_string(info.n_ctx), "", "context_length_exceeded");
+      if (auto e = check_ids(c, "a continuation")) return e;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string TokenString(const Tokenizer* tokenizer, int32_t id) {
+  if (!tokenizer) return std::to_string(id);
+  std::string p = tokenizer->TokenPiece(id);
+  if (Tokenizer::IsValidUtf8(p)) return p;
+  std::string out = "bytes:";
+  for (unsigned char c : p) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+    out += buf;
+  }
+  return out;
+}
+
+std::string Base64(const void* data, size_t n) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string out;
+  out.reserve((n + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= n; i += 3) {
+    const uint32_t v = (p[i] << 16) | (p[i + 1] << 8) | p[i + 2];
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += kAlphabet[v & 63];
+  }
+  if (i < n) {
+    const uint32_t v = (p[i] << 16) | (i + 1 < n ? p[i + 1] << 8 : 0);
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < n ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+// ---- /v1/completions ----------------------------------------------------------------------------
+
+std::optional<ApiError> PrepareCompletion(const std::string& body, const ApiContext& ctx, Prepared* out) {
+  json j;
+  if (auto e = ParseObject(body, &j)) return e;
+  if (!j.contains("prompt")) return Bad("\"prompt\" is required", "prompt");
+  int64_t max_tokens = 0;
+  if (j.contains("max_tokens") && !j["max_tokens"].is_null()) {
+    if (!j["max_tokens"].is_number_integer()) return Bad("\"max_tokens\" must be an integer", "max_tokens");
+    max_tokens = j["max_tokens"].get<int64_t>();
+    if (max_tokens < 0) return Bad("\"max_tokens\" must be 0 or 1", "max_tokens");
+    if (max_tokens > 1)
+      return Bad("this server is prefill-only: \"max_tokens\" must be 0 (score the prompt) or 1 (the greedy next "
+                 "token); it generates no longer text", "max_tokens", "prefill_only");
+  }
+  bool echo = false;
+  if (j.contains("echo") && !j["echo"].is_null()) {
+    if (!j["echo"].is_boolean()) return Bad("\"echo\" must be true or false", "echo");
+    echo = j["echo"].get<bool>();
+  }
+  int logprobs = -1;  // -1: no logprobs object
+  if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+    if (!j["logprobs"].is_number_integer()) return Bad("\"logprobs\" must be an integer", "logprobs");
+    const int64_t n = j["logprobs"].get<int64_t>();
+    if (n < 0 || n > kMaxLogprobs) return Bad("\"logprobs\" must be between 0 and " + std::to_string(kMaxLogprobs), "logprobs");
+    logprobs = static_cast<int>(n);
+  }
+  for (const char* one : {"n", "best_of"}) {
+    if (j.contains(one) && !j[one].is_null() && !(j[one].is_number_integer() && j[one].get<int64_t>() == 1))
+      return Bad(std::string("\"") + one + "\" must be 1: this server returns one choice per prompt", one);
+  }
+  if (j.contains("stream") && !j["stream"].is_null() && !(j["stream"].is_boolean() && !j["stream"].get<bool>()))
+    return Bad("\"stream\" is not supported (prefill-only: the answer comes in one piece)", "stream");
+  if (j.contains("suffix") && !j["suffix"].is_null()) return Bad("\"suffix\" is not supported", "suffix");
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
+    return Bad("\"logit_bias\" is not supported", "logit_bias");
+
+  std::vector<std::vector<int32_t>> prompts;
+  if (auto e = PromptList(j["prompt"], ctx, "prompt", &prompts)) return e;
+
+  const int V = ctx.info->n_vocab;
+  // Top alternatives at each prompt position: computed from the logits rows in a sink, into
+  // storage shared with the formatter (the sink runs on the engine thread; it outlives the handler
+  // if the client goes away).
+  auto tops = std::make_shared<std::vector<std::vector<std::vector<TokenLogprob>>>>(prompts.size());
+  const bool want_tops = echo && logprobs > 0;
+  out->requests.clear();
+  out->prompt_tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.tokens = std::move(prompts[i]);
+    r.top_k = max_tokens == 1 ? std::max(1, logprobs) : 0;
+    r.prompt_logprobs = echo && logprobs >= 0;
+    if (want_tops) {
+      (*tops)[i].resize(r.tokens.size());
+      const int n = logprobs;
+      r.logits_sink = [tops, i, n, V](int64_t first, int64_t n_rows, const float* lg) -> Status {
+        std::vector<int32_t> scratch;
+        auto& rows = (*tops)[i];
+        for (int64_t k = 0; k < n_rows; ++k) {
+          const int64_t t = first + k;  // this row predicts token t + 1
+          if (t + 1 < static_cast<int64_t>(rows.size())) rows[t + 1] = TopOf(lg + k * V, V, n, &scratch);
+        }
+        return Status::Ok();
+      };
+    }
+    out->prompt_tokens += static_cast<int64_t>(r.tokens.size());
+    out->requests.push_back(std::move(r));
+  }
+  // The prompts as the formatter needs them (requests are moved into the batch).
+  auto prompt_ids = std::make_shared<std::vector<std::vector<int32_t>>>();
+  for (const Request& r : out->requests) prompt_ids->push_back(r.tokens);
+  const ApiContext c = ctx;
+  out->format = [c, prompt_ids, tops, echo, logprobs, max_tokens](std::vector<Result<Response>>& results) {
+    ojson choices = ojson::array();
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Response& r = *results[i];
+      const std::vector<int32_t>& p = (*prompt_ids)[i];
+      prompt_tokens += static_cast<int64_t>(p.size());
+      std::vector<int32_t> ids;
+      if (echo) ids = p;
+      if (max_tokens == 1) {
+        ids.push_back(r.top[0].token);
+        ++completion_tokens;
+      }
+      ojson ch;
+      ch["text"] = Decode(c, ids);
+      ch["index"] = i;
+      if (logprobs >= 0) {
+        ojson tokens = ojson::array(), lps = ojson::array(), top = ojson::array(), offsets = ojson::array();
+        size_t offset = 0;
+        for (size_t t = 0; t < ids.size(); ++t) {
+          tokens.push_back(Piece(c, ids[t]));
+          offsets.push_back(offset);
+          offset += Decode(c, std::span<const int32_t>(&ids[t], 1)).size();
+          const bool generated = !echo || t == p.size();
+          if (generated) {
+            lps.push_back(r.top[0].logprob);
+            top.push_back(TopJson(c, std::vector<TokenLogprob>(r.top.begin(), r.top.begin() + logprobs)));
+          } else if (t == 0) {
+            lps.push_back(nullptr);
+            top.push_back(nullptr);
+          } else {
+            lps.push_back(r.prompt_logprobs[t - 1]);
+            top.push_back(logprobs > 0 ? TopJson(c, (*tops)[i][t]) : ojson::object());
+          }
+        }
+        ch["logprobs"] = {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", top}, {"text_offset", offsets}};
+      } else {
+        ch["logprobs"] = nullptr;
+      }
+      ch["finish_reason"] = "length";
+      choices.push_back(std::move(ch));
+    }
+    ojson o;
+    o["id"] = NextId("cmpl-");
+    o["object"] = "text_completion";
+    o["created"] = static_cast<int64_t>(std::time(nullptr));
+    o["model"] = c.model_id;
+    o["choices"] = std::move(choices);
+    o["usage"] = {{"prompt_tokens", prompt_tokens},
+                  {"completion_tokens", completion_tokens},
+                  {"total_tokens", prompt_tokens + completion_tokens}};
+    return Dump(o);
+  };
+  return std::nullopt;
+}
+
+// ---- /v1/embeddings -----------------------------------------------------------------------------
+
+std::optional<ApiError> PrepareEmbeddings(const std::string& body, const ApiContext& ctx, Prepared* out) {
+  json j;
+  if (auto e = ParseObject(body, &j)) return e;
+  if (!j.contains("input")) return Bad("\"input\" is required", "input");
+  bool base64 = false;
+  if (j.contains("encoding_format") && !j["encoding_format"].is_null()) {
+    const json& f = j["encoding_format"];
+    if (f == "base64") base64 = true;
+    else if (f != "float") return Bad("\"encoding_format\" must be \"float\" or \"base64\"", "encoding_format");
+  }
+  Request::Pooling pooling = Request::Pooling::kMean;
+  if (j.contains("pooling") && !j["pooling"].is_null()) {
+    const json& p = j["pooling"];
+    if (p == "last") pooling = Request::Pooling::kLast;
+    else if (p != "mean") return Bad("\"pooling\" must be \"mean\" or \"last\"", "pooling");
+  }
+  if (j.contains("dimensions") && !j["dimensions"].is_null() &&
+      !(j["dimensions"].is_number_integer() && j["dimensions"].get<int64_t>() == ctx.info->n_embd))
+    return Bad("\"dimensions\" must be the model's width, " + std::to_string(ctx.info->n_embd), "dimensions");
+  std::vector<std::vector<int32_t>> inputs;
+  if (auto e = PromptList(j["input"], ctx, "input", &inputs)) return e;
+  out->requests.clear();
+  out->prompt_tokens = 0;
+  for (auto& in : inputs) {
+    Request r;
+    r.tokens = std::move(in);
+    r.top_k = 0;
+    r.embedding = pooling;
+    out->prompt_tokens += static_cast<int64_t>(r.tokens.size());
+    out->requests.push_back(std::move(r));
+  }
+  const std::string model = ctx.model_id;
+  const int64_t total = out->prompt_tokens;
+  out->format = [model, base64, total](std::vector<Result<Response>>& results) {
+    ojson data = ojson::array();
+    for (size_t i = 0; i < results.size(); ++i) {
+      const std::vector<float>& e = results[i]->embedding;
+      ojson d;
+      d["object"] = "embedding";
+      d["index"] = i;
+      if (base64) d["embedding"] = Base64(e.data(), e.size() * sizeof(float));  // little-endian host
+      else d["embedding"] = e;
+      data.push_back(std::move(d));
+    }
+    ojson o;
+    o["object"] = "list";
+    o["data"] = std::move(data);
+    o["model"] = model;
+    o["usage"] = {{"prompt_tokens", total}, {"total_tokens", total}};
+    return Dump(o);
+  };
+  return std::nullopt;
+}
+
+// ---- /v1/classify -------------------------------------------------------------------------------
+
+std::optional<ApiError> PrepareClassify(const std::string& body, const ApiContext& ctx, Prepared* out) {
+  json j;
+  if (auto e = ParseObject(body, &j)) return e;
+  if (auto e = RejectUnknown(j, {"model", "prompt", "labels", "user"})) return e;
+  if (!j.contains("prompt")) return Bad("\"prompt\" is required", "prompt");
+  if (!j.contains("labels")) return Bad("\"labels\" is required", "labels");
+  Request r;
+  r.top_k = 0;
+  const json& p = j["prompt"];
+  if (p.is_string()) {
+    if (auto e = Text(ctx, p.get<std::string>(), true, "prompt", &r.tokens)) return e;
+  } else if (IsIdArray(p)) {
+    if (auto e = Ids(p, "prompt", &r.tokens)) return e;
+  } else {
+    return Bad("\"prompt\" must be a string or an array of token ids", "prompt");
+  }
+  const json& labels = j["labels"];
+  if (!labels.is_array() || labels.empty()) return Bad("\"labels\" must be a non-empty array", "labels");
+  std::vector<ojson> names;
+  for (const json& l : labels) {
+    std::vector<int32_t> ids;
+    if (auto e = Continuation(l, ctx, "labels", &ids)) return e;
+    r.continuations.push_back(std::move(ids));
+    names.push_back(ojson::parse(l.dump()));
+  }
+  out->prompt_tokens = static_cast<int64_t>(r.tokens.size());
+  for (const auto& c : r.continuations) out->prompt_tokens += static_cast<int64_t>(c.size());
+  out->requests.clear();
+  out->requests.push_back(std::move(r));
+  const std::string model = ctx.model_id;
+  const int64_t total = out->prompt_tokens;
+  out->format = [model, names, total](std::vector<Result<Response>>& results) {
+    const Response& r = *results[0];
+    double mx = -INFINITY;
+    for (const ContinuationScore& c : r.continuations) mx = std::max(mx, c.log_likelihood);
+    double s = 0;
+    for (const ContinuationScore& c : r.continuations) s += std::exp(c.log_likelihood - mx);
+    ojson ls = ojson::array();
+    size_t best = 0;
+    for (size_t i = 0; i < r.continuations.size(); ++i) {
+      const ContinuationScore& c = r.continuations[i];
+      if (c.log_likelihood > r.continuations[best].log_likelihood) best = i;
+      ls.push_back({{"index", i},
+                    {"label", names[i]},
+                    {"probability", std::exp(c.log_likelihood - mx) / s},
+                    {"logprob", c.log_likelihood},
+                    {"n_tokens", c.logprobs.size()},
+                    {"is_greedy", c.is_greedy}});
+    }
+    ojson o;
+    o["object"] = "classification";
+    o["model"] = model;
+    o["label"] = names[best];
+    o["labels"] = std::move(ls);
+    o["usage"] = {{"prompt_tokens", total}, {"total_tokens", total}};
+    return Dump(o);
+  };
+  return std::nullopt;
+}
+
+// ---- /v1/rerank ---------------------------------------------------------------------------------
+
+std::optional<ApiError> PrepareRerank(const std::string& body, const ApiContext& ctx, Prepared* out) {
+  json j;
+  if (auto e = ParseObject(body, &j)) return e;
+  if (auto e = RejectUnknown(j, {"model", "query", "documents", "top_n", "return_documents", "user"})) return e;
+  if (!j.contains("query") || !j["query"].is_string()) return Bad("\"query\" must be a string", "query");
+  if (!j.contains("documents") || !j["documents"].is_array() || j["documents"].empty())
+    return Bad("\"documents\" must be a non-empty array of strings", "documents");
+  if (!ctx.tokenizer) return Bad("the model has no vocabulary: /v1/rerank needs text", "query");
+  int64_t top_n = static_cast<int64_t>(j["documents"].size());
+  if (j.contains("top_n") && !j["top_n"].is_null()) {
+    if (!j["top_n"].is_number_integer() || j["top_n"].get<int64_t>() < 1) return Bad("\"top_n\" must be a positive integer", "top_n");
+    top_n = std::min(top_n, j["top_n"].get<int64_t>());
+  }
+  bool return_documents = false;
+  if (j.contains("return_documents") && !j["return_documents"].is_null()) {
+    if (!j["return_documents"].is_boolean()) return Bad("\"return_documents\" must be true or false", "return_documents");
+    return_documents = j["return_documents"].get<bool>();
+  }
+  const std::string query = j["query"].get<std::string>();
+  std::vector<std::string> docs;
+  for (const json& d : j["documents"]) {
+    if (d.is_string()) docs.push_back(d.get<std::string>());
+    else if (d.is_object() && d.contains("text") && d["text"].is_string()) docs.push_back(d["text"].get<std::string>());
+    else return Bad("each document must be a string or {\"text\": string}", "documents");
+  }
+  std::vector<int32_t> yes, no;
+  if (auto e = Text(ctx, kRerankYes, false, "documents", &yes)) return e;
+  if (auto e = Text(ctx, kRerankNo, false, "documents", &no)) return e;
+  out->requests.clear();
+  out->prompt_tokens = 0;
+  for (const std::string& doc : docs) {
+    std::string text = ctx.rerank_template;
+    auto replace = [&](const std::string& key, const std::string& value) {
+      const size_t at = text.find(key);
+      if (at != std::string::npos) text.replace(at, key.size(), value);
+    };
+    // Document first: a query that contains "{document}" must stay as typed.
+    replace("{document}", doc);
+    replace("{query}", query);
+    Request r;
+    r.top_k = 0;
+    if (auto e = Text(ctx, text, true, "documents", &r.tokens)) return e;
+    r.continuations = {yes, no};
+    out->prompt_tokens += static_cast<int64_t>(r.tokens.size() + yes.size() + no.size());
+    out->requests.push_back(std::move(r));
+  }
+  const std::string model = ctx.model_id;
+  const int64_t total = out->prompt_tokens;
+  out->format = [model, docs, top_n, return_documents, total](std::vector<Result<Response>>& results) {
+    std::vector<std::pair<double, size_t>> scored;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Response& r = *results[i];
+      const double d = r.continuations[0].log_likelihood - r.continuations[1].log_likelihood;
+      scored.push_back({1.0 / (1.0 + std::exp(-d)), i});  // p(yes) / (p(yes) + p(no))
+    }
+    std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    ojson res = ojson::array();
+    for (int64_t k = 0; k < top_n; ++k) {
+      ojson e;
+      e["index"] = scored[k].second;
+      e["relevance_score"] = scored[k].first;
+      if (return_documents) e["document"] = {{"text", docs[scored[k].second]}};
+      res.push_back(std::move(e));
+    }
+    ojson o;
+    o["model"] = model;
+    o["object"] = "list";
+    o["usage"] = {{"prompt_tokens", total}, {"total_tokens", total}};
+    o["results"] = std::move(res);
+    return Dump(o);
+  };
+  return std::nullopt;
+}
+
+// ---- engine-free routes -------------------------------------------------------------------------
+
+namespace {
+Reply ErrorReply(const ApiError& e) { return {e.status, ErrorBody(e)}; }
+}  // namespace
+
+Reply Tokenize(const std::string& body, const ApiContext& ctx) {
+  json j;
+  if (auto e = ParseObject(body, &j)) return ErrorReply(*e);
+  if (auto e = RejectUnknown(j, {"content", "add_special", "parse_special", "with_pieces", "model"})) return ErrorReply(*e);
+  if (!j.contains("content") || !j["content"].is_string()) return ErrorReply(Bad("\"content\" must be a string", "content"));
+  auto flag = [&](const char* name, bool* v) -> std::optional<ApiError> {
+    if (!j.contains(name) || j[name].is_null()) return std::nullopt;
+    if (!j[name].is_boolean()) return Bad(std::string("\"") + name + "\" must be true or false", name);
+    *v = j[name].get<bool>();
+    return std::nullopt;
+  };
+  bool add_special = false, parse_special = false, with_pieces = false;
+  for (auto [name, v] : {std::pair{"add_special", &add_special}, {"parse_special", &parse_special}, {"with_pieces", &with_pieces}})
+    if (auto e = flag(name, v)) return ErrorReply(*e);
+  if (!ctx.tokenizer) return ErrorReply(Bad("the model has no vocabulary"));
+  const std::vector<int32_t> ids = ctx.tokenizer->Encode(j["content"].get<std::string>(), add_special, parse_special);
+  ojson tokens = ojson::array();
+  for (int32_t id : ids) {
+    if (with_pieces) tokens.push_back({{"id", id}, {"piece", TokenString(ctx.tokenizer, id)}});
+    else tokens.push_back(id);
+  }
+  return {200, Dump(ojson{{"tokens", tokens}})};
+}
+
+Reply Detokenize(const std::string& body, const ApiContext& ctx) {
+  json j;
+  if (auto e = ParseObject(body, &j)) return ErrorReply(*e);
+  if (auto e = RejectUnknown(j, {"tokens", "model"})) return ErrorReply(*e);
+  if (!j.contains("tokens")) return ErrorReply(Bad("\"tokens\" is required", "tokens"));
+  std::vector<int32_t> ids;
+  if (auto e = Ids(j["tokens"], "tokens", &ids)) return ErrorReply(*e);
+  if (!ctx.tokenizer) return ErrorReply(Bad("the model has no vocabulary"));
+  for (int32_t id : ids)
+    if (!ctx.tokenizer->IsValidId(id))
+      return ErrorReply(Bad("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                            std::to_string(ctx.tokenizer->n_vocab()) + ")", "tokens", "invalid_token"));
+  return {200, Dump(ojson{{"content", ctx.tokenizer->Decode(ids)}})};
+}
+
+Reply Models(const ApiContext& ctx) {
+  static const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  const ModelInfo& i = *ctx.info;
+  ojson meta = {{"architecture", i.architecture}, {"n_layer", i.n_layer},   {"n_embd", i.n_embd},
+                {"n_expert", i.n_expert},         {"n_expert_used", i.n_expert_used}, {"n_vocab", i.n_vocab},
+                {"n_ctx", i.n_ctx},               {"weight_bytes", i.weight_bytes}};
+  ojson m = {{"id", ctx.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "estream"}, {"meta", meta}};
+  return {200, Dump(ojson{{"object", "list"}, {"data", ojson::array({m})}})};
+}
+
+}  // namespace estream::server

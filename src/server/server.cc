@@ -1,0 +1,410 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "base/memory.h"
+
+namespace estream::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A buffered socket stream for httplib's request parser (which reads headers a byte at a time).
+// Owned by the HTTP thread that serves the connection; HasClientGone() is called from the same
+// thread while its handler waits for a job.
+class SocketStream final : public httplib::Stream {
+ public:
+  SocketStream(int sock, time_t read_sec, time_t read_usec, time_t write_sec, time_t write_usec)
+      : sock_(sock),
+        read_ms_(static_cast<int>(read_sec * 1000 + read_usec / 1000)),
+        write_ms_(static_cast<int>(write_sec * 1000 + write_usec / 1000)) {}
+
+  bool is_readable() const override { return begin_ < end_ || Poll(POLLIN, read_ms_); }
+  bool is_writable() const override { return Poll(POLLOUT, write_ms_); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (begin_ == end_) {
+      if (!Poll(POLLIN, read_ms_)) return -1;
+      if (size >= sizeof(buf_)) return Recv(ptr, size);
+      const ssize_t n = Recv(buf_, sizeof(buf_));
+      if (n <= 0) return n;
+      begin_ = 0;
+      end_ = static_cast<size_t>(n);
+    }
+    const size_t n = std::min(size, end_ - begin_);
+    std::memcpy(ptr, buf_ + begin_, n);
+    begin_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!Poll(POLLOUT, write_ms_)) return -1;
+    for (;;) {
+      const ssize_t n = send(sock_, ptr, size, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      return n;
+    }
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { Name(true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { Name(false, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+  // Waits up to `timeout_s` for the next request's bytes, waking every 100 ms to ask `stop`.
+  template <typename Stop>
+  bool WaitForRequest(time_t timeout_s, Stop stop) const {
+    if (begin_ < end_) return true;
+    const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+    while (Clock::now() < deadline) {
+      if (stop()) return false;
+      if (Poll(POLLIN, 100)) return true;
+    }
+    return false;
+  }
+
+  // True when the peer has closed (or reset) the connection. Bytes already sent (a pipelined
+  // next request) mean it is still there.
+  bool HasClientGone() const {
+    if (begin_ < end_) return false;
+    pollfd p{sock_, static_cast<short>(POLLIN | POLLRDHUP), 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    char c;
+    const ssize_t n = recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+
+ private:
+  bool Poll(short events, int timeout_ms) const {
+    pollfd p{sock_, events, 0};
+    for (;;) {
+      const int r = ::poll(&p, 1, timeout_ms);
+      if (r < 0 && errno == EINTR) continue;
+      return r > 0 && (p.revents & (events | POLLHUP | POLLERR));
+    }
+  }
+  ssize_t Recv(char* ptr, size_t size) {
+    for (;;) {
+      const ssize_t n = recv(sock_, ptr, size, 0);
+      if (n < 0 && errno == EINTR) continue;
+      return n;
+    }
+  }
+  void Name(bool peer, std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    const int r = peer ? getpeername(sock_, reinterpret_cast<sockaddr*>(&addr), &len)
+                       : getsockname(sock_, reinterpret_cast<sockaddr*>(&addr), &len);
+    if (r != 0) return;
+    char host[NI_MAXHOST], serv[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv, sizeof(serv),
+                    NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+      ip = host;
+      port = std::atoi(serv);
+    }
+  }
+
+  int sock_;
+  int read_ms_, write_ms_;
+  char buf_[4096];
+  size_t begin_ = 0, end_ = 0;
+};
+
+// The stream of the connection this HTTP thread serves, and whether the connection must close
+// after the current response (a request answered before its body was read).
+thread_local SocketStream* tls_stream = nullptr;
+thread_local bool tls_close_after = false;
+
+const char* RouteLabel(const std::string& path) {
+  static const char* kRoutes[] = {"/v1/completions", "/v1/embeddings", "/v1/classify", "/v1/rerank", "/tokenize",
+                                  "/detokenize",     "/health",        "/v1/models",   "/metrics"};
+  for (const char* r : kRoutes)
+    if (path == r) return r;
+  return "other";
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() != b.size();
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+void SetError(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(ErrorBody(e), "application/json");
+}
+
+ApiError Err(int status, std::string message, std::string type, std::string code = "") {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  return e;
+}
+
+}  // namespace
+
+// httplib's server with our own connection loop: the same keep-alive handling as httplib's, but
+// the connection's stream is known to the handler thread (tls_stream), so a handler can notice
+// that its client went away (httplib 0.11 has no Request::is_connection_closed).
+class Server::Http : public httplib::Server {
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    bool ret = false;
+    {
+      SocketStream strm(sock, read_timeout_sec_, read_timeout_usec_, write_timeout_sec_, write_timeout_usec_);
+      tls_stream = &strm;
+      auto stopped = [this] { return svr_sock_ == INVALID_SOCKET; };
+      for (size_t count = keep_alive_max_count_; count > 0; --count) {
+        if (!strm.WaitForRequest(keep_alive_timeout_sec_, stopped)) break;
+        tls_close_after = false;
+        bool connection_closed = false;
+        ret = process_request(strm, count == 1 || stopped(), connection_closed, nullptr);
+        if (!ret || connection_closed || tls_close_after) break;
+      }
+      tls_stream = nullptr;
+    }
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ret;
+  }
+};
+
+Server::Server(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<Http>()) {}
+
+Server::~Server() { Shutdown(); }
+
+Status Server::Start() {
+  Http& h = *http_;
+  const int threads = options_.http_threads > 0 ? options_.http_threads : options_.scheduler.max_queue + 8;
+  h.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  h.set_payload_max_length(options_.max_body_bytes);
+  h.set_read_timeout(10, 0);
+  h.set_write_timeout(10, 0);
+  h.set_keep_alive_timeout(5);
+  h.set_keep_alive_max_count(10000);
+
+  h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!options_.api_key.empty() && req.path != "/health") {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string want = "Bearer " + options_.api_key;
+      if (!ConstantTimeEquals(auth, want)) {
+        tls_close_after = true;  // the body (if any) is not read
+        SetError(res, Err(401, "missing or wrong API key: send the header \"Authorization: Bearer KEY\"",
+                          "authentication_error", "invalid_api_key"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") {
+      if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
+        tls_close_after = true;
+        SetError(res, Err(411, "send the body with a Content-Length (chunked bodies are not accepted)",
+                          "invalid_request_error"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      const uint64_t len = req.get_header_value<uint64_t>("Content-Length");
+      if (len > options_.max_body_bytes) {
+        tls_close_after = true;
+        SetError(res, Err(413, "the request body is " + std::to_string(len) + " bytes; this server accepts at most " +
+                                   std::to_string(options_.max_body_bytes) + " (--max-body)",
+                          "invalid_request_error", "body_too_large"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  h.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string msg = res.status == 404 ? "no route " + req.method + " " + req.path
+                      : res.status == 413 ? "the request body is too large"
+                                          : "HTTP error " + std::to_string(res.status);
+    SetError(res, Err(res.status, msg, "invalid_request_error"));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  h.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (res.status != 499) metrics_.CountRequest(RouteLabel(req.path), res.status);
+  });
+  h.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = std::string("internal error: ") + e.what();
+    } catch (...) {
+    }
+    SetError(res, Err(500, what, "server_error"));
+  });
+
+  auto json_reply = [](httplib::Response& res, const Reply& r) {
+    res.status = r.status;
+    res.set_content(r.body, "application/json");
+  };
+  auto engine_route = [this](const char* route, auto prepare) {
+    return [this, route, prepare](const httplib::Request& req, httplib::Response& res) {
+      ++in_flight_;
+      bool gone = false;
+      Reply r = HandleEngine(route, prepare, req.body, &gone);
+      --in_flight_;
+      res.status = r.status;
+      if (gone) {
+        tls_close_after = true;
+        metrics_.CountRequest(route, 499);
+        return;
+      }
+      res.set_content(r.body, "application/json");
+      if (r.status == 429) res.set_header("Retry-After", std::to_string(scheduler_ ? scheduler_->RetryAfterSeconds() : 1));
+    };
+  };
+  for (const char* alias : {"/v1/completions", "/completions"})
+    h.Post(alias, engine_route("/v1/completions", &PrepareCompletion));
+  for (const char* alias : {"/v1/embeddings", "/embeddings"})
+    h.Post(alias, engine_route("/v1/embeddings", &PrepareEmbeddings));
+  for (const char* alias : {"/v1/classify", "/classify"}) h.Post(alias, engine_route("/v1/classify", &PrepareClassify));
+  for (const char* alias : {"/v1/rerank", "/rerank"}) h.Post(alias, engine_route("/v1/rerank", &PrepareRerank));
+
+  auto not_ready = [this](httplib::Response& res) {
+    if (ready_) return false;
+    SetError(res, Err(503, "the model is loading", "unavailable", "loading"));
+    return true;
+  };
+  h.Post("/tokenize", [this, json_reply, not_ready](const httplib::Request& req, httplib::Response& res) {
+    if (!not_ready(res)) json_reply(res, Tokenize(req.body, ctx_));
+  });
+  h.Post("/detokenize", [this, json_reply, not_ready](const httplib::Request& req, httplib::Response& res) {
+    if (!not_ready(res)) json_reply(res, Detokenize(req.body, ctx_));
+  });
+  h.Get("/v1/models", [this, json_reply, not_ready](const httplib::Request&, httplib::Response& res) {
+    if (!not_ready(res)) json_reply(res, Models(ctx_));
+  });
+  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (stopping_) {
+      res.status = 503;
+      res.set_content(R"({"status":"shutting down"})", "application/json");
+    } else if (!ready_) {
+      res.status = 503;
+      res.set_content(R"({"status":"loading model"})", "application/json");
+    } else {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    }
+  });
+  h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(RenderMetrics(), "text/plain; version=0.0.4");
+  });
+
+  if (options_.port == 0) {
+    port_ = h.bind_to_any_port(options_.host);
+    if (port_ <= 0) return Status::IOError("cannot bind a port on " + options_.host);
+  } else {
+    if (!h.bind_to_port(options_.host, options_.port))
+      return Status::IOError("cannot bind " + options_.host + ":" + std::to_string(options_.port) +
+                             " (in use, or not an address of this machine)");
+    port_ = options_.port;
+  }
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  // Shutdown's stop() only acts on a running listener: wait until it runs.
+  while (!h.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return Status::Ok();
+}
+
+void Server::SetBackend(BatchRunner runner, const ModelInfo& info, const Tokenizer* tokenizer, std::string model_id,
+                        int64_t pass_tokens) {
+  ctx_.tokenizer = tokenizer;
+  ctx_.info = &info;
+  ctx_.model_id = std::move(model_id);
+  ctx_.rerank_template = options_.rerank_template;
+  SchedulerOptions so = options_.scheduler;
+  if (pass_tokens > 0) so.max_batch_tokens = std::min(so.max_batch_tokens, pass_tokens);
+  options_.scheduler = so;
+  scheduler_ = std::make_unique<Scheduler>(std::move(runner), so, &metrics_);
+  ready_ = true;
+}
+
+Reply Server::HandleEngine(const char* route,
+                           std::optional<ApiError> (*prepare)(const std::string&, const ApiContext&, Prepared*),
+                           const std::string& body, bool* client_gone) {
+  auto error = [](const ApiError& e) { return Reply{e.status, ErrorBody(e)}; };
+  if (!ready_) return error(Err(503, "the model is loading", "unavailable", "loading"));
+  if (stopping_) return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
+  Prepared p;
+  if (auto e = prepare(body, ctx_, &p)) return error(*e);
+  if (auto e = ValidateRequests(p.requests, *ctx_.info)) return error(*e);
+  const int64_t limit = options_.scheduler.max_batch_tokens;
+  if (p.prompt_tokens > limit)
+    return error(Err(413,
+                     std::string(route) + ": this request needs " + std::to_string(p.prompt_tokens) +
+                         " tokens; one batch holds at most " + std::to_string(limit) +
+                         " (--max-batch-tokens, within the memory budget): send fewer or shorter prompts",
+                     "invalid_request_error", "request_too_large"));
+  auto job = std::make_shared<Job>();
+  job->requests = std::move(p.requests);
+  job->tokens = p.prompt_tokens;
+  switch (scheduler_->Submit(job)) {
+    case Scheduler::Admit::kOk: break;
+    case Scheduler::Admit::kTooBig:
+      return error(Err(413, "the request needs more tokens than one batch holds", "invalid_request_error", "request_too_large"));
+    case Scheduler::Admit::kQueueFull:
+      return error(Err(429, "the queue is full (" + std::to_string(options_.scheduler.max_queue) +
+                                " requests, --max-queue): retry after the time in Retry-After",
+                       "rate_limit_error", "queue_full"));
+    case Scheduler::Admit::kStopping:
+      return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
+  }
+  const auto start = Clock::now();
+  while (!job->WaitFor(std::chrono::milliseconds(25))) {
+    if (tls_stream && tls_stream->HasClientGone()) {
+      scheduler_->Cancel(job);
+      *client_gone = true;
+      return Reply{499, ""};
+    }
+    if (options_.timeout_seconds > 0 &&
+        std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_seconds) {
+      scheduler_->Cancel(job);
+      return error(Err(504, "the request did not finish within " + std::to_string(options_.timeout_seconds) +
+                                " s (--timeout)", "timeout", "timeout"));
+    }
+  }
+  if (job->dropped) return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
+  for (const Result<Response>& r : job->results)
+    if (!r.ok()) return error(ErrorFromStatus(r.status()));
+  metrics_.AddPromptTokens(job->tokens);
+  return Reply{200, p.format(job->results)};
+}
+
+std::string Server::RenderMetrics() {
+  MetricsSnapshot s;
+  s.queue_jobs = ready_ && scheduler_ ? static_cast<int64_t>(scheduler_->queued()) : 0;
+  s.in_flight = in_flight_.load();
+  s.budget_bytes = options_.budget_bytes;
+  s.server_reserve_bytes = options_.server_reserve_bytes;
+  s.rss_bytes = CurrentRssBytes();
+  s.peak_rss_bytes = PeakRssBytes();
+  s.ready = ready_;
+  return metrics_.Render(s);
+}
+
+void Server::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    stopping_ = true;
+    http_->stop();  // no new connections; open ones close after their current request
+    if (scheduler_) scheduler_->Stop(options_.shutdown_grace_seconds);
+    if (listener_.joinable()) listener_.join();
+  });
+}
+
+void Server::Wait() {
+  while (!stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Shutdown();
+}
+
+}  // namespace estream::server

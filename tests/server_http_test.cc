@@ -1,0 +1,284 @@
+// The HTTP server through a real HTTP client, on a fake engine (tests/server_test_util.h):
+// routes' shapes, auth (401), limits (413), bad input (400), a full queue (429), timeouts (504),
+// cancellation when the client goes away, concurrency, graceful shutdown. No OpenMP, so the
+// binary also runs under ThreadSanitizer (label tsan).
+#include <gtest/gtest.h>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "server/server.h"
+#include "tests/server_test_util.h"
+
+namespace estream::server {
+namespace {
+
+using testing::FakeEngine;
+using testing::Get;
+using testing::Post;
+using json = nlohmann::json;
+
+struct Fixture {
+  FakeEngine fake;
+  std::unique_ptr<Server> server;
+
+  explicit Fixture(ServerOptions o = {}, bool attach = true) {
+    o.port = 0;
+    server = std::make_unique<Server>(o);
+    Status s = server->Start();
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (attach) Attach();
+  }
+  void Attach() { server->SetBackend(fake.Runner(), fake.info, nullptr, "fake-model", 1 << 20); }
+  int port() const { return server->port(); }
+};
+
+ServerOptions Opts(int64_t max_batch_tokens = 256, int max_queue = 16) {
+  ServerOptions o;
+  o.scheduler.max_batch_tokens = max_batch_tokens;
+  o.scheduler.max_queue = max_queue;
+  o.shutdown_grace_seconds = 5;
+  return o;
+}
+
+void ExpectOpenAiError(const testing::HttpResult& r, int status) {
+  EXPECT_EQ(r.status, status) << r.body;
+  const json j = r.json();
+  ASSERT_TRUE(j.is_object()) << r.body;
+  ASSERT_TRUE(j.contains("error")) << r.body;
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_TRUE(j["error"]["type"].is_string());
+  EXPECT_TRUE(j["error"].contains("code"));
+}
+
+TEST(ServerHttp, HealthIs503WhileLoadingThen200) {
+  Fixture f(Opts(), /*attach=*/false);
+  auto h = Get(f.port(), "/health");
+  EXPECT_EQ(h.status, 503);
+  EXPECT_EQ(h.json()["status"], "loading model");
+  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", R"({"input": [1, 2]})"), 503);
+  f.Attach();
+  EXPECT_EQ(Get(f.port(), "/health").status, 200);
+  auto m = Get(f.port(), "/v1/models");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(m.json()["data"][0]["id"], "fake-model");
+}
+
+TEST(ServerHttp, CompletionEchoLogprobsShape) {
+  Fixture f(Opts());
+  auto r = Post(f.port(), "/v1/completions", R"({"prompt": [3, 5, 7, 2], "max_tokens": 1, "echo": true, "logprobs": 2})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.json();
+  EXPECT_EQ(j["object"], "text_completion");
+  const json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u);  // 4 prompt tokens + the generated one
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][1].get<float>(), -0.5f);  // fake: -0.1 * token
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][3].get<float>(), -0.2f);
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][4].get<float>(), -1.0f);  // generated: top[0]
+  EXPECT_EQ(lp["tokens"][4], "4");                                // fake top[0] = T % V; no vocabulary: ids
+  // Top alternatives at prompt position 1 come from the logits row 0 (which predicts token 1).
+  std::vector<std::pair<float, int>> row;
+  for (int v = 0; v < 16; ++v) row.push_back({FakeEngine::Logit(0, v, 16, 3), v});
+  std::sort(row.begin(), row.end(), [](auto a, auto b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  ASSERT_EQ(lp["top_logprobs"][1].size(), 2u);
+  EXPECT_TRUE(lp["top_logprobs"][1].contains(std::to_string(row[0].second)));
+  EXPECT_TRUE(lp["top_logprobs"][1].contains(std::to_string(row[1].second)));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 1);
+  // A list of token lists: one choice each.
+  auto r2 = Post(f.port(), "/v1/completions", R"({"prompt": [[1, 2], [3, 4, 5]], "max_tokens": 0, "echo": true, "logprobs": 0})");
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  EXPECT_EQ(r2.json()["choices"].size(), 2u);
+  EXPECT_EQ(r2.json()["choices"][1]["logprobs"]["tokens"].size(), 3u);
+}
+
+TEST(ServerHttp, EmbeddingsClassifyRerankShapes) {
+  Fixture f(Opts());
+  auto e = Post(f.port(), "/v1/embeddings", R"({"input": [[1, 2, 3], [4]], "pooling": "last"})");
+  ASSERT_EQ(e.status, 200) << e.body;
+  EXPECT_EQ(e.json()["data"][0]["embedding"], json({3.0, 6.0, 1.0, 3.0}));
+  EXPECT_EQ(e.json()["data"][1]["index"], 1);
+  EXPECT_EQ(e.json()["usage"]["prompt_tokens"], 4);
+  auto b = Post(f.port(), "/v1/embeddings", R"({"input": [1, 2, 3], "encoding_format": "base64"})");
+  ASSERT_EQ(b.status, 200) << b.body;
+  const float want[4] = {3, 6, 1, 2};
+  EXPECT_EQ(b.json()["data"][0]["embedding"], Base64(want, sizeof(want)));
+  auto c = Post(f.port(), "/v1/classify", R"({"prompt": [1, 2], "labels": [[3], [4, 5]]})");
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json cj = c.json();
+  double sum = 0;
+  for (const json& l : cj["labels"]) sum += l["probability"].get<double>();
+  EXPECT_NEAR(sum, 1.0, 1e-12);
+  EXPECT_EQ(cj["label"], json({3}));  // fake: -1.0 vs -1.5 - 1.75
+  // Rerank needs text: no vocabulary -> 400.
+  ExpectOpenAiError(Post(f.port(), "/v1/rerank", R"({"query": "q", "documents": ["a"]})"), 400);
+}
+
+TEST(ServerHttp, BadInputIs400AndTheServerKeepsServing) {
+  Fixture f(Opts(/*max_batch_tokens=*/32));
+  const int p = f.port();
+  ExpectOpenAiError(Post(p, "/v1/completions", "{not json"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", "[1, 2]"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"max_tokens": 0})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": "text needs a vocabulary"})"), 400);
+  auto big = Post(p, "/v1/completions", R"({"prompt": [1, 2], "max_tokens": 16})");
+  ExpectOpenAiError(big, 400);
+  EXPECT_EQ(big.json()["error"]["code"], "prefill_only");
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, 2], "echo": "yes"})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, 2], "logprobs": 21})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, 2], "n": 2})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, 2], "stream": true})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, 99]})"), 400);    // id outside the vocabulary
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, -1]})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [[]]})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1.5]})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/embeddings", R"({"input": [1], "encoding_format": "hex"})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/embeddings", R"({"input": [1], "pooling": "max"})"), 400);
+  ExpectOpenAiError(Post(p, "/v1/classify", R"({"prompt": [1], "labels": [[2]], "lables": 1})"), 400);  // unknown field
+  ExpectOpenAiError(Post(p, "/v1/classify", R"({"prompt": [1], "labels": []})"), 400);
+  ExpectOpenAiError(Post(p, "/detokenize", R"({"tokens": "x"})"), 400);
+  ExpectOpenAiError(Post(p, "/nowhere", "{}"), 404);
+  // Longer than the context (64): 400; fits the context but not one batch (32): 413.
+  std::vector<int> ids(65, 1);
+  ExpectOpenAiError(Post(p, "/v1/embeddings", json({{"input", ids}}).dump()), 400);
+  ids.resize(40);
+  auto too_big = Post(p, "/v1/embeddings", json({{"input", ids}}).dump());
+  ExpectOpenAiError(too_big, 413);
+  EXPECT_NE(too_big.json()["error"]["message"].get<std::string>().find("32"), std::string::npos);
+  EXPECT_EQ(Post(p, "/v1/embeddings", R"({"input": [1, 2]})").status, 200);
+  // The count is taken after each response is written: allow the last one a moment.
+  for (int k = 0; k < 200 && f.server->metrics().requests("/v1/completions", 400) < 13; ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.server->metrics().requests("/v1/completions", 400), 13u);
+}
+
+TEST(ServerHttp, ApiKeyIsRequiredExceptForHealth) {
+  ServerOptions o = Opts();
+  o.api_key = "sekrit";
+  Fixture f(o);
+  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", R"({"input": [1]})"), 401);
+  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", R"({"input": [1]})", "wrong"), 401);
+  ExpectOpenAiError(Get(f.port(), "/v1/models"), 401);
+  EXPECT_EQ(Post(f.port(), "/v1/embeddings", R"({"input": [1]})", "sekrit").status, 200);
+  EXPECT_EQ(Get(f.port(), "/health").status, 200);
+  EXPECT_EQ(Get(f.port(), "/metrics", "sekrit").status, 200);
+}
+
+TEST(ServerHttp, BodyOverTheLimitIs413) {
+  ServerOptions o = Opts();
+  o.max_body_bytes = 1000;
+  Fixture f(o);
+  std::string body = R"({"input": [1], "user": ")" + std::string(2000, 'x') + "\"}";
+  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", body), 413);
+  EXPECT_EQ(Post(f.port(), "/v1/embeddings", R"({"input": [1]})").status, 200);
+}
+
+TEST(ServerHttp, FullQueueIs429WithRetryAfter) {
+  Fixture f(Opts(256, /*max_queue=*/2));
+  f.fake.close();
+  std::vector<std::thread> clients;
+  std::vector<int> status(3, 0);
+  clients.emplace_back([&] { status[0] = Post(f.port(), "/v1/embeddings", R"({"input": [1]})").status; });
+  while (f.fake.running.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // held by the engine
+  for (int i = 1; i < 3; ++i)
+    clients.emplace_back([&, i] { status[i] = Post(f.port(), "/v1/embeddings", json({{"input", {i + 1}}}).dump()).status; });
+  // Wait until both are queued.
+  for (int k = 0; k < 2000; ++k) {
+    const std::string m = Get(f.port(), "/metrics").body;
+    if (m.find("estream_queue_jobs 2\n") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto r = Post(f.port(), "/v1/embeddings", R"({"input": [9]})");
+  ExpectOpenAiError(r, 429);
+  EXPECT_TRUE(r.headers.count("Retry-After"));
+  EXPECT_GE(std::stoi(r.headers.find("Retry-After")->second), 1);
+  f.fake.open();
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(status, (std::vector<int>{200, 200, 200}));
+}
+
+TEST(ServerHttp, TimeoutIs504) {
+  ServerOptions o = Opts();
+  o.timeout_seconds = 0.2;
+  Fixture f(o);
+  f.fake.close();
+  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", R"({"input": [1]})"), 504);
+  f.fake.open();
+  EXPECT_EQ(Post(f.port(), "/v1/embeddings", R"({"input": [2]})").status, 200);
+}
+
+TEST(ServerHttp, AClientThatDisconnectsCancelsItsQueuedJob) {
+  Fixture f(Opts());
+  f.fake.close();
+  std::thread holder([&] { EXPECT_EQ(Post(f.port(), "/v1/embeddings", R"({"input": [1]})").status, 200); });
+  while (f.fake.running.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // This client gives up after 300 ms: its job (first token 7) is queued behind the held batch.
+  auto r = Post(f.port(), "/v1/embeddings", R"({"input": [7, 7]})", "", /*read_timeout_ms=*/300);
+  EXPECT_EQ(r.status, -1);
+  for (int k = 0; k < 400 && f.server->metrics().requests("/v1/embeddings", 499) == 0; ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.server->metrics().requests("/v1/embeddings", 499), 1u);
+  f.fake.open();
+  holder.join();
+  EXPECT_EQ(Post(f.port(), "/v1/embeddings", R"({"input": [3]})").status, 200);
+  const auto seen = f.fake.seen_tokens();
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 7), 0) << "the cancelled job ran";
+}
+
+TEST(ServerHttp, ConcurrentClientsGetTheirOwnAnswers) {
+  Fixture f(Opts(64, 64));
+  auto body = [](int t, int i) {
+    std::vector<int> ids;
+    for (int k = 0; k <= (t + i) % 9; ++k) ids.push_back((t * 5 + i + k) % 16);
+    return json({{"input", ids}, {"pooling", "mean"}}).dump();
+  };
+  // Sequential answers first, then the same requests from 8 threads at once.
+  std::map<std::pair<int, int>, std::string> want;
+  for (int t = 0; t < 8; ++t)
+    for (int i = 0; i < 20; ++i) want[{t, i}] = testing::Json(Post(f.port(), "/v1/embeddings", body(t, i)).body)["data"].dump();
+  const int batches_before = f.fake.batches.load();
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      httplib::Client c("127.0.0.1", f.port());  // one keep-alive connection per client
+      for (int i = 0; i < 20; ++i) {
+        auto r = c.Post("/v1/embeddings", body(t, i), "application/json");
+        if (!r || r->status != 200 || testing::Json(r->body)["data"].dump() != want[{t, i}]) ++bad;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_LT(f.fake.batches.load() - batches_before, 160);  // some requests shared a batch
+}
+
+TEST(ServerHttp, ShutdownFinishesQueuedWorkAndStopsListening) {
+  Fixture f(Opts());
+  f.fake.close();
+  std::vector<std::thread> clients;
+  std::vector<int> status(4, 0);
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back([&, i] { status[i] = Post(f.port(), "/v1/embeddings", json({{"input", {i + 1}}}).dump()).status; });
+  while (f.fake.running.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    f.fake.open();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  f.server->Shutdown();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  opener.join();
+  for (auto& t : clients) t.join();
+  EXPECT_LT(s, 5.0);
+  EXPECT_EQ(status, (std::vector<int>{200, 200, 200, 200}));  // within the grace: all finished
+  EXPECT_EQ(Get(f.port(), "/health").status, -1);             // not listening any more
+}
+
+}  // namespace
+}  // namespace estream::server

@@ -1,0 +1,327 @@
+// The server's job queue (order, packing, aging bound) and scheduler (one worker, cancellation,
+// admission, shutdown) without HTTP or an engine: a fake BatchRunner. Label tsan: scripts/test.sh
+// also runs this under ThreadSanitizer.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "server/metrics.h"
+#include "server/scheduler.h"
+
+namespace estream::server {
+namespace {
+
+std::shared_ptr<Job> MakeJob(int64_t tokens) {
+  auto j = std::make_shared<Job>();
+  Request r;
+  r.tokens.assign(static_cast<size_t>(tokens), 1);
+  j->requests.push_back(std::move(r));
+  j->tokens = tokens;
+  return j;
+}
+
+std::vector<int64_t> Sizes(const std::vector<std::shared_ptr<Job>>& jobs) {
+  std::vector<int64_t> s;
+  for (const auto& j : jobs) s.push_back(j->tokens);
+  return s;
+}
+
+TEST(JobQueue, ShortestFirstAmongJobsThatArriveTogether) {
+  JobQueue q(100, 1.0);
+  for (int64_t t : {50, 10, 30, 20}) q.Push(MakeJob(t), 0.0);
+  EXPECT_EQ(q.queued_tokens(), 110);
+  EXPECT_EQ(Sizes(q.PopBatch()), (std::vector<int64_t>{10, 20, 30}));  // 50 does not fit (60 + 50 > 100)
+  EXPECT_EQ(Sizes(q.PopBatch()), (std::vector<int64_t>{50}));
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.queued_tokens(), 0);
+}
+
+TEST(JobQueue, EqualKeysKeepArrivalOrder) {
+  JobQueue q(10, 1.0);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 5; ++i) {
+    jobs.push_back(MakeJob(10));
+    q.Push(jobs.back(), 3.0);
+  }
+  for (int i = 0; i < 5; ++i) {
+    auto b = q.PopBatch();
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(b[0], jobs[i]);
+  }
+}
+
+TEST(JobQueue, ZeroAgingIsFirstComeFirstServed) {
+  JobQueue q(100, 0.0);
+  for (int64_t t : {50, 10, 30, 20}) q.Push(MakeJob(t), 0.0);
+  EXPECT_EQ(Sizes(q.PopBatch()), (std::vector<int64_t>{50, 10, 30}));
+  EXPECT_EQ(Sizes(q.PopBatch()), (std::vector<int64_t>{20}));
+}
+
+TEST(JobQueue, BackfillsAroundAJobThatDoesNotFit) {
+  JobQueue q(100, 1.0);
+  q.Push(MakeJob(70), 0.0);
+  q.Push(MakeJob(80), 0.0);
+  q.Push(MakeJob(30), 0.0);
+  // keys: 30 < 70 < 80; batch: 30 + 70 = 100, 80 waits.
+  EXPECT_EQ(Sizes(q.PopBatch()), (std::vector<int64_t>{30, 70}));
+  EXPECT_EQ(Sizes(q.PopBatch()), (std::vector<int64_t>{80}));
+}
+
+TEST(JobQueue, RemoveTakesAJobOut) {
+  JobQueue q(100, 1.0);
+  auto a = MakeJob(10), b = MakeJob(20);
+  q.Push(a, 0);
+  q.Push(b, 0);
+  EXPECT_TRUE(q.Remove(a.get()));
+  EXPECT_FALSE(q.Remove(a.get()));
+  EXPECT_EQ(q.size(), 1u);
+  EXPECT_EQ(q.queued_tokens(), 20);
+  EXPECT_EQ(q.PopBatch()[0], b);
+  EXPECT_FALSE(q.Remove(b.get()));
+}
+
+// Aging: a large job is served before small jobs that arrive more than aging_seconds after it,
+// however many of them keep arriving.
+TEST(JobQueue, AgingServesALargeJobDespiteAStreamOfSmallOnes) {
+  const double aging = 2.0;
+  JobQueue q(1000, aging);
+  auto big = MakeJob(1000);
+  q.Push(big, 0.0);
+  // One small job arrives every 0.1 s; each "batch" has room for one job only (tokens 1000).
+  double now = 0;
+  bool served = false;
+  for (int step = 0; step < 100 && !served; ++step) {
+    now += 0.1;
+    q.Push(MakeJob(600), now);  // 600 + 1000 > 1000: never batched together with the big one
+    auto b = q.PopBatch();
+    for (const auto& j : b) served |= j == big;
+  }
+  ASSERT_TRUE(served);
+  // The big job's key is 0 + 2.0 * 1000/1000 = 2.0; a 600-token job arriving at a has key
+  // a + 1.2, so those that arrived before 0.8 s go first, and none after.
+  EXPECT_LE(now, 0.8 + 0.1 + 1e-9);
+}
+
+// The stated bound on random traffic: no job is ever served before another job that arrived
+// more than aging_seconds earlier and was still queued.
+TEST(JobQueue, NoJobIsOvertakenByOneArrivingMoreThanAgingSecondsLater) {
+  std::mt19937 rng(7);
+  const double aging = 0.5;
+  const int64_t max_tokens = 512;
+  JobQueue q(max_tokens, aging);
+  std::map<const Job*, double> arrival;
+  std::vector<std::shared_ptr<Job>> keep;
+  double now = 0;
+  int checks = 0;
+  for (int step = 0; step < 3000; ++step) {
+    now += std::uniform_real_distribution<double>(0, 0.02)(rng);
+    const int n_new = std::uniform_int_distribution<int>(0, 3)(rng);
+    for (int k = 0; k < n_new; ++k) {
+      auto j = MakeJob(std::uniform_int_distribution<int64_t>(1, max_tokens)(rng));
+      arrival[j.get()] = now;
+      keep.push_back(j);
+      q.Push(j, now);
+    }
+    if (std::uniform_int_distribution<int>(0, 1)(rng) == 0) continue;  // the engine is busy
+    auto batch = q.PopBatch();
+    // Every job still queued must not have arrived more than `aging` before a job just served.
+    double latest_served = -1;
+    for (const auto& j : batch) latest_served = std::max(latest_served, arrival[j.get()]);
+    std::vector<std::shared_ptr<Job>> rest = q.PopAll();
+    for (const auto& j : rest) {
+      EXPECT_LE(latest_served - arrival[j.get()], aging + 1e-9);
+      ++checks;
+      q.Push(j, arrival[j.get()]);  // put back with the same arrival (same key)
+    }
+  }
+  EXPECT_GT(checks, 1000);
+}
+
+// A runner that records its batches and can be held closed.
+struct FakeRunner {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = true;
+  std::vector<std::vector<int64_t>> batches;  // request sizes per batch
+  std::atomic<int> running{0}, max_running{0};
+
+  BatchRunner Runner() {
+    return [this](std::span<const Request> reqs) {
+      const int now = ++running;
+      int prev = max_running.load();
+      while (now > prev && !max_running.compare_exchange_weak(prev, now)) {
+      }
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return open; });
+        std::vector<int64_t> sizes;
+        for (const Request& r : reqs) sizes.push_back(static_cast<int64_t>(r.tokens.size()));
+        batches.push_back(sizes);
+      }
+      std::vector<Result<Response>> out;
+      for (const Request& r : reqs) {
+        Response resp;
+        resp.n_tokens = static_cast<int64_t>(r.tokens.size());
+        out.push_back(std::move(resp));
+      }
+      --running;
+      return out;
+    };
+  }
+  void Set(bool o) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      open = o;
+    }
+    cv.notify_all();
+  }
+};
+
+TEST(Scheduler, ManyThreadsSubmitAndEveryJobGetsItsOwnResult) {
+  FakeRunner fake;
+  Metrics metrics;
+  Scheduler s(fake.Runner(), {.max_batch_tokens = 64, .max_queue = 1000, .aging_seconds = 0.1}, &metrics);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        const int64_t n = 1 + (t * 7 + i * 3) % 40;
+        auto j = MakeJob(n);
+        if (s.Submit(j) != Scheduler::Admit::kOk) { ++bad; continue; }
+        while (!j->WaitFor(std::chrono::milliseconds(100))) {
+        }
+        if (j->results.size() != 1 || !j->results[0].ok() || j->results[0]->n_tokens != n) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(fake.max_running.load(), 1);  // one batch at a time
+  int64_t total = 0;
+  for (const auto& b : fake.batches) {
+    int64_t sum = 0;
+    for (int64_t x : b) sum += x;
+    EXPECT_LE(sum, 64);
+    total += static_cast<int64_t>(b.size());
+  }
+  EXPECT_EQ(total, 400);
+  EXPECT_EQ(metrics.batches(), fake.batches.size());
+}
+
+TEST(Scheduler, OrdersTheQueueShortestFirstWhileABatchRuns) {
+  FakeRunner fake;
+  fake.Set(false);
+  // Aging 100 s: the size term dominates arrival differences of microseconds.
+  Scheduler s(fake.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 100});
+  auto first = MakeJob(100);
+  ASSERT_EQ(s.Submit(first), Scheduler::Admit::kOk);
+  while (fake.running.load() == 0) std::this_thread::yield();  // the worker holds `first`
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int64_t n : {90, 50, 70, 10}) {
+    jobs.push_back(MakeJob(n));
+    ASSERT_EQ(s.Submit(jobs.back()), Scheduler::Admit::kOk);
+  }
+  fake.Set(true);
+  for (auto& j : jobs) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+  ASSERT_EQ(fake.batches.size(), 4u);
+  EXPECT_EQ(fake.batches[0], (std::vector<int64_t>{100}));
+  EXPECT_EQ(fake.batches[1], (std::vector<int64_t>{10, 50}));  // 10 + 50 + 70 > 100
+  EXPECT_EQ(fake.batches[2], (std::vector<int64_t>{70}));
+  EXPECT_EQ(fake.batches[3], (std::vector<int64_t>{90}));
+}
+
+TEST(Scheduler, AdmissionAndCancellation) {
+  FakeRunner fake;
+  fake.Set(false);
+  Scheduler s(fake.Runner(), {.max_batch_tokens = 100, .max_queue = 2, .aging_seconds = 1});
+  EXPECT_EQ(s.Submit(MakeJob(101)), Scheduler::Admit::kTooBig);
+  auto running = MakeJob(5);
+  ASSERT_EQ(s.Submit(running), Scheduler::Admit::kOk);
+  while (fake.running.load() == 0) std::this_thread::yield();
+  auto a = MakeJob(5), b = MakeJob(5), c = MakeJob(5);
+  EXPECT_EQ(s.Submit(a), Scheduler::Admit::kOk);
+  EXPECT_EQ(s.Submit(b), Scheduler::Admit::kOk);
+  EXPECT_EQ(s.Submit(c), Scheduler::Admit::kQueueFull);
+  EXPECT_GE(s.RetryAfterSeconds(), 1);
+  s.Cancel(a);  // queued: removed and finished at once, never run
+  EXPECT_TRUE(a->finished());
+  EXPECT_TRUE(a->dropped);
+  EXPECT_EQ(s.queued(), 1u);
+  EXPECT_EQ(s.Submit(c), Scheduler::Admit::kOk);  // room again
+  s.Cancel(running);  // running: finishes normally, result unused
+  fake.Set(true);
+  for (auto* j : {&running, &b, &c}) ASSERT_TRUE((*j)->WaitFor(std::chrono::seconds(10)));
+  EXPECT_FALSE(running->dropped);
+  size_t run = 0;
+  for (const auto& batch : fake.batches) run += batch.size();
+  EXPECT_EQ(run, 3u);  // running, b, c: never a
+}
+
+TEST(Scheduler, StopRunsQueuedWorkWithinTheGraceAndDropsTheRest) {
+  {
+    FakeRunner fake;
+    Scheduler s(fake.Runner(), {.max_batch_tokens = 10, .max_queue = 10, .aging_seconds = 1});
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (int i = 0; i < 5; ++i) {
+      jobs.push_back(MakeJob(10));
+      ASSERT_EQ(s.Submit(jobs.back()), Scheduler::Admit::kOk);
+    }
+    s.Stop(30);
+    for (auto& j : jobs) {
+      EXPECT_TRUE(j->finished());
+      EXPECT_FALSE(j->dropped);
+    }
+    EXPECT_EQ(s.Submit(MakeJob(1)), Scheduler::Admit::kStopping);
+  }
+  {
+    FakeRunner fake;
+    fake.Set(false);
+    Scheduler s(fake.Runner(), {.max_batch_tokens = 10, .max_queue = 10, .aging_seconds = 1});
+    auto held = MakeJob(10);
+    ASSERT_EQ(s.Submit(held), Scheduler::Admit::kOk);
+    while (fake.running.load() == 0) std::this_thread::yield();
+    auto queued = MakeJob(10);
+    ASSERT_EQ(s.Submit(queued), Scheduler::Admit::kOk);
+    std::thread release([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      fake.Set(true);
+    });
+    s.Stop(0.05);  // grace over while `held` runs: `queued` is dropped; `held` completes
+    release.join();
+    EXPECT_TRUE(queued->finished());
+    EXPECT_TRUE(queued->dropped);
+    EXPECT_TRUE(held->finished());
+    EXPECT_FALSE(held->dropped);
+  }
+}
+
+TEST(Metrics, RendersPrometheusText) {
+  Metrics m;
+  m.CountRequest("/v1/embeddings", 200);
+  m.CountRequest("/v1/embeddings", 200);
+  m.CountRequest("/v1/completions", 400);
+  m.AddPromptTokens(42);
+  m.ObserveJob(0.002, 0.3);
+  m.ObserveBatch(3, 300, 0.3, 0.01, 12345);
+  const std::string t = m.Render({.queue_jobs = 2, .budget_bytes = 1000, .peak_rss_bytes = 77, .ready = true});
+  EXPECT_NE(t.find("estream_requests_total{route=\"/v1/embeddings\",status=\"200\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("estream_requests_total{route=\"/v1/completions\",status=\"400\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_prompt_tokens_total 42\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_queue_seconds_bucket{le=\"0.0025\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_queue_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_batch_jobs_bucket{le=\"+Inf\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_expert_bytes_read_total 12345\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_budget_bytes 1000\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_peak_rss_bytes 77\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE estream_queue_seconds histogram\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace estream::server

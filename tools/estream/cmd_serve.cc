@@ -1,0 +1,161 @@
+// estream serve: an OpenAI-compatible HTTP server for prefill-only requests (completions with
+// echo/logprobs, embeddings, classification, reranking), batched, within one memory budget.
+//
+//   estream serve -m MODEL [--budget SIZE] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [-t N]
+//                 [--max-batch-tokens N] [--max-queue N] [--timeout S] [--max-body SIZE]
+//
+// The server (src/server/) listens first, so /health answers 503 ("loading model") while the
+// model loads, then 200. SIGINT / SIGTERM: stop accepting, let queued work finish for
+// --shutdown-grace seconds (the rest is answered 503), exit 0.
+//
+// One budget: --budget covers the whole process. The server keeps a reserve for HTTP buffers
+// (http threads x 4 x --max-body, for the body, its parsed JSON and the reply, + 16 MiB) and gives
+// the rest to the engine (EngineOptions::budget_bytes: arena, dense weights, activations of the
+// largest batch, which --max-batch-tokens bounds). /metrics reports both and the peak RSS.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "estream/engine.h"
+#include "gguf/gguf.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/estream/command.h"
+
+namespace estream::cli {
+namespace {
+
+class ServeCommand : public Command {
+ public:
+  const char* name() const override { return "serve"; }
+  const char* help() const override {
+    return "HTTP server (OpenAI-style /v1/completions with echo+logprobs, /v1/embeddings, /v1/classify, /v1/rerank)";
+  }
+
+  void Setup(CLI::App* sub) override {
+    sub->add_option("-m,--model", model_, "GGUF model file (packed for --budget)")->required();
+    sub->add_option("--host", o_.host, "address to listen on (default 127.0.0.1)");
+    sub->add_option("--port", o_.port, "port (default 8080; 0: any free port, printed at start)")->check(CLI::Range(0, 65535));
+    sub->add_option("--api-key", o_.api_key, "require \"Authorization: Bearer KEY\" on every route but /health");
+    sub->add_option("-t,--threads", threads_, "engine compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
+    sub->add_option("--budget", budget_, "memory budget of the whole process (packed models: experts are streamed): 3G");
+    sub->add_option("--budget-tokens", budget_tokens_, "packed models with --budget: tokens of one batch the budget "
+                    "plans activations for (default min(context, 4096))")->check(CLI::PositiveNumber);
+    sub->add_option("--max-batch-tokens", max_batch_tokens_, "most tokens of one batch (all requests packed "
+                    "together); a request over it gets 413 (default: the engine's pass length)")->check(CLI::PositiveNumber);
+    sub->add_option("--max-queue", o_.scheduler.max_queue, "most requests waiting; more get 429 (default 64)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--aging", o_.scheduler.aging_seconds, "seconds of waiting that make up for the largest "
+                    "request's size in the shortest-first queue (default 2): a request is never overtaken by one that "
+                    "arrived more than this later")->check(CLI::NonNegativeNumber);
+    sub->add_option("--timeout", o_.timeout_seconds, "seconds a request may take before it gets 504 (default 0: none)")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--max-body", max_body_, "largest request body (default 256K); larger: 413");
+    sub->add_option("--http-threads", o_.http_threads, "HTTP worker threads (default --max-queue + 8)")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--shutdown-grace", o_.shutdown_grace_seconds, "on SIGTERM/SIGINT, seconds queued work may "
+                    "still run (default 10)")->check(CLI::NonNegativeNumber);
+    sub->add_option("--alias", alias_, "model id in replies and /v1/models (default: the file name)");
+    sub->add_option("--rerank-template", o_.rerank_template, "rerank prompt with {query} and {document}; the "
+                    "answer scored is \" yes\" vs \" no\"");
+  }
+
+  int Run() override {
+    Result<int> r = RunImpl();
+    if (!r.ok()) return ReportError(name(), r.status());
+    return *r;
+  }
+
+ private:
+  Result<int> RunImpl() {
+    // Signals go to one thread (sigwait): block them before any thread starts.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    ESTREAM_ASSIGN_OR_RETURN(uint64_t max_body, ParseSize(max_body_));
+    if (max_body == 0) return Status::InvalidArgument("--max-body must be positive");
+    o_.max_body_bytes = max_body;
+    const int http_threads = o_.http_threads > 0 ? o_.http_threads : o_.scheduler.max_queue + 8;
+    o_.server_reserve_bytes = static_cast<uint64_t>(http_threads) * 4 * max_body + (16ull << 20);
+    EngineOptions eo;
+    eo.n_threads = threads_;
+    eo.budget_tokens = budget_tokens_;
+    eo.batch_tokens = max_batch_tokens_;
+    if (!budget_.empty()) {
+      ESTREAM_ASSIGN_OR_RETURN(o_.budget_bytes, ParseSize(budget_));
+      if (o_.budget_bytes <= o_.server_reserve_bytes)
+        return Status::InvalidArgument("--budget " + budget_ + " does not cover the server's own reserve of " +
+                                       FormatBytes(o_.server_reserve_bytes) +
+                                       " (HTTP threads x 4 x --max-body + 16 MiB): raise it or lower --max-body / --max-queue");
+      eo.budget_bytes = o_.budget_bytes - o_.server_reserve_bytes;
+    }
+    o_.scheduler.max_batch_tokens = max_batch_tokens_ > 0 ? max_batch_tokens_ : (int64_t{1} << 40);
+
+    server::Server server(o_);
+    ESTREAM_RETURN_IF_ERROR(server.Start());
+    std::fprintf(stderr, "estream serve: listening on http://%s:%d (loading %s)\n", o_.host.c_str(), server.port(),
+                 model_.c_str());
+
+    enum State { kLoading, kLoaded, kFailed };
+    std::atomic<int> state{kLoading};
+    std::thread signals([&] {
+      int sig = 0;
+      sigwait(&set, &sig);
+      if (state == kFailed) return;  // woken by ourselves: the load failed
+      std::fprintf(stderr, "estream serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      if (state == kLoading) std::_Exit(0);  // nothing served yet; the load cannot be interrupted
+      server.Shutdown();
+    });
+
+    std::unique_ptr<Tokenizer> tokenizer;
+    {
+      auto gguf = GgufFile::Open(model_, {.mmap = false});
+      if (gguf.ok()) {
+        auto t = Tokenizer::FromGguf(**gguf);
+        if (t.ok()) tokenizer = std::move(t).value();
+        else std::fprintf(stderr, "estream serve: no tokenizer (%s): token ids only\n", t.status().message().c_str());
+      }
+    }
+    auto engine_or = Engine::Load(model_, eo);
+    if (!engine_or.ok()) {
+      state = kFailed;
+      pthread_kill(signals.native_handle(), SIGTERM);
+      signals.join();
+      return engine_or.status();
+    }
+    std::unique_ptr<Engine> engine = std::move(engine_or).value();
+    Engine* e = engine.get();
+    std::string id = alias_;
+    if (id.empty()) id = model_.substr(model_.find_last_of('/') == std::string::npos ? 0 : model_.find_last_of('/') + 1);
+    server.SetBackend([e](std::span<const Request> reqs) { return e->RunBatch(reqs); }, engine->info(), tokenizer.get(), id,
+                      engine->pass_tokens());
+    state = kLoaded;
+    std::fprintf(stderr, "estream serve: ready: %s, %d threads, batches of up to %lld tokens, queue %d%s\n", id.c_str(),
+                 engine->n_threads(), static_cast<long long>(server.options().scheduler.max_batch_tokens),
+                 o_.scheduler.max_queue, o_.budget_bytes ? (", budget " + FormatBytes(o_.budget_bytes)).c_str() : "");
+    server.Wait();
+    signals.join();
+    std::fprintf(stderr, "estream serve: stopped\n");
+    return 0;
+  }
+
+  std::string model_, budget_, alias_, max_body_ = "256K";
+  int threads_ = 0;
+  int64_t budget_tokens_ = 0, max_batch_tokens_ = 0;
+  server::ServerOptions o_;
+};
+
+}  // namespace
+
+ESTREAM_REGISTER_COMMAND(ServeCommand);
+
+}  // namespace estream::cli
