@@ -35,8 +35,10 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/repack.h"
+#if defined(__x86_64__)
 #include "kernels/x86_avx2/gemm_avx2.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
+#endif
 #include "quant/quant.h"
 
 namespace estream::kernels {
@@ -44,12 +46,8 @@ namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-std::vector<Isa> IsasToTest() {
-  std::vector<Isa> isas = {Isa::kScalar};
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
-  if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
-  return isas;
-}
+// Every level of the host's chain (scalar, avx2, avx512 / scalar, neon, dotprod, i8mm).
+std::vector<Isa> IsasToTest() { return IsaLevelsUpTo(HostIsa()); }
 
 struct Path {
   std::string name;
@@ -61,7 +59,8 @@ struct Path {
 std::vector<Path> PathsToTest() {
   std::vector<Path> paths;
   for (Isa isa : IsasToTest()) paths.push_back({IsaName(isa), &KernelsFor(isa)});
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) {
+#if defined(__x86_64__)
+  if (IsaAtLeast(HostIsa(), Isa::kAvx2)) {
     static const KernelTable no_vnni = [] {
       KernelTable t = KernelsFor(Isa::kScalar);
       FillAvx2GemmWith(&t, false);
@@ -78,6 +77,7 @@ std::vector<Path> PathsToTest() {
     }();
     paths.push_back({"avx512-vnni-only", &no_amx});
   }
+#endif
   return paths;
 }
 
@@ -446,6 +446,9 @@ TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
 // two halves per block in order), so the two give bit-identical outputs; m = 70 puts 64 rows on
 // the tile unit and 6 on vpdpbusd, k covers several 256-value super-blocks and k chunks.
 TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "AMX is x86-64 only";
+#else
   if (HostIsa() != Isa::kAvx512 || !AmxUsable()) GTEST_SKIP() << "no AMX-INT8 on this CPU";
   KernelTable amx = KernelsFor(Isa::kAvx2), vnni = amx;
   FillAvx512GemmWith(&amx, true);
@@ -470,6 +473,7 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
         EXPECT_EQ(CheckAgainst(p, ya, p.n, "AMX " + what), 0);
       }
     }
+#endif
 }
 
 // Float weights: each output is summed in k order by one thread, whatever the split: m = 37 and
