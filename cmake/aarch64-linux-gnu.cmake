@@ -23,9 +23,16 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE BOTH)
 set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/${ESTREAM_CROSS_TRIPLE}/pkgconfig:/usr/share/pkgconfig")
 set(ENV{PKG_CONFIG_PATH} "")
 
-# Run cross-built test binaries (and gtest_discover_tests' listing step) under qemu-user; -L
-# points its dynamic loader at the cross sysroot.
+# Run cross-built test binaries (and gtest_discover_tests' listing step) under qemu-user. -L
+# gives the root the guest's dynamic loader is looked up in: "/" when the multiarch libc6:arm64
+# is installed (it comes with the :arm64 -dev packages), so that the loader and the libc it loads
+# are one build; the cross sysroot's loader (/usr/aarch64-linux-gnu) with the multiarch libc hung
+# every binary that started a second thread (Debian 12, qemu 7.2).
 find_program(ESTREAM_QEMU_AARCH64 NAMES qemu-aarch64-static qemu-aarch64)
 if(ESTREAM_QEMU_AARCH64)
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${ESTREAM_QEMU_AARCH64} -L /usr/${ESTREAM_CROSS_TRIPLE})
+  if(EXISTS /lib/ld-linux-aarch64.so.1)
+    set(CMAKE_CROSSCOMPILING_EMULATOR ${ESTREAM_QEMU_AARCH64} -L /)
+  else()
+    set(CMAKE_CROSSCOMPILING_EMULATOR ${ESTREAM_QEMU_AARCH64} -L /usr/${ESTREAM_CROSS_TRIPLE})
+  endif()
 endif()

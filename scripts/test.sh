@@ -38,10 +38,11 @@ step() { echo; echo "==== $* ==== (at ${SECONDS}s)"; }
 #   model_lfm2moe_test     a packed model, resident and streamed under every schedule, vs golden:
 #                          both with ESTREAM_ISA forced to neon, dotprod and i8mm in turn.
 # Kernel tests run with ESTREAM_TEST_QUICK=1 (a few awkward shapes each, tests/test_quick.h).
-# Not yet on by default: on the development machine (Debian 12, qemu-user-static 7.2) every
-# aarch64 binary that starts a second thread (OpenMP or std::thread) hung under qemu-aarch64-static,
-# and the kernel and model tests run OpenMP regions; base_cpu_test and the single-threaded kernel
-# checks pass. Its duration (< 15 min on 2 cores is the budget) is to be measured once it runs.
+# Measured 2026-12-02 on the (busy) 2-core development machine: cross-build from scratch ~25 min
+# with other builds running (ccache helps reruns), the Cpu.* runs 10 s, the kernel tests 342 s.
+# Opt-in until a CI run measures the whole stage against its 15-minute budget. (Binaries that start
+# threads hung under qemu when -L pointed at the cross sysroot's loader with the multiarch libc;
+# cmake/aarch64-linux-gnu.cmake now uses -L / where libc6:arm64 is installed.)
 arm64_stage() {
   step "ARM64: cross-build (scripts/build_arm64.sh) and the tests labelled arm under qemu-aarch64"
   if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64-static >/dev/null; then
