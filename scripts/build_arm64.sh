@@ -4,7 +4,7 @@
 # libraries). Extra arguments go to cmake's configure step. On an AArch64 machine use
 # scripts/build.sh instead (a native build).
 # The test binaries run under qemu-user: ctest --test-dir build-arm64 -L arm
-# (or one binary: qemu-aarch64-static -L /usr/aarch64-linux-gnu build-arm64/tests/kernels_ops_test).
+# (or one binary: qemu-aarch64-static -L / build-arm64/tests/kernels_ops_test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-arm64}
