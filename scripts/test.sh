@@ -39,7 +39,8 @@ step() { echo; echo "==== $* ==== (at ${SECONDS}s)"; }
 #                          both with ESTREAM_ISA forced to neon, dotprod and i8mm in turn.
 # Kernel tests run with ESTREAM_TEST_QUICK=1 (a few awkward shapes each, tests/test_quick.h).
 # Measured 2026-12-02 on the (busy) 2-core development machine: cross-build from scratch ~25 min
-# with other builds running (ccache helps reruns), the Cpu.* runs 10 s, the kernel tests 342 s.
+# with other builds running (ccache helps reruns), the Cpu.* runs 10 s, the kernel tests 342 s,
+# the model tests 67 s per level (x 3): ~9 min of tests under emulation.
 # Opt-in until a CI run measures the whole stage against its 15-minute budget. (Binaries that start
 # threads hung under qemu when -L pointed at the cross sysroot's loader with the multiarch libc;
 # cmake/aarch64-linux-gnu.cmake now uses -L / where libc6:arm64 is installed.)
