@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,21 +36,20 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/repack.h"
+#if defined(__x86_64__)
 #include "kernels/x86_avx2/gemm_avx2.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
+#endif
 #include "quant/quant.h"
+#include "test_quick.h"
 
 namespace estream::kernels {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-std::vector<Isa> IsasToTest() {
-  std::vector<Isa> isas = {Isa::kScalar};
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
-  if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
-  return isas;
-}
+// Every level of the host's chain (scalar, avx2, avx512 / scalar, neon, dotprod, i8mm).
+std::vector<Isa> IsasToTest() { return IsaLevelsUpTo(HostIsa()); }
 
 struct Path {
   std::string name;
@@ -61,7 +61,8 @@ struct Path {
 std::vector<Path> PathsToTest() {
   std::vector<Path> paths;
   for (Isa isa : IsasToTest()) paths.push_back({IsaName(isa), &KernelsFor(isa)});
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) {
+#if defined(__x86_64__)
+  if (IsaAtLeast(HostIsa(), Isa::kAvx2)) {
     static const KernelTable no_vnni = [] {
       KernelTable t = KernelsFor(Isa::kScalar);
       FillAvx2GemmWith(&t, false);
@@ -78,6 +79,7 @@ std::vector<Path> PathsToTest() {
     }();
     paths.push_back({"avx512-vnni-only", &no_amx});
   }
+#endif
   return paths;
 }
 
@@ -301,21 +303,28 @@ int CheckAgainst(const Problem& p, const std::vector<float>& y, int64_t ldy, con
 
 struct Shape {
   int64_t m, n, kmul;
+  bool quick = false;  // one of the shapes of test::QuickTests() runs (emulated ARM64 stage)
 };
 
 // M sweeps the required values; N is odd/prime and K off the tile (multiples of the block).
-const Shape kShapes[] = {{1, 97, 7}, {2, 17, 3}, {3, 47, 1}, {7, 33, 5}, {31, 61, 3},
-                         {64, 50, 2}, {65, 19, 7}, {127, 41, 1}, {513, 23, 2}};
+const Shape kShapes[] = {{1, 97, 7, true}, {2, 17, 3}, {3, 47, 1}, {7, 33, 5, true}, {31, 61, 3},
+                         {64, 50, 2}, {65, 19, 7, true}, {127, 41, 1}, {513, 23, 2}};
+
+bool SkipShape(const Shape& s) { return test::QuickTests() && !s.quick; }
 
 void RunQuantTest(QuantType t, int64_t block) {
   for (const Shape& s : kShapes) {
+    if (SkipShape(s)) continue;
     const int64_t k = s.kmul * (block == 32 ? 37 : 256);  // Q4_0/Q8_0: 37 blocks per kmul
     Problem p = MakeProblem(t, s.m, s.n, block == 32 ? (s.kmul * 32 * (s.m % 2 ? 5 : 9)) : k);
     const int64_t ldy = p.n + 3;
+    std::vector<KernelTable::GemmFn> tested;  // a level that inherits a kernel runs it once
     for (const Path& path : PathsToTest()) {
       for (bool packed : {false, true}) {
         const auto fn = Fn(*path.table, t, packed);
         ASSERT_NE(fn, nullptr);
+        if (std::find(tested.begin(), tested.end(), fn) != tested.end()) continue;
+        tested.push_back(fn);
         std::vector<float> y(static_cast<size_t>(p.m * ldy), std::nanf(""));
         const WeightView w{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, p.n, p.k,
                            packed ? p.packed.data() : p.w.data()};
@@ -420,6 +429,7 @@ TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
   const int saved = omp_get_max_threads();
   for (QuantType t : kGemmQuantTypes) {
     for (int64_t m : {3, 70}) {
+      if (test::QuickTests() && m == 3) continue;
       const int64_t k = BlockOf(t) == 32 ? 320 : 512;
       for (int64_t n : {101, 17}) {
       Problem p = MakeProblem(t, m, n, k);
@@ -446,6 +456,9 @@ TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
 // two halves per block in order), so the two give bit-identical outputs; m = 70 puts 64 rows on
 // the tile unit and 6 on vpdpbusd, k covers several 256-value super-blocks and k chunks.
 TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "AMX is x86-64 only";
+#else
   if (HostIsa() != Isa::kAvx512 || !AmxUsable()) GTEST_SKIP() << "no AMX-INT8 on this CPU";
   KernelTable amx = KernelsFor(Isa::kAvx2), vnni = amx;
   FillAvx512GemmWith(&amx, true);
@@ -470,6 +483,7 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
         EXPECT_EQ(CheckAgainst(p, ya, p.n, "AMX " + what), 0);
       }
     }
+#endif
 }
 
 // Float weights: each output is summed in k order by one thread, whatever the split: m = 37 and
@@ -497,6 +511,7 @@ TEST(GemmFloat, ThreadCountDoesNotChangeResults) {
 TEST(GemmFloat, EveryIsaMatchesFp64) {
   for (QuantType t : {QuantType::kF32, QuantType::kF16, QuantType::kBF16}) {
     for (const Shape& s : kShapes) {
+      if (SkipShape(s)) continue;
       const int64_t k = 13 + 29 * s.kmul;  // off every vector width
       if (s.m > 127) continue;             // the scalar float path is slow; 127 covers the tiles
       const std::vector<uint8_t> wq = RandomWeights(t, s.n, k);

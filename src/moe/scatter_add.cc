@@ -10,8 +10,10 @@ void ScaledAddF64Scalar(double* __restrict acc, const float* __restrict v, float
 
 ScaledAddF64Fn ScaledAddF64For(Isa isa) {
   switch (isa) {
+#if defined(__x86_64__)
     case Isa::kAvx512: return ScaledAddF64Avx512;
     case Isa::kAvx2: return ScaledAddF64Avx2;
+#endif
     default: return ScaledAddF64Scalar;
   }
 }

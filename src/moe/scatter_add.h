@@ -21,10 +21,13 @@ namespace estream::moe {
 using ScaledAddF64Fn = void (*)(double* acc, const float* v, float a, int64_t n);
 
 void ScaledAddF64Scalar(double* acc, const float* v, float a, int64_t n);
+#if defined(__x86_64__)
 void ScaledAddF64Avx2(double* acc, const float* v, float a, int64_t n);
 void ScaledAddF64Avx512(double* acc, const float* v, float a, int64_t n);
+#endif
 
-// The implementation for `isa` (kNeon and unknown levels: scalar).
+// The implementation for `isa` (levels without their own: scalar, whose plain loop the AArch64
+// baseline build already vectorises two doubles at a time).
 ScaledAddF64Fn ScaledAddF64For(Isa isa);
 
 }  // namespace estream::moe
