@@ -35,9 +35,15 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/repack.h"
+#include "quant/quant.h"
+#if defined(__x86_64__)
 #include "kernels/x86_avx2/gemm_avx2.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
-#include "quant/quant.h"
+#endif
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 namespace estream::kernels {
 namespace {
@@ -46,10 +52,19 @@ constexpr double kU = 1.0 / (1 << 24);
 
 std::vector<Isa> IsasToTest() {
   std::vector<Isa> isas = {Isa::kScalar};
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
+#if defined(__x86_64__)
+  if (HostIsa() >= Isa::kAvx2) isas.push_back(Isa::kAvx2);
   if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+#endif
   return isas;
 }
+
+#if defined(__aarch64__)
+// The CPU's own word (HWCAPs), independent of the dispatch's choice, so that every level the host
+// runs is checked even when ESTREAM_ISA lowers the active one.
+bool ArmHasDotprod() { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+bool ArmHasI8mm() { return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
+#endif
 
 struct Path {
   std::string name;
@@ -57,11 +72,13 @@ struct Path {
 };
 
 // Every ISA's table, plus the AVX2 kernels without AVX-VNNI (vpmaddubsw) when the host would
-// otherwise only run the VNNI variant.
+// otherwise only run the VNNI variant. On AArch64: each GEMM level alone over the scalar table
+// (plain NEON, sdot, smmla), where the CPU has it.
 std::vector<Path> PathsToTest() {
   std::vector<Path> paths;
   for (Isa isa : IsasToTest()) paths.push_back({IsaName(isa), &KernelsFor(isa)});
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) {
+#if defined(__x86_64__)
+  if (HostIsa() >= Isa::kAvx2) {
     static const KernelTable no_vnni = [] {
       KernelTable t = KernelsFor(Isa::kScalar);
       FillAvx2GemmWith(&t, false);
@@ -78,6 +95,23 @@ std::vector<Path> PathsToTest() {
     }();
     paths.push_back({"avx512-vnni-only", &no_amx});
   }
+#elif defined(__aarch64__)
+  auto level = [](void (*fill)(KernelTable*)) {
+    KernelTable t = KernelsFor(Isa::kScalar);
+    fill(&t);
+    return t;
+  };
+  static const KernelTable neon = level(FillNeonGemm);
+  paths.push_back({"neon-gemm", &neon});
+  if (ArmHasDotprod()) {
+    static const KernelTable dotprod = level(FillDotprodGemm);
+    paths.push_back({"dotprod-gemm", &dotprod});
+  }
+  if (ArmHasI8mm()) {
+    static const KernelTable i8mm = level(FillI8mmGemm);
+    paths.push_back({"i8mm-gemm", &i8mm});
+  }
+#endif
   return paths;
 }
 
@@ -442,6 +476,7 @@ TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
   }
 }
 
+#if defined(__x86_64__)
 // The AMX tile path does the fp32 operations of the vpdpbusd kernel in the same order (Q6_K: its
 // two halves per block in order), so the two give bit-identical outputs; m = 70 puts 64 rows on
 // the tile unit and 6 on vpdpbusd, k covers several 256-value super-blocks and k chunks.
@@ -471,6 +506,8 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
       }
     }
 }
+
+#endif  // __x86_64__
 
 // Float weights: each output is summed in k order by one thread, whatever the split: m = 37 and
 // n = 17 split by rows (32 + 5), n = 300 by columns.

@@ -109,6 +109,12 @@ void FillAvx2Gemm(KernelTable* t);
 void FillAvx2Ops(KernelTable* t);
 void FillAvx512Gemm(KernelTable* t);
 void FillAvx512Ops(KernelTable* t);
+// AArch64 (arm_neon/, compiled only there): the GEMM family per level (plain NEON, sdot, smmla)
+// and the fp32 attention.
+void FillNeonGemm(KernelTable* t);
+void FillDotprodGemm(KernelTable* t);
+void FillI8mmGemm(KernelTable* t);
+void FillNeonAttention(KernelTable* t);
 // LFM2's short convolution, one translation unit per ISA (ref/shortconv_ref.cc, ...).
 void FillScalarShortConv(KernelTable* t);
 void FillAvx2ShortConv(KernelTable* t);
