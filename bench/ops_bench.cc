@@ -12,7 +12,9 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdlib>
@@ -27,7 +29,9 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#if defined(__x86_64__)
 #include "kernels/x86_avx512/attention_amx.h"
+#endif
 
 namespace estream::kernels {
 namespace {
@@ -53,6 +57,15 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// The `isa` argument of the benchmarks below: an Isa value of the build's architecture
+// (x86-64: 0 scalar, 1 avx2, 2 avx512; AArch64: 0 scalar, 3 neon, 4 dotprod, 5 i8mm).
+#if defined(__x86_64__)
+#define ESTREAM_BENCH_ISAS {0, 1, 2}
+#else
+#define ESTREAM_BENCH_ISAS {0, 3, 4, 5}
+#endif
+
+#if defined(__x86_64__)
 // ---- AMX-BF16 tile peak ---------------------------------------------------------------------
 // tdpbf16ps tmm, 16 x 16 fp32 += 16 x 32 bf16 . 32 x 16 bf16: 16 * 16 * 32 multiply-adds = 16384
 // flops per instruction. Six independent accumulators (tmm0..5) with A = tmm6, B = tmm7 held in
@@ -121,10 +134,11 @@ void BM_AmxBf16Peak(benchmark::State& state) {
   state.counters["GFLOPs_per_core_cpu"] = flops / cpu / 1e9;
 }
 BENCHMARK(BM_AmxBf16Peak)->ArgNames({"thr"})->Arg(1)->Arg(2)->UseRealTime()->MeasureProcessCPUTime();
+#endif  // __x86_64__
 
 // AMX-BF16 tile peak per core in GFLOP/s used for the AMX rows' pct_peak (measured by
 // BM_AmxBf16Peak on the machine of record; ESTREAM_AMX_PEAK_PER_CORE overrides).
-double AmxPeakPerCoreGflops() {
+[[maybe_unused]] double AmxPeakPerCoreGflops() {
   if (const char* s = std::getenv("ESTREAM_AMX_PEAK_PER_CORE")) return std::atof(s);
   return kAmxPeakPerCoreDefault;
 }
@@ -137,18 +151,25 @@ double Int8PeakPerCoreGops() {
   return 1649.0 / 2;
 }
 
-// Args: T, n_head, n_head_kv, head_dim, threads, isa (0 scalar, 1 avx2, 2 avx512 fp32, 3 avx512
-// with the AMX-BF16 attention, 4 avx512 with the int8/bf16 attention of attention_lowp.h).
+// Args: T, n_head, n_head_kv, head_dim, threads, isa (x86-64: 0 scalar, 1 avx2, 2 avx512 fp32,
+// 3 avx512 with the AMX-BF16 attention, 4 avx512 with the int8/bf16 attention of attention_lowp.h;
+// AArch64: the Isa value, 0 scalar, 3 neon, 4 dotprod, 5 i8mm).
 void BM_Attention(benchmark::State& state) {
   const int t = static_cast<int>(state.range(0));
   const int n_head = static_cast<int>(state.range(1));
   const int n_head_kv = static_cast<int>(state.range(2));
   const int d = static_cast<int>(state.range(3));
   const int threads = static_cast<int>(state.range(4));
+#if defined(__x86_64__)
   const bool amx = state.range(5) == 3;
   const bool lowp = state.range(5) == 4;
   const Isa isa = amx || lowp ? Isa::kAvx512 : static_cast<Isa>(state.range(5));
-  if (static_cast<int>(isa) > static_cast<int>(HostIsa()) || (amx && !AttentionAmxUsable())) {
+  if (!IsaAtLeast(HostIsa(), isa) || (amx && !AttentionAmxUsable())) {
+#else
+  const bool amx = false, lowp = false;
+  const Isa isa = static_cast<Isa>(state.range(5));
+  if (!IsaAtLeast(HostIsa(), isa)) {
+#endif
     state.SkipWithError("ISA not available on this host");
     return;
   }
@@ -161,8 +182,10 @@ void BM_Attention(benchmark::State& state) {
                         .k = k.data(), .ldk = n_head_kv * d, .v = v.data(), .ldv = n_head_kv * d,
                         .out = out.data(), .ldo = n_head * d, .allow_bf16 = amx || lowp};
   KernelTable kt = KernelsFor(isa);
+#if defined(__x86_64__)
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);
   if (lowp) FillAttentionLowpAvx512(&kt);
+#endif
   omp_set_num_threads(threads);
   double seconds = 0;
   const double cpu0 = ProcessCpuSeconds();
@@ -191,7 +214,11 @@ void BM_Attention(benchmark::State& state) {
 
 void AttentionShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"T", "heads", "kv", "d", "thr", "isa"});
+#if defined(__x86_64__)
   for (int isa : {4, 3, 2, 1})
+#else
+  for (int isa : {5, 3})
+#endif
     for (int threads : {1, 2})
       for (int t : {512, 1024, 4096}) {
         b->Args({t, 32, 4, 128, threads, isa});  // Qwen3-30B-A3B
@@ -202,6 +229,7 @@ void AttentionShapes(benchmark::internal::Benchmark* b) {
 // that runs on a loaded machine can be judged (CPU time excludes time spent descheduled).
 BENCHMARK(BM_Attention)->Apply(AttentionShapes)->UseRealTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
 
+#if defined(__x86_64__)
 // The AMX-BF16 attention kernel's own steps for one 32-query tile and one full 64-key block, in L1,
 // 1 thread (AttentionAmxProbeSeconds): the ceiling of the kernel on a long prompt, where almost
 // every block is full. Each iteration times the two tile steps alone (Q.K^T and P.V), the online
@@ -233,6 +261,7 @@ void BM_AttentionAmxSteps(benchmark::State& state) {
   state.counters["overlap"] = (tiles + softmax - all) / softmax;
 }
 BENCHMARK(BM_AttentionAmxSteps)->ArgNames({"d"})->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond);
+#endif  // __x86_64__
 
 // Row kernels, single thread, one table entry over `rows` rows of n (isa as above).
 void BM_RmsNorm(benchmark::State& state) {
@@ -245,7 +274,7 @@ void BM_RmsNorm(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * n * 12);
 }
-BENCHMARK(BM_RmsNorm)->ArgNames({"n", "isa"})->ArgsProduct({{2048, 4096}, {0, 1, 2}});
+BENCHMARK(BM_RmsNorm)->ArgNames({"n", "isa"})->ArgsProduct({{2048, 4096}, ESTREAM_BENCH_ISAS});
 
 void BM_Rope(benchmark::State& state) {
   const int heads = 32, d = 128;
@@ -260,7 +289,7 @@ void BM_Rope(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * heads * d);
 }
-BENCHMARK(BM_Rope)->ArgNames({"isa"})->DenseRange(0, 2);
+BENCHMARK(BM_Rope)->ArgNames({"isa"})->ArgsProduct({ESTREAM_BENCH_ISAS});
 
 void BM_SwiGlu(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -272,7 +301,7 @@ void BM_SwiGlu(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * n);
 }
-BENCHMARK(BM_SwiGlu)->ArgNames({"n", "isa"})->ArgsProduct({{768 * 64}, {0, 1, 2}});
+BENCHMARK(BM_SwiGlu)->ArgNames({"n", "isa"})->ArgsProduct({{768 * 64}, ESTREAM_BENCH_ISAS});
 
 // LFM2's short convolution over 256 tokens of LFM2-8B-A1B's width (d 2048, L 3), one thread: reads
 // 3 x 2048 floats and writes 2048 per token (the L - 1 earlier rows stay in cache).
@@ -287,7 +316,7 @@ void BM_ShortConv(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * T * d * 16);
 }
-BENCHMARK(BM_ShortConv)->ArgNames({"isa"})->DenseRange(0, 2);
+BENCHMARK(BM_ShortConv)->ArgNames({"isa"})->ArgsProduct({ESTREAM_BENCH_ISAS});
 
 }  // namespace
 }  // namespace estream::kernels

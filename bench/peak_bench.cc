@@ -6,10 +6,17 @@
 // Op counts (1 op = one multiply or one add): vpdpbusd zmm = 64 u8 x s8 products + 64 adds
 // = 128 ops; vdpbf16ps zmm = 32 bf16 products + 32 adds = 64 flops; vfmadd231ps zmm = 32 flops.
 // Run with 1 and 2 threads (one per core); the counter `ops` is the total rate over threads.
+// On AArch64 the same loops time sdot, smmla and fmla on 128-bit vectors (24 accumulators
+// v0..v23, sources v24, v25): sdot v.4s = 16 s8 x s8 products + 16 adds = 32 ops; smmla v.4s
+// (2x8 by 8x2 int8 matrices) = 32 products + 32 adds = 64 ops; fmla v.4s = 8 flops. A loop whose
+// extension the CPU lacks (HWCAP) reports an error instead of running.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cstdint>
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 namespace {
 
@@ -17,6 +24,7 @@ namespace {
   OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) \
   OP(15) OP(16) OP(17) OP(18) OP(19) OP(20) OP(21) OP(22) OP(23)
 
+#if defined(__x86_64__)
 #define ES_DPBUSD(i) "vpdpbusd %%zmm24, %%zmm25, %%zmm" #i "\n\t"
 #define ES_DPBF16(i) "vdpbf16ps %%zmm24, %%zmm25, %%zmm" #i "\n\t"
 #define ES_FMA(i) "vfmadd231ps %%zmm24, %%zmm25, %%zmm" #i "\n\t"
@@ -47,9 +55,54 @@ ES_PEAK_FN(LoopDpbusd, ES_DPBUSD)
 ES_PEAK_FN(LoopDpbf16, ES_DPBF16)
 ES_PEAK_FN(LoopFma, ES_FMA)
 
+#elif defined(__aarch64__)
+#define ES_SDOT(i) "sdot v" #i ".4s, v24.16b, v25.16b\n\t"
+#define ES_SMMLA(i) "smmla v" #i ".4s, v24.16b, v25.16b\n\t"
+#define ES_FMLA(i) "fmla v" #i ".4s, v24.4s, v25.4s\n\t"
+#define ES_ZERO(i) "movi v" #i ".16b, #0\n\t"
+
+#define ES_CLOBBERS                                                                                  \
+  "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", \
+      "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "cc"
+
+// The .arch directive lets the assembler take the instructions whatever -march the
+// file has; BM_Peak checks the CPU before calling a loop.
+#define ES_PEAK_FN(NAME, BODY)                                                      \
+  void NAME(int64_t iters, uint32_t src) {                                          \
+    __asm__ volatile(                                                               \
+        ".arch armv8.2-a+dotprod+i8mm\n\t"                                         \
+        ES_REP24(ES_ZERO)                                                           \
+        "dup v24.4s, %w1\n\t"                                                       \
+        "mov v25.16b, v24.16b\n\t"                                                  \
+        "1:\n\t" ES_REP24(BODY) "subs %0, %0, #1\n\t"                              \
+        "b.ne 1b\n\t"                                                               \
+        : "+r"(iters)                                                               \
+        : "r"(src)                                                                  \
+        : ES_CLOBBERS);                                                             \
+  }
+
+ES_PEAK_FN(LoopSdot, ES_SDOT)
+ES_PEAK_FN(LoopSmmla, ES_SMMLA)
+ES_PEAK_FN(LoopFmla, ES_FMLA)
+#endif
+
+// True if the CPU runs kLoop (HWCAP_ASIMDDP for sdot, HWCAP2_I8MM for smmla).
+template <void (*kLoop)(int64_t, uint32_t)>
+bool Runs() {
+#if defined(__aarch64__)
+  if (kLoop == LoopSdot) return (getauxval(AT_HWCAP) & (1ul << 20)) != 0;
+  if (kLoop == LoopSmmla) return (getauxval(AT_HWCAP2) & (1ul << 13)) != 0;
+#endif
+  return true;
+}
+
 // Counter `ops`: each thread's own rate (its ops / its wall time), summed over the threads.
 template <void (*kLoop)(int64_t, uint32_t), int kOpsPerInsn, uint32_t kSrc>
 void BM_Peak(benchmark::State& state) {
+  if (!Runs<kLoop>()) {
+    state.SkipWithError("this CPU lacks the instruction");
+    return;
+  }
   constexpr int64_t kIters = 1 << 16;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) kLoop(kIters, kSrc);
@@ -57,9 +110,15 @@ void BM_Peak(benchmark::State& state) {
   state.counters["ops"] = static_cast<double>(state.iterations()) * kIters * 24 * kOpsPerInsn / s;
 }
 
+#if defined(__x86_64__)
 BENCHMARK(BM_Peak<LoopDpbusd, 128, 0x01010101u>)->Name("peak/vpdpbusd_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopDpbf16, 64, 0x3F803F80u>)->Name("peak/vdpbf16ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopFma, 32, 0x3F800000u>)->Name("peak/vfmadd231ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
+#elif defined(__aarch64__)
+BENCHMARK(BM_Peak<LoopSdot, 32, 0x01010101u>)->Name("peak/sdot_4s")->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_Peak<LoopSmmla, 64, 0x01010101u>)->Name("peak/smmla_4s")->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_Peak<LoopFmla, 8, 0x3F800000u>)->Name("peak/fmla_4s")->Threads(1)->Threads(2)->UseRealTime();
+#endif
 
 }  // namespace
 

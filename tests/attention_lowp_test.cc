@@ -28,7 +28,9 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#if defined(__x86_64__)
 #include "kernels/x86_avx512/attention_amx.h"
+#endif
 
 namespace estream::kernels {
 namespace {
@@ -54,6 +56,9 @@ const KernelTable& RefTable() {
 
 // The AVX-512 table with the low-precision attention, or null without AVX-512 (VNNI + BF16).
 const KernelTable* Avx512Table() {
+#if !defined(__x86_64__)
+  return nullptr;
+#else
   if (HostIsa() != Isa::kAvx512) return nullptr;
   static const KernelTable t = [] {
     KernelTable k = KernelsFor(Isa::kAvx512);
@@ -62,6 +67,7 @@ const KernelTable* Avx512Table() {
     return k;
   }();
   return &t;
+#endif
 }
 
 struct Shape {
@@ -259,6 +265,7 @@ std::vector<Shape> AwkwardShapes() {
 TEST(AttentionLowp, ConvertAvx512WritesTheReferenceBytes) {
   SEED_TRACE();
   if (Avx512Table() == nullptr) GTEST_SKIP() << "no AVX-512 here";
+#if defined(__x86_64__)
   uint32_t salt = 1;
   for (const Shape& s : {Shape{1, 1, 1, 64}, Shape{63, 2, 2, 72}, Shape{65, 2, 1, 128}, Shape{130, 2, 2, 192},
                          Shape{200, 1, 1, 40}}) {
@@ -287,6 +294,7 @@ TEST(AttentionLowp, ConvertAvx512WritesTheReferenceBytes) {
       }
     }
   }
+#endif
 }
 
 TEST(AttentionLowp, Avx512MatchesReference) {
@@ -394,6 +402,9 @@ TEST(AttentionLowp, LongSequence) {
 // The engine's table carries it exactly where the AMX kernel is not selected (and the switch is
 // on), counts its buffer, and calls without allow_bf16 still run the fp32 kernel.
 TEST(AttentionLowp, Wiring) {
+#if !defined(__x86_64__)
+  EXPECT_EQ(Kernels().attention_block_bf16, nullptr) << "the low-precision attention is x86-64 only";
+#else
   const KernelTable& kt = Kernels();
   const bool want = HostIsa() == Isa::kAvx512 && !AttentionAmxSelected() && AttentionLowpSelected();
   EXPECT_EQ(want, kt.attention_block_bf16 == AttentionBlockLowpAvx512);
@@ -412,6 +423,7 @@ TEST(AttentionLowp, Wiring) {
     for (size_t i = 0; i < fp32.size(); ++i)
       ASSERT_TRUE(std::memcmp(&fp32[i], &not_allowed[i], 4) == 0) << "allow_bf16 = false must run the fp32 kernel";
   }
+#endif
 }
 
 }  // namespace

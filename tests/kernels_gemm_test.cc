@@ -35,36 +35,19 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/repack.h"
-#include "quant/quant.h"
 #if defined(__x86_64__)
 #include "kernels/x86_avx2/gemm_avx2.h"
 #include "kernels/x86_avx512/gemm_avx512.h"
 #endif
-#if defined(__aarch64__)
-#include <asm/hwcap.h>
-#include <sys/auxv.h>
-#endif
+#include "quant/quant.h"
 
 namespace estream::kernels {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-std::vector<Isa> IsasToTest() {
-  std::vector<Isa> isas = {Isa::kScalar};
-#if defined(__x86_64__)
-  if (HostIsa() >= Isa::kAvx2) isas.push_back(Isa::kAvx2);
-  if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
-#endif
-  return isas;
-}
-
-#if defined(__aarch64__)
-// The CPU's own word (HWCAPs), independent of the dispatch's choice, so that every level the host
-// runs is checked even when ESTREAM_ISA lowers the active one.
-bool ArmHasDotprod() { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
-bool ArmHasI8mm() { return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
-#endif
+// Every level of the host's chain (scalar, avx2, avx512 / scalar, neon, dotprod, i8mm).
+std::vector<Isa> IsasToTest() { return IsaLevelsUpTo(HostIsa()); }
 
 struct Path {
   std::string name;
@@ -72,13 +55,12 @@ struct Path {
 };
 
 // Every ISA's table, plus the AVX2 kernels without AVX-VNNI (vpmaddubsw) when the host would
-// otherwise only run the VNNI variant. On AArch64: each GEMM level alone over the scalar table
-// (plain NEON, sdot, smmla), where the CPU has it.
+// otherwise only run the VNNI variant.
 std::vector<Path> PathsToTest() {
   std::vector<Path> paths;
   for (Isa isa : IsasToTest()) paths.push_back({IsaName(isa), &KernelsFor(isa)});
 #if defined(__x86_64__)
-  if (HostIsa() >= Isa::kAvx2) {
+  if (IsaAtLeast(HostIsa(), Isa::kAvx2)) {
     static const KernelTable no_vnni = [] {
       KernelTable t = KernelsFor(Isa::kScalar);
       FillAvx2GemmWith(&t, false);
@@ -94,22 +76,6 @@ std::vector<Path> PathsToTest() {
       return t;
     }();
     paths.push_back({"avx512-vnni-only", &no_amx});
-  }
-#elif defined(__aarch64__)
-  auto level = [](void (*fill)(KernelTable*)) {
-    KernelTable t = KernelsFor(Isa::kScalar);
-    fill(&t);
-    return t;
-  };
-  static const KernelTable neon = level(FillNeonGemm);
-  paths.push_back({"neon-gemm", &neon});
-  if (ArmHasDotprod()) {
-    static const KernelTable dotprod = level(FillDotprodGemm);
-    paths.push_back({"dotprod-gemm", &dotprod});
-  }
-  if (ArmHasI8mm()) {
-    static const KernelTable i8mm = level(FillI8mmGemm);
-    paths.push_back({"i8mm-gemm", &i8mm});
   }
 #endif
   return paths;
@@ -476,11 +442,13 @@ TEST(GemmQuant, ThreadCountDoesNotChangeResults) {
   }
 }
 
-#if defined(__x86_64__)
 // The AMX tile path does the fp32 operations of the vpdpbusd kernel in the same order (Q6_K: its
 // two halves per block in order), so the two give bit-identical outputs; m = 70 puts 64 rows on
 // the tile unit and 6 on vpdpbusd, k covers several 256-value super-blocks and k chunks.
 TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "AMX is x86-64 only";
+#else
   if (HostIsa() != Isa::kAvx512 || !AmxUsable()) GTEST_SKIP() << "no AMX-INT8 on this CPU";
   KernelTable amx = KernelsFor(Isa::kAvx2), vnni = amx;
   FillAvx512GemmWith(&amx, true);
@@ -505,9 +473,8 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
         EXPECT_EQ(CheckAgainst(p, ya, p.n, "AMX " + what), 0);
       }
     }
+#endif
 }
-
-#endif  // __x86_64__
 
 // Float weights: each output is summed in k order by one thread, whatever the split: m = 37 and
 // n = 17 split by rows (32 + 5), n = 300 by columns.

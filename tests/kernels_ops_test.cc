@@ -35,12 +35,8 @@ constexpr double kU = 0x1p-24;  // fp32 unit roundoff
 double Gamma(double n) { return n * kU / (1.0 - n * kU); }
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::vector<Isa> IsasToTest() {
-  std::vector<Isa> isas = {Isa::kScalar};
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
-  if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
-  return isas;
-}
+// Every level of the host's chain (scalar, avx2, avx512 / scalar, neon, dotprod, i8mm).
+std::vector<Isa> IsasToTest() { return IsaLevelsUpTo(HostIsa()); }
 
 uint32_t TestSeed() {
   if (const char* s = std::getenv("ESTREAM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
@@ -64,6 +60,9 @@ class Rng {
 // The fp32 attention of each ISA (the AVX-512 table may carry the AMX-BF16 attention instead,
 // tested separately with its own tolerance below).
 const KernelTable& Fp32Table(Isa isa) {
+#if !defined(__x86_64__)
+  return KernelsFor(isa);
+#else
   if (isa != Isa::kAvx512) return KernelsFor(isa);
   static const KernelTable t = [] {
     KernelTable k = KernelsFor(Isa::kAvx512);
@@ -71,10 +70,14 @@ const KernelTable& Fp32Table(Isa isa) {
     return k;
   }();
   return t;
+#endif
 }
 
 // The AVX-512 table with the AMX-BF16 attention, or null where the host cannot run it.
 const KernelTable* AmxTable() {
+#if !defined(__x86_64__)
+  return nullptr;
+#else
   if (HostIsa() != Isa::kAvx512 || !AttentionAmxUsable()) return nullptr;
   static const KernelTable t = [] {
     KernelTable k = KernelsFor(Isa::kAvx512);
@@ -82,6 +85,7 @@ const KernelTable* AmxTable() {
     return k;
   }();
   return &t;
+#endif
 }
 
 #define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))

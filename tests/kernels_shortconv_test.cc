@@ -30,12 +30,8 @@ namespace {
 constexpr double kU = 0x1p-24;
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::vector<Isa> IsasToTest() {
-  std::vector<Isa> isas = {Isa::kScalar};
-  if (HostIsa() >= Isa::kAvx2 && HostIsa() != Isa::kNeon) isas.push_back(Isa::kAvx2);
-  if (HostIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
-  return isas;
-}
+// Every level of the host's chain (scalar, avx2, avx512 / scalar, neon, dotprod, i8mm).
+std::vector<Isa> IsasToTest() { return IsaLevelsUpTo(HostIsa()); }
 
 uint32_t TestSeed() {
   if (const char* s = std::getenv("ESTREAM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));

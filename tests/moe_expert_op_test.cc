@@ -301,9 +301,9 @@ TEST(ScaledAddF64, EveryIsaMatchesScalarBitForBit) {
   std::mt19937 rng(Seed() + 500);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_real_distribution<float> ue(-20.0f, 20.0f);
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-    if (static_cast<int>(HostIsa()) < static_cast<int>(isa)) continue;
-    SCOPED_TRACE(static_cast<int>(isa));
+  for (Isa isa : IsaLevelsUpTo(HostIsa())) {
+    if (isa == Isa::kScalar) continue;
+    SCOPED_TRACE(IsaName(isa));
     const ScaledAddF64Fn fn = ScaledAddF64For(isa);
     for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 128, 131}) {
       for (int64_t offset : {0, 1, 3}) {

@@ -5,6 +5,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
 #endif
 
 namespace estream {
@@ -46,7 +48,28 @@ CpuFeatures Detect() {
   f.avx512_bf16 = zmm_ok && ((eax1 >> 5) & 1);
   return f;
 }
+#elif defined(__aarch64__) && defined(__linux__)
+// The bit numbers of <asm/hwcap.h>, spelled out so that older headers (without HWCAP2_I8MM)
+// still build; the kernel only sets bits of features it enables for user space.
+constexpr unsigned long kHwcapFphp = 1ul << 9, kHwcapAsimd = 1ul << 1, kHwcapAsimdhp = 1ul << 10,
+                        kHwcapAsimddp = 1ul << 20, kHwcapSve = 1ul << 22;
+constexpr unsigned long kHwcap2Sve2 = 1ul << 1, kHwcap2I8mm = 1ul << 13, kHwcap2Bf16 = 1ul << 14;
+
+CpuFeatures Detect() {
+  CpuFeatures f;
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  f.neon = (hw & kHwcapAsimd) != 0;
+  f.neon_fp16 = (hw & kHwcapFphp) != 0 && (hw & kHwcapAsimdhp) != 0;
+  f.neon_dotprod = (hw & kHwcapAsimddp) != 0;
+  f.neon_i8mm = (hw2 & kHwcap2I8mm) != 0;
+  f.neon_bf16 = (hw2 & kHwcap2Bf16) != 0;
+  f.sve = (hw & kHwcapSve) != 0;
+  f.sve2 = (hw2 & kHwcap2Sve2) != 0;
+  return f;
+}
 #elif defined(__aarch64__)
+// AArch64 without Linux's auxiliary vector: NEON is architectural; the optional extensions are
+// not probed (reading ID registers traps on some systems).
 CpuFeatures Detect() {
   CpuFeatures f;
   f.neon = true;
@@ -58,6 +81,11 @@ CpuFeatures Detect() { return CpuFeatures{}; }
 
 Isa ComputeHostIsa() {
   const CpuFeatures& f = HostCpuFeatures();
+  if (f.neon) {
+    if (f.neon_dotprod && f.neon_i8mm) return Isa::kI8mm;
+    if (f.neon_dotprod) return Isa::kDotprod;
+    return Isa::kNeon;
+  }
   if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512_vnni && f.avx2 && f.fma &&
       f.f16c)
     return Isa::kAvx512;
@@ -70,12 +98,14 @@ Isa ComputeActiveIsa() {
   const char* env = std::getenv("ESTREAM_ISA");
   if (env == nullptr || *env == '\0') return host;
   Isa wanted;
-  if (!ParseIsa(env, &wanted) || wanted == Isa::kNeon) {
-    std::fprintf(stderr, "estream: warning: ESTREAM_ISA=%s is not one of scalar, avx2, avx512; using %s\n",
+  if (!ParseIsa(env, &wanted)) {
+    std::fprintf(stderr,
+                 "estream: warning: ESTREAM_ISA=%s is not one of scalar, avx2, avx512, neon, dotprod, i8mm; "
+                 "using %s\n",
                  env, IsaName(host));
     return host;
   }
-  if (static_cast<int>(wanted) > static_cast<int>(host)) {
+  if (!IsaAtLeast(host, wanted)) {
     std::fprintf(stderr, "estream: warning: ESTREAM_ISA=%s is not supported by this CPU; using %s\n", env,
                  IsaName(host));
     return host;
@@ -106,8 +136,56 @@ const char* IsaName(Isa isa) {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kNeon: return "neon";
+    case Isa::kDotprod: return "dotprod";
+    case Isa::kI8mm: return "i8mm";
   }
   return "unknown";
+}
+
+namespace {
+bool IsArm(Isa isa) { return isa == Isa::kNeon || isa == Isa::kDotprod || isa == Isa::kI8mm; }
+}  // namespace
+
+bool IsaAtLeast(Isa have, Isa want) {
+  if (want == Isa::kScalar) return true;
+  if (have == Isa::kScalar || IsArm(have) != IsArm(want)) return false;
+  return static_cast<int>(want) <= static_cast<int>(have);
+}
+
+std::vector<Isa> IsaLevelsUpTo(Isa top) {
+  std::vector<Isa> levels = {Isa::kScalar};
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kNeon, Isa::kDotprod, Isa::kI8mm})
+    if (IsaAtLeast(top, isa)) levels.push_back(isa);
+  return levels;
+}
+
+std::string CpuFeatureString(const CpuFeatures& f) {
+  std::string s;
+  auto add = [&s](bool on, const char* name) {
+    if (!on) return;
+    if (!s.empty()) s += ' ';
+    s += name;
+  };
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx_vnni, "avx_vnni");
+  add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512vl, "avx512vl");
+  add(f.avx512dq, "avx512dq");
+  add(f.avx512_vnni, "avx512_vnni");
+  add(f.avx512_bf16, "avx512_bf16");
+  add(f.amx_int8, "amx_int8");
+  add(f.amx_bf16, "amx_bf16");
+  add(f.neon, "neon");
+  add(f.neon_fp16, "fp16");
+  add(f.neon_dotprod, "dotprod");
+  add(f.neon_i8mm, "i8mm");
+  add(f.neon_bf16, "bf16");
+  add(f.sve, "sve");
+  add(f.sve2, "sve2");
+  return s.empty() ? "none" : s;
 }
 
 bool ParseIsa(const std::string& name, Isa* out) {
@@ -115,6 +193,8 @@ bool ParseIsa(const std::string& name, Isa* out) {
   if (name == "avx2") { *out = Isa::kAvx2; return true; }
   if (name == "avx512") { *out = Isa::kAvx512; return true; }
   if (name == "neon") { *out = Isa::kNeon; return true; }
+  if (name == "dotprod") { *out = Isa::kDotprod; return true; }
+  if (name == "i8mm") { *out = Isa::kI8mm; return true; }
   return false;
 }
 

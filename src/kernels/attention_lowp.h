@@ -76,15 +76,19 @@ size_t AttentionLowpKvBytes(int head_dim, int n_tokens);
 // Converts key block `block` of kv head `kv_head` into kv (that head's buffer of
 // AttentionLowpKvBytes bytes). Both versions write identical bytes.
 void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
+#if defined(__x86_64__)
 void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
+#endif
 
 // Contract of KernelTable::attention_block_bf16: query heads [head_begin, head_end) sharing one kv
 // head, rows [t_begin, t_end), K/V from the converted buffer of that kv head (every block up to
 // t_end converted).
 void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
                            int t_end);
+#if defined(__x86_64__)
 void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
                               int t_begin, int t_end);
+#endif
 
 // Per-thread scratch of the AVX-512 block after calls of at most `tiles` tiles
 // (KernelTable::attention_scratch_bytes_bf16).
@@ -93,7 +97,9 @@ size_t AttentionLowpScratchBytes(int head_dim, int tiles);
 // Set the table's bf16 attention entries to this kernel: the scalar reference (tests) or the
 // AVX-512 one (REQUIRES HostIsa() == kAvx512).
 void FillAttentionLowpRef(KernelTable* t);
+#if defined(__x86_64__)
 void FillAttentionLowpAvx512(KernelTable* t);
+#endif
 
 // The scalar 2^x of the kernels (x <= 0 or -inf; below 2^-125 exactly 0), the same operations as
 // the AVX-512 Exp2NonPositive, so that the reference's P equals the fast path's bit for bit.

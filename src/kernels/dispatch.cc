@@ -10,16 +10,29 @@ KernelTable Build(Isa isa) {
   FillScalarGemm(&t);
   FillScalarOps(&t);
   FillScalarShortConv(&t);
-  if (static_cast<int>(isa) >= static_cast<int>(Isa::kAvx2) && isa != Isa::kNeon) {
+#if defined(__x86_64__)
+  if (IsaAtLeast(isa, Isa::kAvx2)) {
     FillAvx2Gemm(&t);
     FillAvx2Ops(&t);
     FillAvx2ShortConv(&t);
   }
-  if (isa == Isa::kAvx512) {
+  if (IsaAtLeast(isa, Isa::kAvx512)) {
     FillAvx512Gemm(&t);
     FillAvx512Ops(&t);
     FillAvx512ShortConv(&t);
   }
+#endif
+#if defined(__aarch64__)
+  if (IsaAtLeast(isa, Isa::kNeon)) {
+    FillNeonQuantize(&t);
+    FillNeonGemm(&t);
+    FillNeonOps(&t);
+    FillNeonAttention(&t);
+    FillNeonShortConv(&t);
+  }
+  if (IsaAtLeast(isa, Isa::kDotprod)) FillDotprodGemm(&t);
+  if (IsaAtLeast(isa, Isa::kI8mm)) FillI8mmGemm(&t);
+#endif
   t.isa = isa;
   return t;
 }
@@ -27,15 +40,15 @@ KernelTable Build(Isa isa) {
 }  // namespace
 
 const KernelTable& KernelsFor(Isa isa) {
-  if (static_cast<int>(isa) > static_cast<int>(HostIsa()) || isa == Isa::kNeon) isa = HostIsa();
-  static const KernelTable scalar = Build(Isa::kScalar);
-  static const KernelTable avx2 = HostIsa() >= Isa::kAvx2 ? Build(Isa::kAvx2) : scalar;
-  static const KernelTable avx512 = HostIsa() >= Isa::kAvx512 ? Build(Isa::kAvx512) : avx2;
-  switch (isa) {
-    case Isa::kAvx512: return avx512;
-    case Isa::kAvx2: return avx2;
-    default: return scalar;
-  }
+  if (!IsaAtLeast(HostIsa(), isa)) isa = HostIsa();
+  // One table per level of the host's chain, built on first use.
+  static const KernelTable tables[] = {Build(Isa::kScalar),
+                                       IsaAtLeast(HostIsa(), Isa::kAvx2) ? Build(Isa::kAvx2) : KernelTable{},
+                                       IsaAtLeast(HostIsa(), Isa::kAvx512) ? Build(Isa::kAvx512) : KernelTable{},
+                                       IsaAtLeast(HostIsa(), Isa::kNeon) ? Build(Isa::kNeon) : KernelTable{},
+                                       IsaAtLeast(HostIsa(), Isa::kDotprod) ? Build(Isa::kDotprod) : KernelTable{},
+                                       IsaAtLeast(HostIsa(), Isa::kI8mm) ? Build(Isa::kI8mm) : KernelTable{}};
+  return tables[static_cast<int>(isa)];
 }
 
 void GemmColumns(const KernelTable& kt, const WeightView& w, const BlockQ8A* xq, const float* x, int64_t ldx,

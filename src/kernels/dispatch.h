@@ -1,9 +1,12 @@
 // The kernel dispatch table: one set of function pointers per instruction-set level.
 //
-// Each ISA's kernels live in their own translation units (ref/, x86_avx2/, x86_avx512/,
-// arm_neon/) compiled with that ISA's flags; each provides `Fill<Isa>Gemm` / `Fill<Isa>Ops(KernelTable*)` that
-// overwrites the entries it implements. KernelsFor(isa) starts from the scalar table and applies
-// every level up to `isa`, so a level that lacks a kernel inherits the one below.
+// Each ISA's kernels live in their own translation units, compiled with that ISA's flags and only
+// on their architecture (src/kernels/CMakeLists.txt): ref/ (scalar, everywhere), x86_avx2/ and
+// x86_avx512/ (x86-64), arm_neon/ (AArch64; files named *_dotprod.cc / *_i8mm.cc / *_fp16.cc get
+// those extensions). Each provides `Fill<Isa><Family>(KernelTable*)` functions that overwrite the
+// entries they implement. KernelsFor(isa) starts from the scalar table and applies every level of
+// isa's chain up to isa (base/cpu.h: scalar < avx2 < avx512, scalar < neon < dotprod < i8mm), so a
+// level that lacks a kernel inherits the one below.
 // Thread safety: tables are built once (function-local statics) and immutable afterwards.
 #pragma once
 
@@ -102,22 +105,31 @@ const KernelTable& KernelsFor(Isa isa);
 const KernelTable& Kernels();
 
 // Filled by each ISA's translation units: the GEMM family (gemm_*, quantize_q8a) and the
-// other ops (attention, norms, RoPE, SwiGLU, router, add).
+// other ops (attention, norms, RoPE, SwiGLU, router, add). Only the functions of the build's
+// architecture exist (x86-64: Scalar, Avx2, Avx512; AArch64: Scalar, Neon, Dotprod, I8mm).
 void FillScalarGemm(KernelTable* t);
 void FillScalarOps(KernelTable* t);
+// LFM2's short convolution, one translation unit per ISA (ref/shortconv_ref.cc, ...).
+void FillScalarShortConv(KernelTable* t);
+#if defined(__x86_64__)
 void FillAvx2Gemm(KernelTable* t);
 void FillAvx2Ops(KernelTable* t);
 void FillAvx512Gemm(KernelTable* t);
 void FillAvx512Ops(KernelTable* t);
-// AArch64 (arm_neon/, compiled only there): the GEMM family per level (plain NEON, sdot, smmla)
-// and the fp32 attention.
-void FillNeonGemm(KernelTable* t);
-void FillDotprodGemm(KernelTable* t);
-void FillI8mmGemm(KernelTable* t);
-void FillNeonAttention(KernelTable* t);
-// LFM2's short convolution, one translation unit per ISA (ref/shortconv_ref.cc, ...).
-void FillScalarShortConv(KernelTable* t);
 void FillAvx2ShortConv(KernelTable* t);
 void FillAvx512ShortConv(KernelTable* t);
+#endif
+#if defined(__aarch64__)
+// Level neon: quantize_q8a (arm_neon/quantize_neon.cc), the fp32 ops (ops_neon.cc: norms, RoPE,
+// SwiGLU, router, add), attention, the GEMMs without int8 dot products, short convolution.
+void FillNeonQuantize(KernelTable* t);
+void FillNeonOps(KernelTable* t);
+void FillNeonAttention(KernelTable* t);
+void FillNeonGemm(KernelTable* t);
+void FillNeonShortConv(KernelTable* t);
+// Level dotprod: the quantised GEMMs on sdot. Level i8mm: on smmla.
+void FillDotprodGemm(KernelTable* t);
+void FillI8mmGemm(KernelTable* t);
+#endif
 
 }  // namespace estream::kernels

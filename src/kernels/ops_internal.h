@@ -23,8 +23,11 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a);
 // (x86_avx512/attention_amx.h) as attention_block_bf16; FillAvx512Ops sets use_amx where the CPU
 // has it and ESTREAM_ATTN_BF16 is not "0". Tests fill both.
 // REQUIRES: HostIsa() == kAvx512; use_amx only where AttentionAmxUsable().
+// x86-64 builds only.
+#if defined(__x86_64__)
 void FillAvx512OpsWith(KernelTable* t, bool use_amx);
 // True if the AMX-BF16 attention can run here (CPU, OS permission, ESTREAM_AMX != "0").
 bool AttentionAmxUsable();
+#endif
 
 }  // namespace estream::kernels

@@ -8,7 +8,7 @@ target_include_directories(estream_ref PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(estream_ref PUBLIC estream_gguf estream_quant estream_base)
 
 estream_add_test(model_golden_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_golden_test.cc
-  LIBS estream_model estream_ref LABELS model)
+  LIBS estream_model estream_ref LABELS model arm)
 estream_add_test(model_engine_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_engine_test.cc
   LIBS estream_model LABELS model)
 # Engine vs fp64 reference on synthetic models of every arch and weight type; golden top-5.
@@ -37,7 +37,7 @@ estream_add_test(model_deepseek2_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_
   LIBS estream_model estream_ref estream_pack LABELS model)
 # LFM2-MoE: packed resident and streamed under every schedule vs the golden logits; bad input.
 estream_add_test(model_lfm2moe_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_lfm2moe_test.cc
-  LIBS estream_model estream_pack LABELS model)
+  LIBS estream_model estream_pack LABELS model arm)
 # The estream commands on deepseek2 and lfm2moe end to end (runs the built estream binary).
 estream_add_test(family_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/family_cli_test.cc
   LIBS estream_model nlohmann_json::nlohmann_json LABELS model)
