@@ -1,6 +1,6 @@
 // The blocked causal attention of the x86 paths, written once over a vector-traits class `S` and
-// instantiated by x86_avx2/ops_avx2.cc and x86_avx512/ops_avx512.cc (each compiled with its own
-// ISA flags). Everything here has internal linkage (anonymous namespace), so the two
+// instantiated by x86_avx2/ops_avx2.cc, x86_avx512/ops_avx512.cc and arm_neon/attention_neon.cc
+// (each compiled with its own ISA flags; the template itself is ISA-neutral). Everything here has internal linkage (anonymous namespace), so the two
 // instantiations can never be merged by the linker across ISAs. Internal to src/kernels.
 //
 // Algorithm (flash-attention style online softmax). A call covers query heads [h0, h1) that share
@@ -33,8 +33,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-
-#include <xmmintrin.h>
 
 #include "base/memory.h"
 #include "kernels/kernels.h"
@@ -106,8 +104,8 @@ inline void QkTile(const float* k, int64_t ldk, const float* v, int64_t ldv, con
   }
   for (int r = R; r < R + n_prefetch; ++r)
     for (int i = 0; i < d; i += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(k + r * ldk + i), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(v + r * ldv + i), _MM_HINT_T0);
+      __builtin_prefetch(k + r * ldk + i, 0, 3);  // prefetcht0 / prfm pldl1keep
+      __builtin_prefetch(v + r * ldv + i, 0, 3);
     }
   for (int i = 0; i < d; ++i) {
     typename S::V q[S::kVecs];

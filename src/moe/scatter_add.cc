@@ -14,6 +14,11 @@ ScaledAddF64Fn ScaledAddF64For(Isa isa) {
     case Isa::kAvx512: return ScaledAddF64Avx512;
     case Isa::kAvx2: return ScaledAddF64Avx2;
 #endif
+#if defined(__aarch64__)
+    case Isa::kNeon:
+    case Isa::kDotprod:
+    case Isa::kI8mm: return ScaledAddF64Neon;
+#endif
     default: return ScaledAddF64Scalar;
   }
 }

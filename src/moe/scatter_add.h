@@ -5,7 +5,7 @@
 // with or without FMA: every ISA below gives the same bits (moe_expert_op_test checks each ISA
 // the host has against the scalar one).
 //
-// One translation unit per ISA (x86_avx2/, x86_avx512/: compiled with that ISA's flags, as in
+// One translation unit per ISA (x86_avx2/, x86_avx512/, arm_neon/: compiled with that ISA's flags, as in
 // src/kernels), chosen per call site from the kernel table's ISA (so ESTREAM_ISA lowers it too).
 // The fp64 rows are twice the bytes of fp32 ones; the baseline x86-64 build of expert_op.cc would
 // add two doubles per instruction, which cost ~5-10% of an expert's time at 128-1024 routes.
@@ -25,9 +25,11 @@ void ScaledAddF64Scalar(double* acc, const float* v, float a, int64_t n);
 void ScaledAddF64Avx2(double* acc, const float* v, float a, int64_t n);
 void ScaledAddF64Avx512(double* acc, const float* v, float a, int64_t n);
 #endif
+#if defined(__aarch64__)
+void ScaledAddF64Neon(double* acc, const float* v, float a, int64_t n);  // arm_neon/ (every level)
+#endif
 
-// The implementation for `isa` (levels without their own: scalar, whose plain loop the AArch64
-// baseline build already vectorises two doubles at a time).
+// The implementation for `isa` (unknown levels: scalar).
 ScaledAddF64Fn ScaledAddF64For(Isa isa);
 
 }  // namespace estream::moe
