@@ -1,6 +1,6 @@
 // Armv8-A baseline (Advanced SIMD) GEMM entries: the quantised GEMM by widening multiplies
-// (smull/smlal + sadalp; gemm_neon_impl.h), the float GEMMs (F32/F16/BF16 weights, fp32 FMA) and
-// the Q8A quantiser. Every AArch64 CPU has them (Isa::kNeon); dotprod/i8mm override the quantised
+// (smull/smlal + sadalp; gemm_neon_impl.h) and the float GEMMs (F32/F16/BF16 weights, fp32 FMA;
+// the Q8A quantiser is quantize_neon.cc's). Every AArch64 CPU has them (Isa::kNeon); dotprod/i8mm override the quantised
 // entries (gemm_neon_dotprod.cc, gemm_neon_i8mm.cc).
 #include <arm_neon.h>
 
@@ -145,31 +145,6 @@ void GemmFloatNeon(const WeightView& w, const float* x, int64_t ldx, int64_t m, 
   }
 }
 
-// ---- Q8A quantiser (bit-exact with QuantizeRowQ8A) --------------------------------------------
-
-void QuantizeQ8ANeon(const float* x, BlockQ8A* y, int64_t n) {
-  for (int64_t b = 0; b < n / kQK8A; ++b) {
-    float32x4_t v[8];
-    for (int q = 0; q < 8; ++q) v[q] = vld1q_f32(x + 32 * b + 4 * q);
-    float32x4_t a = vabsq_f32(v[0]);
-    for (int q = 1; q < 8; ++q) a = vmaxq_f32(a, vabsq_f32(v[q]));
-    const float amax = vmaxvq_f32(a);
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int32x4_t q[8];
-    for (int i = 0; i < 8; ++i) q[i] = vcvtnq_s32_f32(vmulq_n_f32(v[i], id));  // round half to even
-    // |q| <= 127: the narrowing moves are exact.
-    for (int h = 0; h < 2; ++h) {
-      const int16x8_t s0 = vcombine_s16(vmovn_s32(q[4 * h]), vmovn_s32(q[4 * h + 1]));
-      const int16x8_t s1 = vcombine_s16(vmovn_s32(q[4 * h + 2]), vmovn_s32(q[4 * h + 3]));
-      vst1q_s8(y[b].qs + 16 * h, vcombine_s8(vmovn_s16(s0), vmovn_s16(s1)));
-      const int32x4_t sum = vaddq_s32(vaddq_s32(q[4 * h], q[4 * h + 1]), vaddq_s32(q[4 * h + 2], q[4 * h + 3]));
-      y[b].sum[h] = static_cast<int16_t>(vaddvq_s32(sum));
-    }
-    y[b].d = d;
-  }
-}
-
 }  // namespace
 
 void FillNeonGemm(KernelTable* t) {
@@ -177,7 +152,6 @@ void FillNeonGemm(KernelTable* t) {
   t->gemm_f32 = GemmFloatNeon<QuantType::kF32>;
   t->gemm_f16 = GemmFloatNeon<QuantType::kF16>;
   t->gemm_bf16 = GemmFloatNeon<QuantType::kBF16>;
-  t->quantize_q8a = QuantizeQ8ANeon;
 }
 
 }  // namespace estream::kernels
