@@ -1,5 +1,7 @@
 #include "server/api.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -298,12 +300,18 @@ std::optional<ApiError> PrepareCompletion(const std::string& body, const ApiCont
     if (want_tops) {
       (*tops)[i].resize(r.tokens.size());
       const int n = logprobs;
-      r.logits_sink = [tops, i, n, V](int64_t first, int64_t n_rows, const float* lg) -> Status {
-        std::vector<int32_t> scratch;
+      // Rows are independent (each writes its own slot), so they are split over OpenMP threads:
+      // one row is a log-sum-exp and a partial sort over the vocabulary, ~0.3 ms at V = 50k,
+      // which on one thread added a third to a 128-token request of a small model.
+      const int threads = ctx.threads > 0 ? ctx.threads : omp_get_max_threads();
+      r.logits_sink = [tops, i, n, V, threads](int64_t first, int64_t n_rows, const float* lg) -> Status {
         auto& rows = (*tops)[i];
-        for (int64_t k = 0; k < n_rows; ++k) {
-          const int64_t t = first + k;  // this row predicts token t + 1
-          if (t + 1 < static_cast<int64_t>(rows.size())) rows[t + 1] = TopOf(lg + k * V, V, n, &scratch);
+        const int64_t end = std::min<int64_t>(n_rows, static_cast<int64_t>(rows.size()) - 1 - first);
+#pragma omp parallel num_threads(threads)
+        {
+          std::vector<int32_t> scratch;
+#pragma omp for schedule(static)
+          for (int64_t k = 0; k < end; ++k) rows[first + k + 1] = TopOf(lg + k * V, V, n, &scratch);  // row t predicts t + 1
         }
         return Status::Ok();
       };

@@ -323,6 +323,7 @@ void Server::SetBackend(BatchRunner runner, const ModelInfo& info, const Tokeniz
   ctx_.info = &info;
   ctx_.model_id = std::move(model_id);
   ctx_.rerank_template = options_.rerank_template;
+  ctx_.threads = options_.compute_threads;
   SchedulerOptions so = options_.scheduler;
   if (pass_tokens > 0) so.max_batch_tokens = std::min(so.max_batch_tokens, pass_tokens);
   options_.scheduler = so;

@@ -12,6 +12,7 @@
 // (http threads x 4 x --max-body, for the body, its parsed JSON and the reply, + 16 MiB) and gives
 // the rest to the engine (EngineOptions::budget_bytes: arena, dense weights, activations of the
 // largest batch, which --max-batch-tokens bounds). /metrics reports both and the peak RSS.
+#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -100,6 +101,7 @@ class ServeCommand : public Command {
     }
     o_.scheduler.max_batch_tokens = max_batch_tokens_ > 0 ? max_batch_tokens_ : (int64_t{1} << 40);
 
+    o_.compute_threads = threads_ > 0 ? threads_ : omp_get_num_procs();  // as the engine's
     server::Server server(o_);
     ESTREAM_RETURN_IF_ERROR(server.Start());
     std::fprintf(stderr, "estream serve: listening on http://%s:%d (loading %s)\n", o_.host.c_str(), server.port(),
