@@ -40,6 +40,7 @@ class ServerEngine : public ::testing::Test {
     ASSERT_TRUE(e.ok()) << e.status().message();
     engine_ = std::move(e).value().release();
     ServerOptions o;
+    o.compute_threads = 2;  // the echo-logprobs sink over two threads, as `estream serve -t 2`
     o.port = 0;
     o.scheduler.max_batch_tokens = 512;
     o.scheduler.max_queue = 64;

@@ -1,6 +1,5 @@
 #include "server/api.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -303,11 +302,11 @@ std::optional<ApiError> PrepareCompletion(const std::string& body, const ApiCont
       // Rows are independent (each writes its own slot), so they are split over OpenMP threads:
       // one row is a log-sum-exp and a partial sort over the vocabulary, ~0.3 ms at V = 50k,
       // which on one thread added a third to a 128-token request of a small model.
-      const int threads = ctx.threads > 0 ? ctx.threads : omp_get_max_threads();
+      const int threads = std::max(1, ctx.threads);
       r.logits_sink = [tops, i, n, V, threads](int64_t first, int64_t n_rows, const float* lg) -> Status {
         auto& rows = (*tops)[i];
         const int64_t end = std::min<int64_t>(n_rows, static_cast<int64_t>(rows.size()) - 1 - first);
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
         {
           std::vector<int32_t> scratch;
 #pragma omp for schedule(static)

@@ -78,7 +78,7 @@ struct ApiContext {
   const ModelInfo* info = nullptr;
   std::string model_id;                  // "model" in replies and /v1/models
   std::string rerank_template = kDefaultRerankTemplate;
-  int threads = 0;                       // OpenMP threads of the logits sinks; 0: OpenMP's default
+  int threads = 1;                       // OpenMP threads of the logits sinks
 };
 
 // A reply: status and JSON body.

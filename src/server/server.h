@@ -51,8 +51,8 @@ struct ServerOptions {
   std::string rerank_template = kDefaultRerankTemplate;
   uint64_t budget_bytes = 0;        // for /metrics
   uint64_t server_reserve_bytes = 0;
-  int compute_threads = 0;          // OpenMP threads of the server's own row work (echo
-                                    // logprobs' top alternatives); 0: OpenMP's default
+  int compute_threads = 1;          // threads of the server's own row work (echo logprobs' top
+                                    // alternatives); `estream serve` passes the engine's -t
 };
 
 class Server {
