@@ -1,6 +1,5 @@
 #include "server/api.h"
 
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
