@@ -8,7 +8,9 @@
 #   4. the concurrency tests under ThreadSanitizer (where present);
 #   5. the GGUF fuzz target for FUZZ_SECONDS (default 60) on its seed corpus;
 #   6. sharded scoring on a single-node Slurm cluster started here (tests/slurm/run_slurm_test.sh;
-#      skipped with a message where Slurm/munge are not installed: scripts/setup_slurm.sh).
+#      skipped with a message where Slurm/munge are not installed: scripts/setup_slurm.sh); then
+#      HAProxy in front of two `estream serve` instances, one stopped and restarted under load
+#      (tests/haproxy/run_haproxy_test.sh; skipped where haproxy is not: scripts/setup_haproxy.sh).
 #   7. ARM64 (opt-in for now, ARM64=1; ARM64=only runs it alone): the project cross-built for
 #      aarch64 (scripts/build_arm64.sh) and the tests labelled `arm` run under qemu-aarch64 (see
 #      arm64_stage below; skipped with a message where the cross toolchain or qemu-user is missing).
@@ -107,6 +109,8 @@ if [ -x scripts/ci_fuzz.sh ]; then
 fi
 step "single-node Slurm: a 4-task score array, one task killed and requeued, merged = one process"
 tests/slurm/run_slurm_test.sh build/tools/estream/estream
+step "HAProxy in front of 2 servers: a load test while one is stopped and restarted"
+tests/haproxy/run_haproxy_test.sh build/tools/estream/estream
 if [ "${ARM64:-0}" = 1 ]; then
   arm64_stage
 else
