@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # HAProxy (Debian's haproxy 2.6) in front of two `estream serve` instances on 127.0.0.1 (issue 24):
 # a bounded load test through HAProxy keeps answering while one server is stopped (SIGTERM) and
-# restarted; a request fails only if it was in flight at the stop, and the client retries it;
-# every answer equals a single server's. The servers run deploy/estream@.service's ExecStart line
+# restarted, then the other killed (SIGKILL) and restarted; a request fails only if it was in
+# flight at a signal, and the client retries it; every answer equals a single server's; a server
+# set to drain on HAProxy's admin socket gets no new request. The servers run deploy/estream@.service's ExecStart line
 # and HAProxy runs deploy/haproxy.cfg (ports and process settings substituted). Details:
 # tests/haproxy/haproxy_load_test.py.
 #
