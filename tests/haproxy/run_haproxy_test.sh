@@ -38,11 +38,18 @@ trap cleanup EXIT
 if command -v systemd-analyze >/dev/null; then
   mkdir -p "$D/unit"
   sed "s|/usr/local/bin/estream|$E|" "$ROOT/deploy/estream@.service" >"$D/unit/estream@.service"
-  if ! out=$(timeout 30 systemd-analyze verify "$D/unit/estream@18101.service" 2>&1); then
+  # Any line naming the unit fails the test: verify exits 0 on settings it ignores ("Failed to
+  # parse ..., ignoring").
+  rc=0
+  out=$(timeout 30 systemd-analyze verify "$D/unit/estream@18101.service" 2>&1) || rc=$?
+  if grep -q "estream@" <<<"$out"; then
     echo "haproxy test: FAILED: systemd-analyze verify deploy/estream@.service: $out" >&2
     exit 1
+  elif [ $rc = 0 ]; then
+    echo "haproxy test: systemd-analyze verify deploy/estream@.service: ok"
+  else  # a complaint about this machine's systemd, not about the unit
+    echo "haproxy test: systemd-analyze verify could not check the unit here ($rc): $out"
   fi
-  echo "haproxy test: systemd-analyze verify deploy/estream@.service: ok"
 fi
 
 rc=0
