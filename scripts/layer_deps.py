@@ -45,6 +45,13 @@ ALLOWED = {
     "capi": {"base", "model", "tokenizer"},
     "python": {"base", "model", "tokenizer", "capi"},
 }
+# Files held to less than their layer may use: the packed layout and the metadata updates know the
+# kernel-native weight format from quant/packed_format.h only (the packer, pack_model.*, uses the
+# kernels to write it), so the pipeline that reads packed models does not depend on the kernels.
+FILE_FORBIDDEN = {
+    "src/pack/packed_layout.": {"kernels"},
+    "src/pack/metadata_update.": {"kernels"},
+}
 ORDER = ["python", "capi", "tools", "server", "batch", "profiler", "model", "tokenizer", "config", "pipeline", "vmem", "pack", "io", "moe", "kernels",
          "gguf", "quant", "base"]
 BASE_PUBLIC = {"status.h", "options.h"}  # include/estream/ headers of the base layer
@@ -74,6 +81,7 @@ def main():
     args = ap.parse_args()
 
     edges = {}  # (from, to) -> an example "file: include"
+    file_bad = []  # "file: include" lines that FILE_FORBIDDEN refuses
     for top in ("src", "tools", "include", "python"):
         for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
             for name in sorted(files):
@@ -94,11 +102,15 @@ def main():
                                                   else "src/" + m.group(1)))
                         if dst is None or dst == src:
                             continue
+                        if any(rel.startswith(p) and dst in f for p, f in FILE_FORBIDDEN.items()):
+                            file_bad.append(f"{rel}: {m.group(1)}")
                         edges.setdefault((src, dst), f"{rel}: {m.group(1)}")
 
     bad = [(a, b) for (a, b) in sorted(edges) if b not in ALLOWED.get(a, set())]
     for a, b in bad:
         print(f"layer violation: {a} -> {b} ({edges[(a, b)]})", file=sys.stderr)
+    for where in file_bad:
+        print(f"layer violation: {where} (FILE_FORBIDDEN)", file=sys.stderr)
 
     if args.mermaid:
         print("flowchart TD")
@@ -106,9 +118,9 @@ def main():
             for b in ORDER:
                 if (a, b) in edges and (args.with_base or b != "base"):
                     print(f"  {a} --> {b}")
-    elif not bad:
+    elif not bad and not file_bad:
         print(f"{len(edges)} include edges between layers, all allowed by docs/DESIGN.md section 1")
-    return 1 if bad else 0
+    return 1 if bad or file_bad else 0
 
 
 if __name__ == "__main__":

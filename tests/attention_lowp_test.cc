@@ -32,6 +32,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#include "kernels_test_util.h"
 #if defined(__x86_64__)
 #include "kernels/x86_avx512/attention_amx.h"
 #endif
@@ -39,15 +40,9 @@
 namespace estream::kernels {
 namespace {
 
-constexpr double kU = 0x1p-24;  // fp32 unit roundoff
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-uint32_t TestSeed() {
-  if (const char* s = std::getenv("ESTREAM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
-  static const uint32_t seed = std::random_device{}();
-  return seed;
-}
-#define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))
+using kernels_test::kNaN;
+using kernels_test::kU;
+using kernels_test::TestSeed;
 
 // The tables as the engine fills them (`exact_rows`: the first kLowpKeys rows on the fp32 kernel)
 // or, for the tests of the kernel itself, with every row on the low-precision kernel.
@@ -80,35 +75,13 @@ const KernelTable* Avx512Table() {
 #endif
 }
 
-struct Shape {
-  int n_tokens, n_head, n_head_kv, head_dim;
-};
-std::string Name(const Shape& s) {
-  return "T=" + std::to_string(s.n_tokens) + " heads=" + std::to_string(s.n_head) + "/" +
-         std::to_string(s.n_head_kv) + " d=" + std::to_string(s.head_dim);
-}
+using Shape = kernels_test::AttnShape;
+using kernels_test::Name;
 
-// One problem with padded rows (the padding of out is NaN and must stay NaN). `outliers`: a few
-// key channels get a large common offset (+-40) and a few keys a large spike, as real K has.
-struct Problem {
-  Shape s;
-  int64_t ldq, ldk, ldv, ldo;
-  std::vector<float> q, k, v;
-  float scale;
-  Problem(const Shape& shape, uint32_t salt, bool outliers = false) : s(shape) {
-    std::mt19937 gen(TestSeed() ^ (salt * 0x9E3779B9u));
-    std::uniform_real_distribution<float> u(-2.0f, 2.0f), uv(-1.0f, 1.0f);
-    ldq = static_cast<int64_t>(s.n_head) * s.head_dim + 3;
-    ldk = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 5;
-    ldv = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 1;
-    ldo = static_cast<int64_t>(s.n_head) * s.head_dim + 7;
-    q.resize(s.n_tokens * ldq);
-    k.resize(s.n_tokens * ldk);
-    v.resize(s.n_tokens * ldv);
-    for (float& x : q) x = u(gen);
-    for (float& x : k) x = u(gen);
-    for (float& x : v) x = uv(gen);
-    scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+// The shared attention problem (kernels_test_util.h), run with allow_bf16. `outliers`: a few key
+// channels get a large common offset (+-40) and a few keys a large spike, as real K has.
+struct Problem : kernels_test::AttnProblem {
+  Problem(const Shape& shape, uint32_t salt, bool outliers = false) : kernels_test::AttnProblem(shape, salt) {
     if (outliers) {
       for (int h = 0; h < s.n_head_kv; ++h)
         for (int c : {1, s.head_dim / 3, s.head_dim - 2}) {
@@ -118,16 +91,7 @@ struct Problem {
       for (int t = 3; t < s.n_tokens; t += 37) k[t * ldk + (t % s.head_dim)] *= 25.0f;
     }
   }
-  AttentionArgs Args(float* out) const {
-    return AttentionArgs{.n_tokens = s.n_tokens, .n_head = s.n_head, .n_head_kv = s.n_head_kv,
-                         .head_dim = s.head_dim, .scale = scale, .q = q.data(), .ldq = ldq, .k = k.data(),
-                         .ldk = ldk, .v = v.data(), .ldv = ldv, .out = out, .ldo = ldo, .allow_bf16 = true};
-  }
-  std::vector<float> Poisoned() const { return std::vector<float>(s.n_tokens * ldo, kNaN); }
-  const float* Q(int t, int h) const { return q.data() + t * ldq + h * s.head_dim; }
-  const float* K(int t, int h) const { return k.data() + t * ldk + h * s.head_dim; }
-  const float* V(int t, int h) const { return v.data() + t * ldv + h * s.head_dim; }
-  int KvHead(int h) const { return h / (s.n_head / s.n_head_kv); }
+  AttentionArgs Args(float* out) const { return kernels_test::AttnProblem::Args(out, /*allow_bf16=*/true); }
 };
 
 std::vector<float> RunLowp(const KernelTable& kt, const Problem& p, int threads = 2) {
@@ -238,12 +202,7 @@ double Check(const Problem& p, const std::vector<float>& got, int t_begin, int t
         }
       }
     }
-    for (int64_t c = static_cast<int64_t>(p.s.n_head) * p.s.head_dim; c < p.ldo; ++c)
-      if (!std::isnan(got[t * p.ldo + c])) {
-        ADD_FAILURE() << what << " " << Name(p.s) << ": wrote row padding at t=" << t;
-        ++errors;
-        break;
-      }
+    if (!kernels_test::PaddingIntact(p, got, t, what)) ++errors;
   }
   return worst;
 }

@@ -16,29 +16,14 @@
 
 #include "batch/merge.h"
 #include "batch/shard.h"
+#include "scratch_dir.h"
 
 namespace estream::batch {
 namespace {
 
 using nlohmann::json;
 
-class Dir {
- public:
-  Dir() {
-    path_ = std::filesystem::path(::testing::TempDir()) /
-            ("estream_batch_" + std::to_string(getpid()) + "_" + std::to_string(counter_++));
-    std::filesystem::create_directories(path_);
-  }
-  ~Dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
-};
+using Dir = test_util::ScratchDir;
 
 void Write(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);

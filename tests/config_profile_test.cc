@@ -15,27 +15,12 @@
 #include "config/configurator.h"
 #include "config/synthetic.h"
 #include "gguf/gguf.h"
+#include "scratch_dir.h"
 
 namespace estream::config {
 namespace {
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = ::testing::TempDir() + "config_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr);
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using test_util::ScratchDir;
 
 // Small but awkward: 5 layers, 11 experts (a partial last group for every g > 1), varying
 // record bytes, an uncalibrated disk-table g.

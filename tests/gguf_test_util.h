@@ -13,33 +13,11 @@
 
 #include <gtest/gtest.h>
 
+#include "scratch_dir.h"
+
 namespace estream::testing_gguf {
 
-// A fresh directory under the gtest temp dir, removed with its contents on destruction.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = ::testing::TempDir() + "gguf_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr);
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-  // Names of the entries in the directory.
-  std::vector<std::string> List() const {
-    std::vector<std::string> out;
-    for (const auto& e : std::filesystem::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
+using ScratchDir = ::estream::test_util::ScratchDir;
 
 inline std::vector<uint8_t> ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "gguf/gguf.h"
 
 namespace estream {
@@ -24,7 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-const std::string kCli = ESTREAM_CLI;
 const std::string kShared = std::string(ESTREAM_SHARED_DIR) + "/testdata/";
 
 struct RunResult {
@@ -42,19 +41,9 @@ class CliTest : public ::testing::Test {
   std::string File(const std::string& name) const { return (dir_ / name).string(); }
 
   RunResult Run(const std::string& args) const {
-    RunResult r;
-    const std::string err_file = File("stderr.txt");
-    FILE* p = ::popen((kCli + " " + args + " 2>" + err_file).c_str(), "r");
-    if (p == nullptr) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = ::pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream f(err_file);
-    r.err.assign(std::istreambuf_iterator<char>(f), {});
-    fs::remove(err_file);
-    return r;
+    const cli_test::CliResult c = cli_test::RunCli(args, File("stderr.txt"));
+    fs::remove(File("stderr.txt"));
+    return {c.exit_code, c.out, c.err};
   }
 
   fs::path dir_;

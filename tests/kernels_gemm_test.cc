@@ -368,7 +368,7 @@ TEST(GemmQuant, RepackIsExact) {
   }
 }
 
-// PackPanel against the layout of repack.h, spelled out from DecodeBlock32 (the per-value decoder)
+// PackPanel against the layout of quant/packed_format.h, spelled out from DecodeBlock32 (the per-value decoder)
 // for full and partial panels of every type; Q4_0 and Q8_0 have their own byte-copy path.
 TEST(GemmQuant, PackPanelMatchesLayout) {
   for (QuantType t : kGemmQuantTypes) {
@@ -411,7 +411,7 @@ TEST(GemmQuant, PackedBytes) {
     EXPECT_TRUE(GemmSupports(t)) << TypeName(t);
     EXPECT_TRUE(CanRepack(t)) << TypeName(t);
   }
-  // The new formats' sizes (repack.h): Q4_1 5.0 bits per weight, Q5_0 as Q8_0, Q5_K 8.625,
+  // The new formats' sizes (quant/packed_format.h): Q4_1 5.0 bits per weight, Q5_0 as Q8_0, Q5_K 8.625,
   // Q3_K 4.5625, Q2_K 5.125, IQ4_NL 4.5, IQ4_XS 4.3125, MXFP4 4.25.
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ4_1, 16, 4096), 16u * 4096 * 5 / 8);
   EXPECT_EQ(PackedWeightBytes(QuantType::kQ5_0, 16, 4096), PackedWeightBytes(QuantType::kQ8_0, 16, 4096));

@@ -27,36 +27,19 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#include "kernels_test_util.h"
 #include "test_quick.h"
 
 namespace estream::kernels {
 namespace {
 
-constexpr double kU = 0x1p-24;  // fp32 unit roundoff
+using kernels_test::IsasToTest;
+using kernels_test::kNaN;
+using kernels_test::kU;
+using kernels_test::Rng;
+using kernels_test::TestSeed;
+
 double Gamma(double n) { return n * kU / (1.0 - n * kU); }
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Every level of the host's chain (scalar, avx2, avx512 / scalar, neon, dotprod, i8mm).
-std::vector<Isa> IsasToTest() { return IsaLevelsUpTo(HostIsa()); }
-
-uint32_t TestSeed() {
-  if (const char* s = std::getenv("ESTREAM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
-  static const uint32_t seed = std::random_device{}();
-  return seed;
-}
-
-class Rng {
- public:
-  explicit Rng(uint32_t salt) : gen_(TestSeed() ^ (salt * 0x9E3779B9u)) {}
-  float Uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
-  int Int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen_); }
-  void Fill(std::vector<float>& v, float lo, float hi) {
-    for (float& x : v) x = Uniform(lo, hi);
-  }
-
- private:
-  std::mt19937 gen_;
-};
 
 // The fp32 attention of each ISA (the AVX-512 table may carry the AMX-BF16 attention instead,
 // tested separately with its own tolerance below).
@@ -89,43 +72,16 @@ const KernelTable* AmxTable() {
 #endif
 }
 
-#define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))
-
 // ---- attention ------------------------------------------------------------------------------
 
-struct AttnShape {
-  int n_tokens, n_head, n_head_kv, head_dim;
-};
+using kernels_test::AttnShape;
+using kernels_test::Name;
 
-std::string Name(const AttnShape& s) {
-  return "T=" + std::to_string(s.n_tokens) + " heads=" + std::to_string(s.n_head) + "/" +
-         std::to_string(s.n_head_kv) + " d=" + std::to_string(s.head_dim);
-}
-
-// Q, K, V, out of one attention problem. Rows are padded (ld > width) so that strides are
-// exercised and writes outside a head are caught: the padding is NaN and must stay NaN.
-struct AttnProblem {
-  AttnShape s;
-  int64_t ldq, ldk, ldv, ldo;
-  std::vector<float> q, k, v;
-  float scale;
-
-  AttnProblem(const AttnShape& shape, uint32_t salt, float amplitude = 2.0f) : s(shape) {
-    Rng rng(salt);
-    ldq = static_cast<int64_t>(s.n_head) * s.head_dim + 3;
-    ldk = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 5;
-    ldv = static_cast<int64_t>(s.n_head_kv) * s.head_dim + 1;
-    ldo = static_cast<int64_t>(s.n_head) * s.head_dim + 7;
-    q.resize(s.n_tokens * ldq);
-    k.resize(s.n_tokens * ldk);
-    v.resize(s.n_tokens * ldv);
-    // Amplitude 2 gives score standard deviations around 1.3: softmax rows are neither flat nor
-    // one-hot, so a wrong key or a wrong mask shows far above the tolerance.
-    rng.Fill(q, -amplitude, amplitude);
-    rng.Fill(k, -amplitude, amplitude);
-    rng.Fill(v, -1.0f, 1.0f);
-    scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-    // Running maxima over keys 0..t of |k_j| (Euclidean) and max_i |v_j[i]|, per kv head.
+// The shared attention problem (kernels_test_util.h) and, per kv head, the running maxima over
+// keys 0..t of |k_j| (Euclidean) and max_i |v_j[i]| that the tolerances use.
+struct AttnProblem : kernels_test::AttnProblem {
+  AttnProblem(const AttnShape& shape, uint32_t salt, float amplitude = 2.0f)
+      : kernels_test::AttnProblem(shape, salt, amplitude) {
     k_norm_max.assign(static_cast<size_t>(s.n_head_kv) * s.n_tokens, 0.0);
     v_abs_max.assign(static_cast<size_t>(s.n_head_kv) * s.n_tokens, 0.0);
     for (int h = 0; h < s.n_head_kv; ++h)
@@ -141,16 +97,6 @@ struct AttnProblem {
       }
   }
   std::vector<double> k_norm_max, v_abs_max;
-  AttentionArgs Args(float* out) const {
-    return AttentionArgs{.n_tokens = s.n_tokens, .n_head = s.n_head, .n_head_kv = s.n_head_kv,
-                         .head_dim = s.head_dim, .scale = scale, .q = q.data(), .ldq = ldq, .k = k.data(),
-                         .ldk = ldk, .v = v.data(), .ldv = ldv, .out = out, .ldo = ldo};
-  }
-  std::vector<float> PoisonedOut() const { return std::vector<float>(s.n_tokens * ldo, kNaN); }
-  const float* Q(int t, int h) const { return q.data() + t * ldq + h * s.head_dim; }
-  const float* K(int t, int h) const { return k.data() + t * ldk + h * s.head_dim; }
-  const float* V(int t, int h) const { return v.data() + t * ldv + h * s.head_dim; }
-  int KvHead(int h) const { return h / (s.n_head / s.n_head_kv); }
 };
 
 // Independent fp64 attention for query row t of head h (materialises the row of scores).
@@ -195,18 +141,13 @@ void CheckAttentionRows(const AttnProblem& p, const std::vector<float>& out, int
         }
       }
     }
-    for (int64_t i = static_cast<int64_t>(p.s.n_head) * p.s.head_dim; i < p.ldo; ++i)
-      if (!std::isnan(out[t * p.ldo + i])) {
-        ADD_FAILURE() << what << " " << Name(p.s) << ": wrote row padding at t=" << t;
-        ++errors;
-        break;
-      }
+    if (!kernels_test::PaddingIntact(p, out, t, what)) ++errors;
   }
 }
 
 // Reference outputs (scalar table) for rows [t_begin, t_end), as doubles per (h, t).
 std::vector<float> ReferenceAttention(const AttnProblem& p, int t_begin, int t_end) {
-  std::vector<float> out = p.PoisonedOut();
+  std::vector<float> out = p.Poisoned();
   const AttentionArgs a = p.Args(out.data());
   for (int h = 0; h < p.s.n_head; ++h) KernelsFor(Isa::kScalar).attention_block(a, h, h + 1, t_begin, t_end);
   return out;
@@ -246,7 +187,7 @@ TEST(AttentionRef, MatchesNaiveFp64) {
   for (const AttnShape& s : shapes) {
     const AttnProblem p(s, salt++);
     // Uneven blocks (37 rows) exercise arbitrary [t_begin, t_end) splits.
-    std::vector<float> out = p.PoisonedOut();
+    std::vector<float> out = p.Poisoned();
     const AttentionArgs a = p.Args(out.data());
     for (int h = 0; h < s.n_head; ++h)
       for (int t0 = 0; t0 < s.n_tokens; t0 += 37)
@@ -283,7 +224,7 @@ TEST(Attention, EveryIsaMatchesReference) {
       if (std::find(tested.begin(), tested.end(), kt.attention_block) != tested.end()) continue;
       tested.push_back(kt.attention_block);
       // Through the public work split on 2 threads.
-      std::vector<float> out = p.PoisonedOut();
+      std::vector<float> out = p.Poisoned();
       omp_set_num_threads(2);
       AttentionPrefillWith(kt, p.Args(out.data()));
       CheckAttentionRows(
@@ -292,7 +233,7 @@ TEST(Attention, EveryIsaMatchesReference) {
       // And with uneven calls (the table entry accepts any rows and any heads of one kv group):
       // one head at a time over 29 rows, and whole GQA groups over 150 rows.
       for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{s.n_head / s.n_head_kv, 150}}) {
-        out = p.PoisonedOut();
+        out = p.Poisoned();
         const AttentionArgs a = p.Args(out.data());
         for (int h = 0; h < s.n_head; h += heads)
           for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
@@ -318,10 +259,10 @@ TEST(Attention, QueryRowsFromQBegin) {
       SCOPED_TRACE(IsaName(isa));
       const KernelTable& kt = Fp32Table(isa);
       omp_set_num_threads(2);
-      std::vector<float> full = p.PoisonedOut();
+      std::vector<float> full = p.Poisoned();
       AttentionPrefillWith(kt, p.Args(full.data()));
       for (int q_begin : {0, 1, s.n_tokens / 2, s.n_tokens - 1, s.n_tokens}) {
-        std::vector<float> out = p.PoisonedOut();
+        std::vector<float> out = p.Poisoned();
         AttentionArgs a = p.Args(out.data());
         a.q_begin = q_begin;
         AttentionPrefillWith(kt, a);
@@ -358,7 +299,7 @@ TEST(Attention, LongPrompts) {
     for (Isa isa : IsasToTest()) {
       if (isa == Isa::kScalar) continue;
       SCOPED_TRACE(IsaName(isa));
-      std::vector<float> out = p.PoisonedOut();
+      std::vector<float> out = p.Poisoned();
       omp_set_num_threads(2);
       AttentionPrefillWith(Fp32Table(isa), p.Args(out.data()));
       auto tol = [&](int h, int t) { return FastAttentionTol(p, h, t) + 2 * kU; };
@@ -496,12 +437,7 @@ void CheckAmxRows(const AttnProblem& p, const std::vector<float>& out, int t_beg
         }
       }
     }
-    for (int64_t i = static_cast<int64_t>(p.s.n_head) * p.s.head_dim; i < p.ldo; ++i)
-      if (!std::isnan(out[t * p.ldo + i])) {
-        ADD_FAILURE() << what << " " << Name(p.s) << ": wrote row padding at t=" << t;
-        ++errors;
-        break;
-      }
+    if (!kernels_test::PaddingIntact(p, out, t, what)) ++errors;
   }
 }
 
@@ -519,16 +455,16 @@ TEST(AttentionAmx, RunsOnlyWhenAllowed) {
   SEED_TRACE();
   const AttnProblem p({97, 8, 2, 128}, 650);
   omp_set_num_threads(2);
-  std::vector<float> fp32 = p.PoisonedOut(), out = p.PoisonedOut();
+  std::vector<float> fp32 = p.Poisoned(), out = p.Poisoned();
   AttentionPrefillWith(Fp32Table(HostIsa()), p.Args(fp32.data()));
   AttentionPrefillWith(Fp32Table(HostIsa()), Bf16Args(p, out.data()));
   EXPECT_EQ(0, std::memcmp(fp32.data(), out.data(), fp32.size() * sizeof(float)));
   const KernelTable* kt = AmxTable();
   if (kt == nullptr) GTEST_SKIP() << "no AMX-BF16 here (or ESTREAM_AMX=0)";
-  out = p.PoisonedOut();
+  out = p.Poisoned();
   AttentionPrefillWith(*kt, p.Args(out.data()));
   EXPECT_EQ(0, std::memcmp(fp32.data(), out.data(), fp32.size() * sizeof(float)));
-  out = p.PoisonedOut();
+  out = p.Poisoned();
   AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
   EXPECT_NE(0, std::memcmp(fp32.data(), out.data(), fp32.size() * sizeof(float)));
   double worst_exact = 0, worst_ratio = 0;
@@ -550,14 +486,14 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
   double worst_exact = 0, worst_ratio = 0;
   for (const AttnShape& s : shapes) {
     const AttnProblem p(s, salt++);
-    std::vector<float> out = p.PoisonedOut();
+    std::vector<float> out = p.Poisoned();
     omp_set_num_threads(2);
     AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
     CheckAmxRows(p, out, 0, s.n_tokens, "amx", &worst_exact, &worst_ratio);
     // Uneven calls: one head over 29 rows; whole GQA groups over 150 rows.
     for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{s.n_head / s.n_head_kv, 150}}) {
       if (s.n_tokens > 127 && heads == 1) continue;  // keep the test fast
-      out = p.PoisonedOut();
+      out = p.Poisoned();
       const AttentionArgs a = p.Args(out.data());
       const int rep = s.n_head / s.n_head_kv, kv_blocks = (s.n_tokens + kt->attention_kv_block_bf16 - 1) /
                                                           kt->attention_kv_block_bf16;
@@ -580,7 +516,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
     AttnProblem p(s, salt++);
     for (int t = 0; t < s.n_tokens; ++t)
       for (int64_t i = 0; i < p.ldk; ++i) p.k[t * p.ldk + i] *= 1.0f + static_cast<float>(t) / 16;
-    std::vector<float> out = p.PoisonedOut();
+    std::vector<float> out = p.Poisoned();
     omp_set_num_threads(2);
     AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
     double ignored_exact = 0, ignored_ratio = 0;  // scores of hundreds: not the typical error
@@ -594,7 +530,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
     AttnProblem p(s, salt++);
     for (int t = 70; t < s.n_tokens; ++t)
       for (int64_t i = 0; i < p.ldk; ++i) p.k[t * p.ldk + i] *= 100.0f;
-    std::vector<float> out = p.PoisonedOut();
+    std::vector<float> out = p.Poisoned();
     omp_set_num_threads(2);
     AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
     double ignored_exact = 0, ignored_ratio = 0;
@@ -603,7 +539,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
   // Long prompt on few heads: the last rows (most keys) and one early block.
   {
     const AttnProblem p({4096, 2, 1, 128}, salt++);
-    std::vector<float> out = p.PoisonedOut();
+    std::vector<float> out = p.Poisoned();
     omp_set_num_threads(2);
     AttentionPrefillWith(*kt, Bf16Args(p, out.data()));
     CheckAmxRows(p, out, 4096 - 40, 4096, "amx long", &worst_exact, &worst_ratio);

@@ -23,22 +23,15 @@
 #include "base/cpu.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "kernels_test_util.h"
 
 namespace estream::kernels {
 namespace {
 
-constexpr double kU = 0x1p-24;
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Every level of the host's chain (scalar, avx2, avx512 / scalar, neon, dotprod, i8mm).
-std::vector<Isa> IsasToTest() { return IsaLevelsUpTo(HostIsa()); }
-
-uint32_t TestSeed() {
-  if (const char* s = std::getenv("ESTREAM_TEST_SEED")) return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
-  static const uint32_t seed = std::random_device{}();
-  return seed;
-}
-#define SEED_TRACE() SCOPED_TRACE("ESTREAM_TEST_SEED=" + std::to_string(TestSeed()))
+using kernels_test::IsasToTest;
+using kernels_test::kNaN;
+using kernels_test::kU;
+using kernels_test::TestSeed;
 
 struct Problem {
   int64_t T, d, ldb, ldy;

@@ -38,21 +38,8 @@ const std::string kModels = std::string(ESTREAM_SHARED_DIR) + "/testdata/models/
 const std::string kDs = kModels + "deepseek2-tiny-f32.gguf";
 constexpr int64_t kVocab = 512;
 
-std::vector<int32_t> Tokens() {
-  std::ifstream in(kModels + "deepseek2-tiny.tokens.txt");
-  std::vector<int32_t> ids;
-  std::string item;
-  while (std::getline(in, item, ',')) ids.push_back(std::stoi(item));
-  return ids;
-}
-
-std::vector<float> Golden() {
-  std::ifstream in(kModels + "deepseek2-tiny-f32.logits.f32", std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
+std::vector<int32_t> Tokens() { return model_test::ReadTokens(kModels + "deepseek2-tiny.tokens.txt"); }
+std::vector<float> Golden() { return model_test::ReadF32(kModels + "deepseek2-tiny-f32.logits.f32"); }
 
 // Every row within 5e-5 of the golden logits (model_golden_test's bound) and the same arg-max.
 void ExpectGolden(const std::vector<float>& logits, const std::string& what) {

@@ -20,6 +20,8 @@ namespace {
 using model_test::RewriteGguf;
 using model_test::GgufContents;
 using model_test::ScratchDir;
+using model_test::ExpectError;
+using model_test::LoadEdited;
 
 const std::string kModels = std::string(ESTREAM_SHARED_DIR) + "/testdata/models/";
 const std::string kOlmoe = kModels + "olmoe-tiny-f32.gguf";
@@ -42,22 +44,6 @@ std::vector<float> AllLogits(Engine& e, const std::vector<int32_t>& ids) {
   auto r = e.Run({.tokens = ids, .top_k = 0, .logits = Request::Logits::kAll});
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? r->logits : std::vector<float>{};
-}
-
-// Loads a copy of `src` edited by `edit`; returns the load Status.
-Status LoadEdited(const std::string& src, const std::function<void(GgufContents*)>& edit) {
-  ScratchDir dir;
-  const std::string path = dir.File("edited.gguf");
-  Status w = RewriteGguf(src, path, edit);
-  EXPECT_TRUE(w.ok()) << w.ToString();
-  auto e = Engine::Load(path, {.n_threads = 1});
-  return e.ok() ? Status::Ok() : e.status();
-}
-
-void ExpectError(const Status& s, StatusCode code, std::initializer_list<const char*> parts) {
-  EXPECT_EQ(s.code(), code) << s.ToString();
-  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
-  for (const char* p : parts) EXPECT_NE(s.message().find(p), std::string::npos) << "'" << p << "' in: " << s.message();
 }
 
 TEST(ModelLoad, Info) {

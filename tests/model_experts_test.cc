@@ -15,6 +15,7 @@
 #include "model/experts.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "experts_test_util.h"
 #include "model_test_util.h"
 
 namespace estream {
@@ -27,11 +28,7 @@ TEST_P(ExpertPaths, BatchedEqualsGrouped) {
   const std::string path = dir.File("m.gguf");
   // 16 experts, top-4, a strongly skewed router: the most popular expert gets far more than its
   // share of the 4 x 700 = 2800 routes.
-  auto synth = synth::SynthModel::Create({.preset = "tiny", .arch = "qwen3moe", .layers = 1, .experts = 16,
-                                          .top_k = 4, .type = GetParam(), .router_skew = 2.0f, .seed = 3});
-  ASSERT_TRUE(synth.ok()) << synth.status().ToString();
-  ASSERT_TRUE((*synth)->Write(path, {.threads = 2}).ok());
-  auto model = model::Model::Load(path, {.repack_experts = true, .repack_dense = true});
+  auto model = model_test::SkewedQwenLayer(path, GetParam(), 3);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const model::ModelConfig& c = (*model)->config();
   const int64_t T = 700, d = c.n_embd;

@@ -3,6 +3,7 @@
 // forward (tests/ref) and the engine must reproduce them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "estream/engine.h"
+#include "model_test_util.h"
 #include "ref/ref_forward.h"
 
 namespace estream {
@@ -19,41 +21,9 @@ namespace {
 
 const std::string kModels = std::string(ESTREAM_SHARED_DIR) + "/testdata/models/";
 
-std::vector<int32_t> ReadTokens(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<int32_t> ids;
-  std::string item;
-  while (std::getline(in, item, ',')) ids.push_back(std::stoi(item));
-  return ids;
-}
-
-std::vector<float> ReadF32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
-
-// ||a - b|| / ||b|| over one row.
-template <typename A, typename B>
-double RowRelErr(const A* a, const B* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double e = static_cast<double>(a[i]) - static_cast<double>(b[i]);
-    num += e * e;
-    den += static_cast<double>(b[i]) * static_cast<double>(b[i]);
-  }
-  return std::sqrt(num / den);
-}
-
-template <typename A>
-int64_t ArgMax(const A* a, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (a[i] > a[best]) best = i;
-  return best;
-}
+using model_test::ArgMax;
+using model_test::ReadF32;
+using model_test::ReadTokens;
 
 class GoldenTest : public ::testing::TestWithParam<const char*> {
  protected:
@@ -65,6 +35,22 @@ class GoldenTest : public ::testing::TestWithParam<const char*> {
     ASSERT_EQ(tokens_.size(), 48u);
     ASSERT_EQ(golden_.size(), 48u * kVocab);
   }
+  // Compares each of the 48 rows of `logits` with the golden row (relative error below `tol`, same
+  // arg-max); returns the worst relative error.
+  template <typename T>
+  double ExpectRowsMatch(const T* logits, double tol) const {
+    double worst = 0;
+    for (int64_t t = 0; t < 48; ++t) {
+      const T* row = logits + t * kVocab;
+      const float* gold = golden_.data() + t * kVocab;
+      const double err = model_test::RelErr(row, gold, kVocab);
+      worst = std::max(worst, err);
+      EXPECT_LT(err, tol) << arch_ << " position " << t;
+      EXPECT_EQ(ArgMax(row, kVocab), ArgMax(gold, kVocab)) << arch_ << " position " << t;
+    }
+    return worst;
+  }
+
   static constexpr int64_t kVocab = 512;
   std::string arch_, model_;
   std::vector<int32_t> tokens_;
@@ -78,14 +64,7 @@ class GoldenTest : public ::testing::TestWithParam<const char*> {
 TEST_P(GoldenTest, ReferenceMatchesGolden) {
   auto ref = ref::RefForward(model_, tokens_);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  double worst = 0;
-  for (int64_t t = 0; t < 48; ++t) {
-    const double* row = ref->logits.data() + t * kVocab;
-    const float* gold = golden_.data() + t * kVocab;
-    worst = std::max(worst, RowRelErr(row, gold, kVocab));
-    EXPECT_LT(RowRelErr(row, gold, kVocab), 1e-5) << arch_ << " position " << t;
-    EXPECT_EQ(ArgMax(row, kVocab), ArgMax(gold, kVocab)) << arch_ << " position " << t;
-  }
+  const double worst = ExpectRowsMatch(ref->logits.data(), 1e-5);
   RecordProperty("worst_row_rel_err", std::to_string(worst));
   std::printf("%s: fp64 reference vs golden, worst row relative error %.2e\n", arch_.c_str(), worst);
 }
@@ -101,14 +80,7 @@ TEST_P(GoldenTest, EngineMatchesGolden) {
   auto resp = (*engine)->Run(req);
   ASSERT_TRUE(resp.ok()) << resp.status().ToString();
   ASSERT_EQ(resp->logits.size(), 48u * kVocab);
-  double worst = 0;
-  for (int64_t t = 0; t < 48; ++t) {
-    const float* row = resp->logits.data() + t * kVocab;
-    const float* gold = golden_.data() + t * kVocab;
-    worst = std::max(worst, RowRelErr(row, gold, kVocab));
-    EXPECT_LT(RowRelErr(row, gold, kVocab), 5e-5) << arch_ << " position " << t;
-    EXPECT_EQ(ArgMax(row, kVocab), ArgMax(gold, kVocab)) << arch_ << " position " << t;
-  }
+  const double worst = ExpectRowsMatch(resp->logits.data(), 5e-5);
   std::printf("%s: engine vs golden, worst row relative error %.2e\n", arch_.c_str(), worst);
   // top[0] is the arg-max of the last row, with its log-softmax.
   const float* last = golden_.data() + 47 * kVocab;

@@ -26,26 +26,14 @@ namespace {
 using model_test::GgufContents;
 using model_test::RewriteGguf;
 using model_test::ScratchDir;
+using model_test::ExpectError;
 
 const std::string kModels = std::string(ESTREAM_SHARED_DIR) + "/testdata/models/";
 const std::string kLfm = kModels + "lfm2moe-tiny-f32.gguf";
 constexpr int64_t kVocab = 512;
 
-std::vector<int32_t> Tokens() {
-  std::ifstream in(kModels + "lfm2moe-tiny.tokens.txt");
-  std::vector<int32_t> ids;
-  std::string item;
-  while (std::getline(in, item, ',')) ids.push_back(std::stoi(item));
-  return ids;
-}
-
-std::vector<float> Golden() {
-  std::ifstream in(kModels + "lfm2moe-tiny-f32.logits.f32", std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
+std::vector<int32_t> Tokens() { return model_test::ReadTokens(kModels + "lfm2moe-tiny.tokens.txt"); }
+std::vector<float> Golden() { return model_test::ReadF32(kModels + "lfm2moe-tiny-f32.logits.f32"); }
 
 // Worst ||a - b|| / ||b|| over the rows; counts rows whose arg-max differs.
 double WorstRowRelErr(const std::vector<float>& a, const std::vector<float>& b, int* argmax_diff) {
@@ -108,20 +96,7 @@ TEST(Lfm2Moe, PackedResidentAndStreamedMatchGolden) {
 }
 
 // Loads a copy of the tiny model edited by `edit`; returns the load Status.
-Status LoadEdited(const std::function<void(GgufContents*)>& edit) {
-  ScratchDir dir;
-  const std::string path = dir.File("edited.gguf");
-  Status w = RewriteGguf(kLfm, path, edit);
-  EXPECT_TRUE(w.ok()) << w.ToString();
-  auto e = Engine::Load(path, {.n_threads = 1});
-  return e.ok() ? Status::Ok() : e.status();
-}
-
-void ExpectError(const Status& s, StatusCode code, std::initializer_list<const char*> parts) {
-  EXPECT_EQ(s.code(), code) << s.ToString();
-  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
-  for (const char* p : parts) EXPECT_NE(s.message().find(p), std::string::npos) << "'" << p << "' in: " << s.message();
-}
+Status LoadEdited(const std::function<void(GgufContents*)>& edit) { return model_test::LoadEdited(kLfm, edit); }
 
 GgufValue KvArray(std::vector<uint32_t> v) {
   std::vector<GgufValue> e;

@@ -211,13 +211,7 @@ INSTANTIATE_TEST_SUITE_P(Mixes, SynthVsReference,
 // does (a convention error moves log-probs by O(1)). Ranks are compared as sorted values (robust
 // to swaps of near-equal tokens); each golden token must be in the top 5 with its log-prob
 // within the tolerance, or have fallen out only by less than the tolerance.
-std::vector<int32_t> ReadTokens(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<int32_t> ids;
-  std::string item;
-  while (std::getline(in, item, ',')) ids.push_back(std::stoi(item));
-  return ids;
-}
+using model_test::ReadTokens;
 
 TEST(Golden, Top5) {
   const std::string golden_path = std::string(ESTREAM_SOURCE_DIR) + "/tests/data/model_golden_top5.json";

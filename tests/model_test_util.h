@@ -2,19 +2,25 @@
 // key, split merged experts into Mixtral's per-expert tensors), compare logits.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "estream/engine.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
+#include "scratch_dir.h"
 
 namespace estream::model_test {
 
@@ -47,23 +53,7 @@ struct GgufContents {
   }
 };
 
-// A directory under the test temp dir, removed with its contents on destruction.
-class ScratchDir {
- public:
-  ScratchDir() {
-    path_ = std::filesystem::path(::testing::TempDir()) / fmt::format("estream_model_{}_{}", getpid(), counter_++);
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
-};
+using ScratchDir = ::estream::test_util::ScratchDir;
 
 // Copies `src` to `dst` after `edit` has changed its metadata and tensor list.
 inline Status RewriteGguf(const std::string& src, const std::string& dst,
@@ -121,6 +111,24 @@ inline void QuantizeMatrices(GgufContents* c, QuantType type, std::vector<std::v
   }
 }
 
+// Token ids separated by commas (shared/testdata/models/*.tokens.txt).
+inline std::vector<int32_t> ReadTokens(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<int32_t> ids;
+  std::string item;
+  while (std::getline(in, item, ',')) ids.push_back(std::stoi(item));
+  return ids;
+}
+
+// A file of little-endian float32 values.
+inline std::vector<float> ReadF32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
 // ||a - b|| / ||b||.
 template <typename A, typename B>
 double RelErr(const A* a, const B* b, int64_t n) {
@@ -131,6 +139,23 @@ double RelErr(const A* a, const B* b, int64_t n) {
     den += static_cast<double>(b[i]) * static_cast<double>(b[i]);
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Loads a copy of `src` edited by `edit` (RewriteGguf) in an Engine; returns the load's Status.
+inline Status LoadEdited(const std::string& src, const std::function<void(GgufContents*)>& edit) {
+  ScratchDir dir;
+  const std::string path = dir.File("edited.gguf");
+  Status w = RewriteGguf(src, path, edit);
+  EXPECT_TRUE(w.ok()) << w.ToString();
+  auto e = Engine::Load(path, {.n_threads = 1});
+  return e.ok() ? Status::Ok() : e.status();
+}
+
+// `s` is an error of `code`, one line, naming every one of `parts`.
+inline void ExpectError(const Status& s, StatusCode code, std::initializer_list<const char*> parts) {
+  EXPECT_EQ(s.code(), code) << s.ToString();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
+  for (const char* p : parts) EXPECT_NE(s.message().find(p), std::string::npos) << "'" << p << "' in: " << s.message();
 }
 
 template <typename A>

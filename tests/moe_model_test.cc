@@ -15,6 +15,7 @@
 #include "model/experts.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "experts_test_util.h"
 #include "model_test_util.h"
 
 namespace estream {
@@ -25,11 +26,7 @@ class FusedVsBatched : public ::testing::TestWithParam<QuantType> {};
 TEST_P(FusedVsBatched, BitIdentical) {
   model_test::ScratchDir dir;
   const std::string path = dir.File("m.gguf");
-  auto synth = synth::SynthModel::Create({.preset = "tiny", .arch = "qwen3moe", .layers = 1, .experts = 16,
-                                          .top_k = 4, .type = GetParam(), .router_skew = 2.0f, .seed = 5});
-  ASSERT_TRUE(synth.ok()) << synth.status().ToString();
-  ASSERT_TRUE((*synth)->Write(path, {.threads = 2}).ok());
-  auto model = model::Model::Load(path, {.repack_experts = true, .repack_dense = true});
+  auto model = model_test::SkewedQwenLayer(path, GetParam(), 5);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const model::ModelConfig& c = (*model)->config();
   const int64_t T = 700, d = c.n_embd;

@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
 #include "io/file.h"
@@ -345,15 +346,9 @@ TEST(PipelineEngine, TruncatedWhileInUseFailsWithoutCrash) {
 // The CLI in a fresh process (so VmHWM is this run's): the minimum budget is named, and a run at
 // just above it stays under it for every schedule.
 std::string RunCli(const std::string& args) {
-  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>&1";
-  std::string out;
-  if (std::FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t k;
-    while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
-    pclose(p);
-  }
-  return out;
+  ScratchDir dir;
+  const cli_test::CliResult r = cli_test::RunCli(args, dir.File("stderr.txt"));
+  return r.out + r.err;
 }
 
 // Under AddressSanitizer (label sanitize) the CLI runs and its outputs are checked, but not the

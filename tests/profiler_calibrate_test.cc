@@ -11,13 +11,14 @@
 //     budgeted prefill with another -t says so in one line and still uses the stored answer;
 //     older files without the count work as before;
 //   - --report with a refused peak-RSS reset (simulated): peaks marked cumulative, one warning;
-//   - the CLI: JSON fields, a second budget re-solved from the stored profile without running
-//     the model, the chosen configuration's MEASURED peak RSS within the budget (a fresh
-//     `estream prefill` process, and --report), one-line errors for a budget below the minimum
-//     and for an unpacked model.
+//   - the profile workflow (profiler::ProfileModel, in this process): JSON fields, a second
+//     budget re-solved from the stored profile without running the model, the chosen
+//     configuration's MEASURED peak RSS within the budget (a fresh `estream prefill` process, and
+//     --report);
+//   - the CLI as smoke tests: one-line errors for a budget below the minimum and for an unpacked
+//     model, the notes of a budgeted prefill.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_test_util.h"
 #include "config/configurator.h"
 #include "config/profile.h"
 #include "estream/engine.h"
@@ -354,59 +356,79 @@ TEST(ProfilerCalibrate, StoredChoiceIsLoweredToFit) {
   EXPECT_LE(r->config.arena_bytes + r->config.other_bytes, budget);
 }
 
-// ---- the CLI ----
+// ---- the profile workflow (profiler::ProfileModel) and the CLI's smoke tests ----
 
-std::string Cli() { return std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream"; }
-
+// `estream ARGS` in a fresh process (so VmHWM is that run's): its exit code and stdout, or stdout
+// followed by stderr.
 struct CliResult {
   int code = -1;
-  std::string out;  // stdout, or stdout + stderr
+  std::string out;
+  std::string err;  // stderr (also in out when asked for)
 };
 
-CliResult RunCli(const std::string& args, bool with_stderr = false, const std::string& env = "") {
-  CliResult r;
-  const std::string cmd = env + Cli() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+CliResult RunCli(const std::string& args, bool with_stderr = false) {
+  pipeline_test::ScratchDir dir;
+  const cli_test::CliResult r = cli_test::RunCli(args, dir.File("stderr.txt"));
+  return {r.exit_code, with_stderr ? r.out + r.err : r.out, r.err};
 }
 
-nlohmann::json ParseJson(const CliResult& r) {
-  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << r.out;
+nlohmann::json ParseJson(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << text;
   return j;
 }
+nlohmann::json ParseJson(const CliResult& r) { return ParseJson(r.out); }
 
-TEST(ProfilerCli, ProfileStoreResolveAndBudgetHolds) {
+// profiler::ProfileModel on `threads` threads with its progress lines collected; its result as the
+// JSON `estream profile --json` prints (ProfileModelJson), or an error.
+struct ProfileRun {
+  Status status;
+  nlohmann::json json;
+  std::string progress;
+};
+ProfileRun Profile(const std::string& model, uint64_t budget, int threads = 2) {
+  ProfileRun run;
+  profiler::ProfileModelParams p{.model_path = model, .budget_bytes = budget, .budget_text = std::to_string(budget),
+                                 .n_threads = threads};
+  p.progress = [&run](const std::string& line) { run.progress += line + "\n"; };
+  Result<profiler::ProfileModelResult> r = profiler::ProfileModel(p);
+  run.status = r.status();
+  if (r.ok()) run.json = ParseJson(profiler::ProfileModelJson(*r));
+  return run;
+}
+
+TEST(ProfileModel, StoreResolveAndBudgetHolds) {
   pipeline_test::ScratchDir dir;
   const std::string model = dir.File("cli.packed.gguf");
   fs::copy_file(TestModels().packed, model);
-  const std::string env = "XDG_CACHE_HOME=" + dir.File("cache") + " ";
-  const std::string common = " --groups 1,2,4 --calib-tokens " + std::to_string(kCalibTokens) + " -t 2";
-  // A first run at a huge budget gives the minimum.
-  CliResult r = RunCli("profile " + model + " --budget 64G --json" + common, false, env);
-  ASSERT_EQ(r.code, 0) << r.out;
-  nlohmann::json j = ParseJson(r);
+  // A first run at a huge budget gives the minimum (the disk measured into a scratch cache). The
+  // minimum counts the load peak of the process that measures it, so the runs whose budget is
+  // checked against a fresh process's peak RSS run `estream profile` in a fresh process too.
+  const char* old_xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string saved_xdg = old_xdg ? old_xdg : "";
+  ASSERT_EQ(setenv("XDG_CACHE_HOME", dir.File("cache").c_str(), 1), 0);
+  CliResult cli = RunCli("profile " + model + " --budget 64G --json --groups 1,2,4 --calib-tokens " +
+                         std::to_string(kCalibTokens) + " -t 2");
+  if (old_xdg) setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
+  else unsetenv("XDG_CACHE_HOME");
+  ASSERT_EQ(cli.code, 0) << cli.out << cli.err;
+  nlohmann::json j = ParseJson(cli);
   for (const char* key : {"group_size", "banks", "queue_depth", "predicted_seconds", "profile_seconds",
                           "disk_seconds", "calibration_seconds", "solve_seconds", "budget_bytes",
                           "minimum_budget_bytes", "per_group", "calibration_runs"})
-    EXPECT_TRUE(j.contains(key)) << key << ": " << r.out;
+    EXPECT_TRUE(j.contains(key)) << key << ": " << j.dump();
   EXPECT_EQ(j["source"], "calibrated");
   EXPECT_GT(j["calibration_seconds"].get<double>(), 0);
   EXPECT_EQ(j["calibration_runs"].size(), 3u);
   const uint64_t minimum = j["minimum_budget_bytes"].get<uint64_t>();
   ASSERT_GT(minimum, 0u);
 
-  // A tight budget: re-solved from the stored profile, without running the model.
+  // A tight budget: re-solved from the stored profile, without running the model (the library
+  // call, in this process).
   const uint64_t budget = minimum + (uint64_t{3} << 20);
-  r = RunCli("profile " + model + " --budget " + std::to_string(budget) + " --json -t 2");
-  ASSERT_EQ(r.code, 0) << r.out;
-  j = ParseJson(r);
+  ProfileRun run = Profile(model, budget);
+  ASSERT_TRUE(run.status.ok()) << run.status.ToString();
+  j = run.json;
   EXPECT_EQ(j["source"], "stored profile");
   EXPECT_EQ(j["calibration_seconds"].get<double>(), 0.0);
   EXPECT_EQ(j["disk_seconds"].get<double>(), 0.0);
@@ -429,9 +451,9 @@ TEST(ProfilerCli, ProfileStoreResolveAndBudgetHolds) {
     std::ofstream f(tokens_file);
     for (int32_t t : *toks) f << t << ",";
   }
-  r = RunCli("prefill -m " + model + " --tokens @" + tokens_file + " --budget " + std::to_string(budget) +
-             " --json -t 2 --top-k 1");
-  ASSERT_EQ(r.code, 0) << r.out;
+  CliResult r = RunCli("prefill -m " + model + " --tokens @" + tokens_file + " --budget " + std::to_string(budget) +
+                       " --json -t 2 --top-k 1");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
   j = ParseJson(r);
   EXPECT_EQ(j["config"]["source"], "stored") << r.out;
   EXPECT_EQ(j["config"]["group_size"], G);
@@ -441,7 +463,7 @@ TEST(ProfilerCli, ProfileStoreResolveAndBudgetHolds) {
 
   // --report: the chosen point and its neighbours, each measured within the budget.
   r = RunCli("profile " + model + " --budget " + std::to_string(budget) + " --json --report -t 2");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
   j = ParseJson(r);
   ASSERT_TRUE(j.contains("report"));
   ASSERT_GE(j["report"].size(), 1u);
@@ -467,7 +489,7 @@ size_t Count(const std::string& s, const std::string& needle) {
 // The stored profile and choice record the thread count of the calibration (2 here). A re-solve
 // or a budgeted prefill with another -t uses them all the same and says so in one line on stderr;
 // with the same count, or with a file stored before the count was (0: unknown), nothing is said.
-TEST(ProfilerCli, ThreadCountMismatchIsNoted) {
+TEST(ProfileModel, ThreadCountMismatchIsNoted) {
   pipeline_test::ScratchDir dir;
   const std::string model = dir.File("t.packed.gguf");
   fs::copy_file(TheCalibration().model, model);
@@ -478,18 +500,18 @@ TEST(ProfilerCli, ThreadCountMismatchIsNoted) {
   const std::string note = "note: the stored profile was measured with 2 threads, this run uses 1";
 
   // Re-solve with the calibration's count: no note; the choice records it.
-  CliResult r = RunCli("profile " + model + " --budget " + budget + " -t 2", /*with_stderr=*/true);
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(r.out.find("note: the stored profile"), std::string::npos) << r.out;
+  ProfileRun run = Profile(model, std::stoull(budget), 2);
+  ASSERT_TRUE(run.status.ok()) << run.status.ToString();
+  EXPECT_EQ(run.progress.find("note: the stored profile"), std::string::npos) << run.progress;
   auto choice = config::ParseConfigChoice(KvsOf(model), model);
   ASSERT_TRUE(choice.ok()) << choice.status().ToString();
   EXPECT_EQ(choice->n_threads, 2u);
   // With -t 1: one line, and the answer is the same (the stored profile's).
-  r = RunCli("profile " + model + " --budget " + budget + " -t 1 --json", /*with_stderr=*/true);
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(Count(r.out, note), 1u) << r.out;
-  EXPECT_NE(r.out.find("estream profile " + model + " --budget " + budget + " -t 1 --recalibrate"),
-            std::string::npos) << r.out;
+  run = Profile(model, std::stoull(budget), 1);
+  ASSERT_TRUE(run.status.ok()) << run.status.ToString();
+  EXPECT_EQ(Count(run.progress, note), 1u) << run.progress;
+  EXPECT_NE(run.progress.find("estream profile " + model + " --budget " + budget + " -t 1 --recalibrate"),
+            std::string::npos) << run.progress;
   auto again = config::ParseConfigChoice(KvsOf(model), model);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->group_size, choice->group_size);
@@ -498,7 +520,7 @@ TEST(ProfilerCli, ThreadCountMismatchIsNoted) {
 
   // prefill --budget with the stored choice: -t 1 notes it once and still uses it; -t 2 is quiet.
   const std::string prefill = "prefill -m " + model + " --tokens 1,2,3,4,5 --top-k 1 --budget " + budget;
-  r = RunCli(prefill + " -t 1", /*with_stderr=*/true);
+  CliResult r = RunCli(prefill + " -t 1", /*with_stderr=*/true);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(Count(r.out, "estream prefill: " + note), 1u) << r.out;
   EXPECT_NE(r.out.find("(G/B/Q: stored)"), std::string::npos) << r.out;
@@ -524,9 +546,9 @@ TEST(ProfilerCli, ThreadCountMismatchIsNoted) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("note: the stored profile"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(G/B/Q: stored)"), std::string::npos) << r.out;
-  r = RunCli("profile " + model + " --budget " + budget + " -t 1 --json", /*with_stderr=*/true);
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(r.out.find("note: the stored profile"), std::string::npos) << r.out;
+  run = Profile(model, std::stoull(budget), 1);
+  ASSERT_TRUE(run.status.ok()) << run.status.ToString();
+  EXPECT_EQ(run.progress.find("note: the stored profile"), std::string::npos) << run.progress;
 }
 
 // --report where the peak RSS cannot be reset (simulated, profiler/measure.h): each point's peak is

@@ -24,82 +24,73 @@ const char* GgufTypeName(GgufType t) {
   return "unknown";
 }
 
-GgufValue GgufValue::U32(uint32_t v) {
-  GgufValue r;
-  r.type = GgufType::kU32;
-  r.u = v;
-  return r;
-}
-
-GgufValue GgufValue::I32(int32_t v) {
-  GgufValue r;
-  r.type = GgufType::kI32;
-  r.i = v;
-  return r;
-}
-
-GgufValue GgufValue::U64(uint64_t v) {
-  GgufValue r;
-  r.type = GgufType::kU64;
-  r.u = v;
-  return r;
-}
-
-GgufValue GgufValue::F32(float v) {
-  GgufValue r;
-  r.type = GgufType::kF32;
-  r.f = v;
-  return r;
-}
-
-GgufValue GgufValue::Bool(bool v) {
-  GgufValue r;
-  r.type = GgufType::kBool;
-  r.u = v ? 1 : 0;
-  return r;
-}
-
-GgufValue GgufValue::String(std::string v) {
-  GgufValue r;
-  r.type = GgufType::kString;
-  r.str = std::move(v);
-  return r;
-}
-
 GgufValue GgufValue::Of(GgufType t) {
   GgufValue r;
   r.type = t;
   return r;
 }
 
+GgufValue GgufValue::U32(uint32_t v) {
+  GgufValue r = Of(GgufType::kU32);
+  r.u = v;
+  return r;
+}
+
+GgufValue GgufValue::I32(int32_t v) {
+  GgufValue r = Of(GgufType::kI32);
+  r.i = v;
+  return r;
+}
+
+GgufValue GgufValue::U64(uint64_t v) {
+  GgufValue r = Of(GgufType::kU64);
+  r.u = v;
+  return r;
+}
+
+GgufValue GgufValue::F32(float v) {
+  GgufValue r = Of(GgufType::kF32);
+  r.f = v;
+  return r;
+}
+
+GgufValue GgufValue::Bool(bool v) {
+  GgufValue r = Of(GgufType::kBool);
+  r.u = v ? 1 : 0;
+  return r;
+}
+
+GgufValue GgufValue::String(std::string v) {
+  GgufValue r = Of(GgufType::kString);
+  r.str = std::move(v);
+  return r;
+}
+
 GgufValue GgufValue::Array(GgufType elem, std::vector<GgufValue> elems) {
-  GgufValue r;
-  r.type = GgufType::kArray;
+  GgufValue r = Of(GgufType::kArray);
   r.elem_type = elem;
   r.array = std::move(elems);
   return r;
 }
 
+namespace {
+// An array of `type` whose elements are make(x) for each x of v.
+template <typename T, typename Make>
+GgufValue ArrayOf(GgufType type, const std::vector<T>& v, Make make) {
+  std::vector<GgufValue> elems;
+  elems.reserve(v.size());
+  for (const T& x : v) elems.push_back(make(x));
+  return GgufValue::Array(type, std::move(elems));
+}
+}  // namespace
+
 GgufValue GgufValue::StringArray(const std::vector<std::string>& v) {
-  std::vector<GgufValue> elems;
-  elems.reserve(v.size());
-  for (const std::string& s : v) elems.push_back(String(s));
-  return Array(GgufType::kString, std::move(elems));
+  return ArrayOf(GgufType::kString, v, [](const std::string& x) { return String(x); });
 }
 
-GgufValue GgufValue::F32Array(const std::vector<float>& v) {
-  std::vector<GgufValue> elems;
-  elems.reserve(v.size());
-  for (float x : v) elems.push_back(F32(x));
-  return Array(GgufType::kF32, std::move(elems));
-}
+GgufValue GgufValue::F32Array(const std::vector<float>& v) { return ArrayOf(GgufType::kF32, v, F32); }
 
-GgufValue GgufValue::I32Array(const std::vector<int32_t>& v) {
-  std::vector<GgufValue> elems;
-  elems.reserve(v.size());
-  for (int32_t x : v) elems.push_back(I32(x));
-  return Array(GgufType::kI32, std::move(elems));
-}
+GgufValue GgufValue::I32Array(const std::vector<int32_t>& v) { return ArrayOf(GgufType::kI32, v, I32); }
 
 std::string GgufTensorInfo::ShapeString() const {
   std::string s = "[";

@@ -15,35 +15,26 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "quant/packed_format.h"
 #include "quant/types.h"
 
 namespace estream::kernels {
 
 // ---- quantised matrix multiply --------------------------------------------------------------
 
-enum class WeightLayout {
-  kGguf,    // rows exactly as in a GGUF tensor: n rows of RowBytes(type, k)
-  kPacked,  // the kernel-native layout written by RepackWeights (see PackedWeightBytes); keep it
-            // 64-byte aligned: the kernels load 64-byte vectors, and split loads run at half speed
-};
-
-// A weight matrix W of n rows (output features) by k columns (input features).
-struct WeightView {
-  QuantType type = QuantType::kF32;
-  WeightLayout layout = WeightLayout::kGguf;
-  int64_t n = 0;               // rows
-  int64_t k = 0;               // columns
-  const void* data = nullptr;  // not owned
-};
+// The weight description (WeightLayout, WeightView) and the packed layout's sizes (CanRepack,
+// PackedWeightBytes, kPackLayoutVersion) are the format of quant/packed_format.h, which code
+// that stores packed weights uses without the kernels; the kernels implement that format.
+using ::estream::CanRepack;
+using ::estream::kPackLayoutVersion;
+using ::estream::PackedWeightBytes;
+using ::estream::WeightLayout;
+using ::estream::WeightView;
 
 // True if GEMM supports weights of type t: F32, F16, BF16 and the quantised types Q4_0, Q4_1,
 // Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 (dispatch.h
 // kGemmQuantTypes).
 bool GemmSupports(QuantType t);
-// True if t has a kernel-native packed layout (every quantised GEMM type; repack.h).
-bool CanRepack(QuantType t);
-// Bytes of the packed layout of an n x k matrix of type t.
-size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k);
 // Converts n GGUF rows at `src` into the packed layout at `dst` (PackedWeightBytes long).
 // Pure function of its input; the pack step and the engine's load call it.
 void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst);

@@ -1,4 +1,4 @@
-// Builds the packed weight layout documented in repack.h, and the public RepackWeights.
+// Builds the packed weight layout documented in quant/packed_format.h, and the public RepackWeights.
 #include "kernels/repack.h"
 
 #include <cstring>
@@ -347,13 +347,6 @@ void PackPanel(QuantType t, const void* src, size_t src_stride, int rows, int64_
       }
     }
   }
-}
-
-bool CanRepack(QuantType t) { return PackedScaleBytes(t) > 0; }
-
-size_t PackedWeightBytes(QuantType t, int64_t n, int64_t k) {
-  if (!CanRepack(t)) return 0;
-  return static_cast<size_t>(PackedPanels(n) * PackedPanelBytes(t, k));
 }
 
 void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst) {

@@ -90,69 +90,24 @@ ModelShape Tiny(const std::string& arch) {
 // OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924): 16 layers, d 2048, 16 heads (no GQA), 64 experts of
 // d_ff 1024, top-8, vocab 50304.
 ModelShape Olmoe1b7b() {
-  ModelShape s;
-  s.preset = "olmoe-1b-7b";
-  s.arch = "olmoe";
-  s.family = "OLMoE-1B-7B";
-  s.n_layer = 16;
-  s.n_embd = 2048;
-  s.n_head = 16;
-  s.n_head_kv = 16;
-  s.head_dim = 128;
-  s.n_ff = 1024;
-  s.n_ff_expert = 1024;
-  s.n_expert = 64;
-  s.n_expert_used = 8;
-  s.n_vocab = 50304;
-  s.n_ctx = 4096;
-  s.rms_eps = 1e-5f;
-  s.rope_freq_base = 10000.0f;
-  return s;
+  return {.preset = "olmoe-1b-7b", .arch = "olmoe", .family = "OLMoE-1B-7B", .n_layer = 16, .n_embd = 2048,
+          .n_head = 16, .n_head_kv = 16, .head_dim = 128, .n_ff = 1024, .n_ff_expert = 1024, .n_expert = 64,
+          .n_expert_used = 8, .n_vocab = 50304, .n_ctx = 4096, .rms_eps = 1e-5f, .rope_freq_base = 10000.0f};
 }
 
 // Qwen3-30B-A3B: 48 layers, d 2048, 32 heads / 4 kv of head_dim 128 (q is 4096 wide), 128
 // experts of d_ff 768, top-8, vocab 151936; the family's dense FFN size is 6144.
 ModelShape Qwen3_30bA3b() {
-  ModelShape s;
-  s.preset = "qwen3-30b-a3b";
-  s.arch = "qwen3moe";
-  s.family = "Qwen3-30B-A3B";
-  s.n_layer = 48;
-  s.n_embd = 2048;
-  s.n_head = 32;
-  s.n_head_kv = 4;
-  s.head_dim = 128;
-  s.n_ff = 6144;
-  s.n_ff_expert = 768;
-  s.n_expert = 128;
-  s.n_expert_used = 8;
-  s.n_vocab = 151936;
-  s.n_ctx = 40960;
-  s.rms_eps = 1e-6f;
-  s.rope_freq_base = 1000000.0f;
-  return s;
+  return {.preset = "qwen3-30b-a3b", .arch = "qwen3moe", .family = "Qwen3-30B-A3B", .n_layer = 48, .n_embd = 2048,
+          .n_head = 32, .n_head_kv = 4, .head_dim = 128, .n_ff = 6144, .n_ff_expert = 768, .n_expert = 128,
+          .n_expert_used = 8, .n_vocab = 151936, .n_ctx = 40960, .rms_eps = 1e-6f, .rope_freq_base = 1000000.0f};
 }
 
 // Mixtral-8x7B: 32 layers, d 4096, 32 heads / 8 kv, 8 experts of d_ff 14336, top-2, vocab 32000.
 ModelShape Mixtral8x7b() {
-  ModelShape s;
-  s.preset = "mixtral-8x7b";
-  s.arch = "llama";
-  s.family = "Mixtral-8x7B";
-  s.n_layer = 32;
-  s.n_embd = 4096;
-  s.n_head = 32;
-  s.n_head_kv = 8;
-  s.head_dim = 128;
-  s.n_ff = 14336;
-  s.n_ff_expert = 14336;
-  s.n_expert = 8;
-  s.n_expert_used = 2;
-  s.n_vocab = 32000;
-  s.n_ctx = 32768;
-  s.rms_eps = 1e-5f;
-  s.rope_freq_base = 1000000.0f;
-  return s;
+  return {.preset = "mixtral-8x7b", .arch = "llama", .family = "Mixtral-8x7B", .n_layer = 32, .n_embd = 4096,
+          .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 14336, .n_ff_expert = 14336, .n_expert = 8,
+          .n_expert_used = 2, .n_vocab = 32000, .n_ctx = 32768, .rms_eps = 1e-5f, .rope_freq_base = 1000000.0f};
 }
 
 // DeepSeek-V2-Lite (deepseek-ai/DeepSeek-V2-Lite config.json): 27 layers, d 2048, 16 heads of
@@ -160,33 +115,12 @@ ModelShape Mixtral8x7b() {
 // (d_ff 10944), then 64 routed experts of d_ff 1408 top-6 + 2 shared; YaRN factor 40 over 4096
 // (mscale_all_dim 0.707: yarn_log_multiplier 0.0707), rope base 10000, vocab 102400.
 ModelShape DeepseekV2Lite() {
-  ModelShape s;
-  s.preset = "deepseek-v2-lite";
-  s.arch = "deepseek2";
-  s.family = "DeepSeek-V2-Lite";
-  s.n_layer = 27;
-  s.n_embd = 2048;
-  s.n_head = 16;
-  s.n_head_kv = 16;
-  s.head_dim = 192;
-  s.qk_rope = 64;
-  s.v_head_dim = 128;
-  s.kv_lora_rank = 512;
-  s.q_lora_rank = 0;
-  s.n_ff = 10944;
-  s.n_ff_expert = 1408;
-  s.n_expert = 64;
-  s.n_expert_used = 6;
-  s.n_expert_shared = 2;
-  s.n_layer_dense_lead = 1;
-  s.n_vocab = 102400;
-  s.n_ctx = 163840;
-  s.rms_eps = 1e-6f;
-  s.rope_freq_base = 10000.0f;
-  s.yarn_factor = 40.0f;
-  s.yarn_orig_ctx = 4096;
-  s.yarn_log_mul = 0.0707f;
-  return s;
+  return {.preset = "deepseek-v2-lite", .arch = "deepseek2", .family = "DeepSeek-V2-Lite", .n_layer = 27,
+          .n_embd = 2048, .n_head = 16, .n_head_kv = 16, .head_dim = 192, .n_ff = 10944, .n_ff_expert = 1408,
+          .n_expert = 64, .n_expert_used = 6, .n_vocab = 102400, .n_ctx = 163840, .rms_eps = 1e-6f,
+          .rope_freq_base = 10000.0f, .n_layer_dense_lead = 1, .n_expert_shared = 2, .q_lora_rank = 0,
+          .kv_lora_rank = 512, .qk_rope = 64, .v_head_dim = 128, .yarn_factor = 40.0f, .yarn_orig_ctx = 4096,
+          .yarn_log_mul = 0.0707f};
 }
 
 // LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B, config.json): 24 layers, d 2048, attention at layers 2, 6, 10,
@@ -195,28 +129,10 @@ ModelShape DeepseekV2Lite() {
 // top-4, sigmoid router with expert bias, renormalised; vocab 65536, context 128000, rope theta
 // 1e6, norm eps 1e-5, tied embeddings.
 ModelShape Lfm2_8bA1b() {
-  ModelShape s;
-  s.preset = "lfm2-8b-a1b";
-  s.arch = "lfm2moe";
-  s.family = "LFM2-8B-A1B";
-  s.n_layer = 24;
-  s.n_embd = 2048;
-  s.n_head = 32;
-  s.n_head_kv = 8;
-  s.head_dim = 64;
-  s.n_ff = 7168;
-  s.n_ff_expert = 1792;
-  s.n_expert = 32;
-  s.n_expert_used = 4;
-  s.n_vocab = 65536;
-  s.n_ctx = 128000;
-  s.rms_eps = 1e-5f;
-  s.rope_freq_base = 1000000.0f;
-  s.n_layer_dense_lead = 2;
-  s.conv_l = 3;
-  s.attn_layers = {2, 6, 10, 14, 18, 21};
-  s.pattern_depth = 24;
-  return s;
+  return {.preset = "lfm2-8b-a1b", .arch = "lfm2moe", .family = "LFM2-8B-A1B", .n_layer = 24, .n_embd = 2048,
+          .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 7168, .n_ff_expert = 1792, .n_expert = 32,
+          .n_expert_used = 4, .n_vocab = 65536, .n_ctx = 128000, .rms_eps = 1e-5f, .rope_freq_base = 1000000.0f,
+          .n_layer_dense_lead = 2, .conv_l = 3, .attn_layers = {2, 6, 10, 14, 18, 21}, .pattern_depth = 24};
 }
 
 bool KnownArch(const std::string& arch) {

@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 
-#include "kernels/repack.h"  // kPackLayoutVersion: the packed parts are only valid for it
 
 namespace estream::io {
 namespace {
@@ -51,31 +50,28 @@ Result<const GgufValue*> GetArray(const GgufFile& f, const std::string& key, int
   return v;
 }
 
-// Reads an integer array key of exactly `count` elements (count < 0: any count). Unsigned
-// reading rejects negative values.
-Result<std::vector<uint64_t>> GetU64Array(const GgufFile& f, const std::string& key, int64_t count) {
+// Reads an integer array key of exactly `count` elements (count < 0: any count), each converted by
+// `of`; `what` says what an element must be ("an integer") in the error.
+template <typename T>
+Result<std::vector<T>> GetIntArray(const GgufFile& f, const std::string& key, int64_t count,
+                                   std::optional<T> (*of)(const GgufValue&), const char* what) {
   ESTREAM_ASSIGN_OR_RETURN(const GgufValue* v, GetArray(f, key, count));
-  std::vector<uint64_t> out;
+  std::vector<T> out;
   out.reserve(v->array.size());
   for (size_t i = 0; i < v->array.size(); ++i) {
-    std::optional<uint64_t> x = UnsignedOf(v->array[i]);
-    if (!x)
-      return Status::Corruption(fmt::format("{}: key {} element {} is not a non-negative integer", f.path(), key, i));
+    std::optional<T> x = of(v->array[i]);
+    if (!x) return Status::Corruption(fmt::format("{}: key {} element {} is not {}", f.path(), key, i, what));
     out.push_back(*x);
   }
   return out;
 }
 
+// Unsigned reading rejects negative values.
+Result<std::vector<uint64_t>> GetU64Array(const GgufFile& f, const std::string& key, int64_t count) {
+  return GetIntArray<uint64_t>(f, key, count, UnsignedOf, "a non-negative integer");
+}
 Result<std::vector<int64_t>> GetI64Array(const GgufFile& f, const std::string& key, int64_t count) {
-  ESTREAM_ASSIGN_OR_RETURN(const GgufValue* v, GetArray(f, key, count));
-  std::vector<int64_t> out;
-  out.reserve(v->array.size());
-  for (size_t i = 0; i < v->array.size(); ++i) {
-    std::optional<int64_t> x = SignedOf(v->array[i]);
-    if (!x) return Status::Corruption(fmt::format("{}: key {} element {} is not an integer", f.path(), key, i));
-    out.push_back(*x);
-  }
-  return out;
+  return GetIntArray<int64_t>(f, key, count, SignedOf, "an integer");
 }
 
 // A u32 key that must equal `expected`.
@@ -102,7 +98,7 @@ Status ReadParts(const GgufFile& f, size_t i, const std::vector<uint64_t>& types
     part.type = static_cast<QuantType>(types[j]);
     part.n = shapes[p][0];
     part.k = shapes[p][1];
-    const kernels::WeightLayout expected_layout = PackedPartLayout(part.type);
+    const WeightLayout expected_layout = PackedPartLayout(part.type);
     if (layouts[j] != PartLayoutCode(expected_layout))
       return Status::Corruption(fmt::format("{}: {} is {} for type {}, expected {}", where(), packed_keys::kPartLayouts,
                                             layouts[j], TypeName(part.type), PartLayoutCode(expected_layout)));
@@ -143,15 +139,15 @@ std::string Permutation(int layer) { return fmt::format("estream.expert_permutat
 std::string RegionTensor(int layer) { return fmt::format("blk.{}.ffn_exps.packed", layer); }
 }  // namespace packed_keys
 
-uint32_t PartLayoutCode(kernels::WeightLayout layout) { return layout == kernels::WeightLayout::kPacked ? 1 : 0; }
+uint32_t PartLayoutCode(WeightLayout layout) { return layout == WeightLayout::kPacked ? 1 : 0; }
 
-kernels::WeightLayout PackedPartLayout(QuantType t) {
-  return kernels::CanRepack(t) ? kernels::WeightLayout::kPacked : kernels::WeightLayout::kGguf;
+WeightLayout PackedPartLayout(QuantType t) {
+  return CanRepack(t) ? WeightLayout::kPacked : WeightLayout::kGguf;
 }
 
 uint64_t PackedPartBytes(QuantType t, int64_t n, int64_t k) {
   if (n <= 0 || k <= 0 || RowBytes(t, k) == 0) return 0;
-  if (kernels::CanRepack(t)) return kernels::PackedWeightBytes(t, n, k);
+  if (CanRepack(t)) return PackedWeightBytes(t, n, k);
   return static_cast<uint64_t>(n) * RowBytes(t, k);
 }
 
@@ -160,9 +156,9 @@ int PackedLayerInfo::GroupRecords(int q, int g) const {
   return std::min(g, n_expert - q * g);
 }
 
-kernels::WeightView PackedLayerInfo::PartView(ExpertPart p, const uint8_t* record) const {
+WeightView PackedLayerInfo::PartView(ExpertPart p, const uint8_t* record) const {
   const PackedPart& pt = part(p);
-  return kernels::WeightView{.type = pt.type, .layout = pt.layout, .n = pt.n, .k = pt.k, .data = record + pt.offset};
+  return WeightView{.type = pt.type, .layout = pt.layout, .n = pt.n, .k = pt.k, .data = record + pt.offset};
 }
 
 const PackedLayerInfo* PackedModelInfo::FindLayer(int layer) const {
@@ -194,11 +190,11 @@ Result<PackedModelInfo> ReadPackedLayout(const GgufFile& f) {
                                             f.path(), info.layout_version, packed_keys::kLayoutVersion,
                                             kPackedLayoutVersion));
   ESTREAM_ASSIGN_OR_RETURN(info.kernel_pack_version, f.GetU32(packed_keys::kKernelPackVersion));
-  if (info.kernel_pack_version != static_cast<uint32_t>(kernels::kPackLayoutVersion))
+  if (info.kernel_pack_version != static_cast<uint32_t>(kPackLayoutVersion))
     return Status::NotSupported(fmt::format("{}: experts were packed for kernel layout version {} ({}), this estream's "
                                             "kernels use version {}; re-pack the original GGUF with this estream",
                                             f.path(), info.kernel_pack_version, packed_keys::kKernelPackVersion,
-                                            kernels::kPackLayoutVersion));
+                                            kPackLayoutVersion));
   ESTREAM_RETURN_IF_ERROR(ExpectU32(f, packed_keys::kRecordAlignment, kPackedRecordAlignment));
   ESTREAM_RETURN_IF_ERROR(ExpectU32(f, packed_keys::kPartAlignment, kPackedPartAlignment));
   info.record_alignment = kPackedRecordAlignment;

@@ -22,9 +22,10 @@
 //   offset part_offsets[1]    up     n = n_ff,        k = n_embd
 //   offset part_offsets[2]    down   n = n_embd,      k = n_ff
 //   payload end = part_offsets[2] + part_bytes[2]; zeros up to record_bytes.
-// Each part is the kernels' packed layout when the type has one (kernels::CanRepack: bytes =
-// kernels::PackedWeightBytes(type, n, k), written by kernels::RepackWeights, layout code 1),
-// else the expert's GGUF rows exactly as in the source (n rows of RowBytes(type, k), code 0).
+// Each part is the kernel-native packed layout when the type has one (CanRepack: bytes =
+// PackedWeightBytes(type, n, k), written by kernels::RepackWeights, layout code 1), else the
+// expert's GGUF rows exactly as in the source (n rows of RowBytes(type, k), code 0). The layout
+// knows that format from quant/packed_format.h only: this reader does not depend on the kernels.
 // Parts start at multiples of 64 bytes (the kernels load 64-byte vectors); the gaps are zero.
 // Every record of a block has the same parts (types, shapes, offsets); blocks may differ
 // (a Q4_K_M file keeps some ffn_down in Q6_K).
@@ -42,9 +43,10 @@
 // L = number of packed blocks; arrays indexed by i = 0..L-1 follow estream.layers; "3L" arrays
 // hold (gate, up, down) of block i at 3i, 3i + 1, 3i + 2.
 //   estream.layout_version        u32     1. A reader refuses any other value (NotSupported).
-//   estream.kernel_pack_version   u32     the version of the kernels' packed layout the parts
-//                                         were written with (kernels/repack.h); a reader whose
-//                                         kernels use another version refuses the file.
+//   estream.kernel_pack_version   u32     the version of the kernel-native packed layout the
+//                                         parts were written with (kPackLayoutVersion,
+//                                         quant/packed_format.h); a reader of another version
+//                                         refuses the file.
 //   estream.record_alignment      u32     4096: alignment of the region and of record_bytes
 //   estream.part_alignment        u32     64: alignment of part offsets inside a record
 //   estream.n_embd                u32     model width (k of gate/up, n of down)
@@ -82,7 +84,7 @@
 
 #include "base/status.h"
 #include "gguf/gguf.h"
-#include "kernels/kernels.h"
+#include "quant/packed_format.h"
 #include "quant/types.h"
 
 namespace estream::io {
@@ -117,13 +119,13 @@ std::string Permutation(int layer);
 std::string RegionTensor(int layer);
 }  // namespace packed_keys
 
-// The layout code stored in estream.part_layouts for a kernels::WeightLayout.
-uint32_t PartLayoutCode(kernels::WeightLayout layout);
+// The layout code stored in estream.part_layouts for a WeightLayout.
+uint32_t PartLayoutCode(WeightLayout layout);
 
 // One matrix inside a record.
 struct PackedPart {
   QuantType type = QuantType::kF32;
-  kernels::WeightLayout layout = kernels::WeightLayout::kGguf;
+  WeightLayout layout = WeightLayout::kGguf;
   int64_t n = 0;        // rows (output features)
   int64_t k = 0;        // columns (input features)
   uint64_t offset = 0;  // bytes from the start of the record; a multiple of kPackedPartAlignment
@@ -131,9 +133,9 @@ struct PackedPart {
 };
 
 // The bytes one part of an n x k matrix of type t takes in a record, and the layout it gets:
-// packed when kernels::CanRepack(t), else GGUF rows. 0 bytes if k is not a multiple of t's block.
+// packed when CanRepack(t), else GGUF rows. 0 bytes if k is not a multiple of t's block.
 uint64_t PackedPartBytes(QuantType t, int64_t n, int64_t k);
-kernels::WeightLayout PackedPartLayout(QuantType t);
+WeightLayout PackedPartLayout(QuantType t);
 
 // One MoE block's region. Physical position p (0 <= p < n_expert) is the p-th record.
 struct PackedLayerInfo {
@@ -159,7 +161,7 @@ struct PackedLayerInfo {
   // The weight view of one part of the record whose bytes start at `record` (e.g. a slot in a
   // bank). The data pointer is record + part offset; for a packed part keep `record` 64-byte
   // aligned (arena slots are 4096-aligned).
-  kernels::WeightView PartView(ExpertPart p, const uint8_t* record) const;
+  WeightView PartView(ExpertPart p, const uint8_t* record) const;
 };
 
 struct PackedModelInfo {

@@ -19,63 +19,43 @@ namespace {
 
 // ---- dequantisation, one block at a time -------------------------------------------------
 
-void DequantQ4_0(const BlockQ4_0* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = Fp16ToFp32(x[i].d);
-    for (int j = 0; j < kQK4_0 / 2; ++j) {
-      const int x0 = (x[i].qs[j] & 0x0F) - 8;
-      const int x1 = (x[i].qs[j] >> 4) - 8;
-      y[i * kQK4_0 + j] = x0 * d;
-      y[i * kQK4_0 + j + kQK4_0 / 2] = x1 * d;
+// One 32-value block of the 4/5-bit formats: value j (j < 16) is the low nibble of qs[j], value
+// j + 16 the high one; for the 5-bit formats bit j of qh is the 5th bit of value j and bit j + 16
+// that of value j + 16. y = (q - zero) * d, plus m for the formats with a min.
+template <bool kFiveBits, bool kMin>
+inline void DequantBlock32(const uint8_t* qs, const uint8_t* qh_bytes, float d, float m, int zero, float* y) {
+  uint32_t qh = 0;
+  if constexpr (kFiveBits) std::memcpy(&qh, qh_bytes, sizeof(qh));
+  for (int j = 0; j < 16; ++j) {
+    int q0 = qs[j] & 0x0F, q1 = qs[j] >> 4;
+    if constexpr (kFiveBits) {
+      q0 |= static_cast<uint8_t>(((qh >> j) << 4) & 0x10);
+      q1 |= static_cast<uint8_t>((qh >> (j + 12)) & 0x10);
     }
+    const int x0 = q0 - zero, x1 = q1 - zero;
+    y[j] = kMin ? x0 * d + m : x0 * d;
+    y[j + 16] = kMin ? x1 * d + m : x1 * d;
   }
+}
+
+void DequantQ4_0(const BlockQ4_0* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i)
+    DequantBlock32<false, false>(x[i].qs, nullptr, Fp16ToFp32(x[i].d), 0, 8, y + i * kQK4_0);
 }
 
 void DequantQ4_1(const BlockQ4_1* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = Fp16ToFp32(x[i].d);
-    const float m = Fp16ToFp32(x[i].m);
-    for (int j = 0; j < kQK4_1 / 2; ++j) {
-      const int x0 = x[i].qs[j] & 0x0F;
-      const int x1 = x[i].qs[j] >> 4;
-      y[i * kQK4_1 + j] = x0 * d + m;
-      y[i * kQK4_1 + j + kQK4_1 / 2] = x1 * d + m;
-    }
-  }
+  for (int64_t i = 0; i < nb; ++i)
+    DequantBlock32<false, true>(x[i].qs, nullptr, Fp16ToFp32(x[i].d), Fp16ToFp32(x[i].m), 0, y + i * kQK4_1);
 }
 
 void DequantQ5_0(const BlockQ5_0* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = Fp16ToFp32(x[i].d);
-    uint32_t qh;
-    std::memcpy(&qh, x[i].qh, sizeof(qh));
-    for (int j = 0; j < kQK5_0 / 2; ++j) {
-      // Bit j of qh is the 5th bit of value j; bit j + 16 that of value j + 16.
-      const uint8_t xh0 = static_cast<uint8_t>(((qh >> j) << 4) & 0x10);
-      const uint8_t xh1 = static_cast<uint8_t>((qh >> (j + 12)) & 0x10);
-      const int x0 = ((x[i].qs[j] & 0x0F) | xh0) - 16;
-      const int x1 = ((x[i].qs[j] >> 4) | xh1) - 16;
-      y[i * kQK5_0 + j] = x0 * d;
-      y[i * kQK5_0 + j + kQK5_0 / 2] = x1 * d;
-    }
-  }
+  for (int64_t i = 0; i < nb; ++i)
+    DequantBlock32<true, false>(x[i].qs, x[i].qh, Fp16ToFp32(x[i].d), 0, 16, y + i * kQK5_0);
 }
 
 void DequantQ5_1(const BlockQ5_1* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = Fp16ToFp32(x[i].d);
-    const float m = Fp16ToFp32(x[i].m);
-    uint32_t qh;
-    std::memcpy(&qh, x[i].qh, sizeof(qh));
-    for (int j = 0; j < kQK5_1 / 2; ++j) {
-      const uint8_t xh0 = static_cast<uint8_t>(((qh >> j) << 4) & 0x10);
-      const uint8_t xh1 = static_cast<uint8_t>((qh >> (j + 12)) & 0x10);
-      const int x0 = (x[i].qs[j] & 0x0F) | xh0;
-      const int x1 = (x[i].qs[j] >> 4) | xh1;
-      y[i * kQK5_1 + j] = x0 * d + m;
-      y[i * kQK5_1 + j + kQK5_1 / 2] = x1 * d + m;
-    }
-  }
+  for (int64_t i = 0; i < nb; ++i)
+    DequantBlock32<true, true>(x[i].qs, x[i].qh, Fp16ToFp32(x[i].d), Fp16ToFp32(x[i].m), 0, y + i * kQK5_1);
 }
 
 void DequantQ8_0(const BlockQ8_0* x, float* y, int64_t nb) {
@@ -309,14 +289,28 @@ inline int NearestIndex(const int8_t* table, float v) {
   return best;
 }
 
+// The smallest and largest of the n values at x.
+inline void BlockRange(const float* x, int n, float* mn, float* mx) {
+  *mn = *mx = x[0];
+  for (int j = 1; j < n; ++j) {
+    *mn = std::min(*mn, x[j]);
+    *mx = std::max(*mx, x[j]);
+  }
+}
+
+// Stores the 5-bit values q0 (value j) and q1 (value j + 16) of a Q5_0/Q5_1 block: low nibbles
+// in qs[j], high bits at bits j and j + 16 of qh.
+inline void PutQ5Pair(int j, int q0, int q1, uint8_t* qs, uint32_t* qh) {
+  qs[j] = static_cast<uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+  *qh |= static_cast<uint32_t>((q0 & 0x10) >> 4) << j;
+  *qh |= static_cast<uint32_t>((q1 & 0x10) >> 4) << (j + 16);
+}
+
 void QuantizeRowQ4_1(const float* x, BlockQ4_1* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK4_1; ++i) {
     const float* xb = x + i * kQK4_1;
-    float mn = xb[0], mx = xb[0];
-    for (int j = 1; j < kQK4_1; ++j) {
-      mn = std::min(mn, xb[j]);
-      mx = std::max(mx, xb[j]);
-    }
+    float mn, mx;
+    BlockRange(xb, kQK4_1, &mn, &mx);
     const float d = (mx - mn) / 15.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = Fp32ToFp16(d);
@@ -339,9 +333,7 @@ void QuantizeRowQ5_0(const float* x, BlockQ5_0* y, int64_t n) {
     for (int j = 0; j < kQK5_0 / 2; ++j) {
       const int q0 = std::min(31, static_cast<int>(static_cast<int8_t>(xb[j] * id + 16.5f)));
       const int q1 = std::min(31, static_cast<int>(static_cast<int8_t>(xb[j + 16] * id + 16.5f)));
-      y[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4));
-      qh |= static_cast<uint32_t>((q0 & 0x10) >> 4) << j;
-      qh |= static_cast<uint32_t>((q1 & 0x10) >> 4) << (j + 16);
+      PutQ5Pair(j, q0, q1, y[i].qs, &qh);
     }
     std::memcpy(y[i].qh, &qh, 4);
   }
@@ -350,11 +342,8 @@ void QuantizeRowQ5_0(const float* x, BlockQ5_0* y, int64_t n) {
 void QuantizeRowQ5_1(const float* x, BlockQ5_1* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK5_1; ++i) {
     const float* xb = x + i * kQK5_1;
-    float mn = xb[0], mx = xb[0];
-    for (int j = 1; j < kQK5_1; ++j) {
-      mn = std::min(mn, xb[j]);
-      mx = std::max(mx, xb[j]);
-    }
+    float mn, mx;
+    BlockRange(xb, kQK5_1, &mn, &mx);
     const float d = (mx - mn) / 31.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = Fp32ToFp16(d);
@@ -363,9 +352,7 @@ void QuantizeRowQ5_1(const float* x, BlockQ5_1* y, int64_t n) {
     for (int j = 0; j < kQK5_1 / 2; ++j) {
       const int q0 = static_cast<uint8_t>((xb[j] - mn) * id + 0.5f);
       const int q1 = static_cast<uint8_t>((xb[j + 16] - mn) * id + 0.5f);
-      y[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4));
-      qh |= static_cast<uint32_t>((q0 & 0x10) >> 4) << j;
-      qh |= static_cast<uint32_t>((q1 & 0x10) >> 4) << (j + 16);
+      PutQ5Pair(j, q0, q1, y[i].qs, &qh);
     }
     std::memcpy(y[i].qh, &qh, 4);
   }

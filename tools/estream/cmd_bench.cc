@@ -26,11 +26,6 @@ namespace {
 
 class BenchCommand : public Command {
  public:
-  const char* name() const override { return "bench"; }
-  const char* help() const override {
-    return "Prefill latency, tokens/s, peak RSS, bubble rate and read bandwidth over prompt lengths x schedules x "
-           "memory budgets (each run in a fresh process)";
-  }
   void Setup(CLI::App* sub) override {
     sub->add_option("-m,--model", model_, "packed model (estream pack) or GGUF")->required();
     sub->add_option("--prompt-lengths", lengths_, "prompt lengths (default 128,256,512,1024,2048,4096)")
@@ -46,14 +41,7 @@ class BenchCommand : public Command {
     sub->add_option("--json", json_, "write all results as JSON to FILE");
     sub->add_option("--csv", csv_, "write all results as CSV to FILE");
   }
-  int Run() override {
-    Result<int> r = RunImpl();
-    if (!r.ok()) return ReportError(name(), r.status());
-    return *r;
-  }
-
- private:
-  Result<int> RunImpl() {
+  Result<int> Run() override {
     if (lengths_.empty()) lengths_ = {128, 256, 512, 1024, 2048, 4096};
     if (schedules_.empty()) schedules_ = {"early"};
     if (budgets_.empty() && !resident_) resident_ = true;
@@ -146,6 +134,7 @@ class BenchCommand : public Command {
     return 0;
   }
 
+ private:
   // The prompt: token i is (7919 i + 13) mod n_vocab, as in the child-process runs.
   static std::vector<int32_t> BenchTokens(int n, int64_t n_vocab) {
     std::vector<int32_t> ids(n);
@@ -199,7 +188,9 @@ class BenchCommand : public Command {
   std::string json_, csv_;
 };
 
-ESTREAM_REGISTER_COMMAND(BenchCommand);
+ESTREAM_REGISTER_COMMAND(BenchCommand, "bench",
+                         "Prefill latency, tokens/s, peak RSS, bubble rate and read bandwidth over prompt lengths x schedules x "
+                         "memory budgets (each run in a fresh process)");
 
 }  // namespace
 }  // namespace estream::cli

@@ -33,11 +33,6 @@ double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 
 class BenchBatchCommand : public Command {
  public:
-  const char* name() const override { return "bench-batch"; }
-  const char* help() const override {
-    return "Batched vs one-by-one prefill throughput over batch sizes, and shared-prefix candidates vs separate "
-           "scoring (one process)";
-  }
   void Setup(CLI::App* sub) override {
     sub->add_option("-m,--model", model_, "GGUF or packed model")->required();
     sub->add_option("--batch-sizes", sizes_, "prompts per batch (default 1,4,16,64)")
@@ -54,12 +49,6 @@ class BenchBatchCommand : public Command {
     sub->add_flag("-v,--verbose", verbose_, "print each batch pass's time split");
     flags_.Setup(sub);
   }
-  int Run() override {
-    Result<int> r = RunImpl();
-    if (!r.ok()) return ReportError(name(), r.status());
-    return *r;
-  }
-
  private:
   std::vector<int32_t> RandomIds(std::mt19937* rng, int64_t n, int vocab) {
     std::vector<int32_t> ids(n);
@@ -68,7 +57,7 @@ class BenchBatchCommand : public Command {
     return ids;
   }
 
-  Result<int> RunImpl() {
+  Result<int> Run() override {
     if (sizes_.empty()) sizes_ = {1, 4, 16, 64};
     ESTREAM_ASSIGN_OR_RETURN(EngineOptions eo, flags_.Options());
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
@@ -189,6 +178,8 @@ class BenchBatchCommand : public Command {
 
 }  // namespace
 
-ESTREAM_REGISTER_COMMAND(BenchBatchCommand);
+ESTREAM_REGISTER_COMMAND(BenchBatchCommand, "bench-batch",
+                         "Batched vs one-by-one prefill throughput over batch sizes, and shared-prefix candidates vs separate "
+                         "scoring (one process)");
 
 }  // namespace estream::cli

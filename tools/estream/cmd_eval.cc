@@ -78,23 +78,8 @@ int64_t CommonPrefix(const std::vector<std::vector<int32_t>>& seqs) {
   return static_cast<int64_t>(k);
 }
 
-Result<std::string> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::IOError(path + ": read failed");
-  return ss.str();
-}
-
 class EvalCommand : public Command {
  public:
-  const char* name() const override { return "eval"; }
-  const char* help() const override {
-    return "Accuracy on HellaSwag / Winogrande / multiple-choice files (llama-perplexity's formats), with "
-           "shared-prefix candidates";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("--task", task_, "hellaswag, winogrande or multiple-choice")
         ->required()
@@ -107,12 +92,6 @@ class EvalCommand : public Command {
         ->check(CLI::PositiveNumber);
     sub->add_flag("--json", json_, "print one JSON object with the accuracy and every item's scores");
     flags_.Setup(sub);
-  }
-
-  int Run() override {
-    Result<int> r = RunImpl();
-    if (!r.ok()) return ReportError(name(), r.status());
-    return *r;
   }
 
  private:
@@ -330,8 +309,8 @@ class EvalCommand : public Command {
       if (t->scores[s] > t->scores[t->predicted]) t->predicted = static_cast<int>(s);
   }
 
-  Result<int> RunImpl() {
-    ESTREAM_ASSIGN_OR_RETURN(std::string data, ReadAll(file_));
+  Result<int> Run() override {
+    ESTREAM_ASSIGN_OR_RETURN(std::string data, ReadFileText(file_));
     {
       ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(model_, {.mmap = false}));
       auto t = Tokenizer::FromGguf(*gguf);
@@ -472,6 +451,8 @@ class EvalCommand : public Command {
 
 }  // namespace
 
-ESTREAM_REGISTER_COMMAND(EvalCommand);
+ESTREAM_REGISTER_COMMAND(EvalCommand, "eval",
+                         "Accuracy on HellaSwag / Winogrande / multiple-choice files (llama-perplexity's formats), with "
+                         "shared-prefix candidates");
 
 }  // namespace estream::cli

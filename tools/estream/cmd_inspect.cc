@@ -123,18 +123,14 @@ Json ValueJson(const GgufValue& v) {
 
 class InspectCommand : public Command {
  public:
-  const char* name() const override { return "inspect"; }
-  const char* help() const override {
-    return "Show a GGUF file: architecture, hyper-parameters, tensors, bytes per type, expert sizes (W_e)";
-  }
   void Setup(CLI::App* sub) override {
     sub->add_option("file", path_, "GGUF file")->required();
     sub->add_flag("--json", json_, "Print one JSON object instead of text");
   }
 
-  int Run() override {
+  Result<int> Run() override {
     auto opened = GgufFile::Open(path_, {.mmap = false});
-    if (!opened.ok()) return ReportError(name(), opened.status());
+    if (!opened.ok()) return opened.status();
     const Json report = Build(**opened);
     if (json_) std::printf("%s\n", report.dump(2).c_str());
     else PrintText(report);
@@ -302,5 +298,6 @@ class InspectCommand : public Command {
 };
 
 }  // namespace
-ESTREAM_REGISTER_COMMAND(InspectCommand);
+ESTREAM_REGISTER_COMMAND(InspectCommand, "inspect",
+                         "Show a GGUF file: architecture, hyper-parameters, tensors, bytes per type, expert sizes (W_e)");
 }  // namespace estream::cli

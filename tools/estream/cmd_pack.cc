@@ -16,12 +16,6 @@ namespace {
 
 class PackCommand : public Command {
  public:
-  const char* name() const override { return "pack"; }
-  const char* help() const override {
-    return "Pack a GGUF MoE model for expert streaming: per layer one region of 4 KiB-aligned expert records "
-           "[gate|up|down] in the kernels' layout, with checksums (the output is still a GGUF)";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("model", input_, "Source GGUF model (olmoe, qwen3moe, llama/Mixtral, lfm2moe)")->required();
     sub->add_option("-o,--output", output_, "Packed GGUF to write (written to a temporary name, then renamed)")
@@ -35,17 +29,17 @@ class PackCommand : public Command {
     sub->add_flag("-q,--quiet", quiet_, "No progress output");
   }
 
-  int Run() override {
+  Result<int> Run() override {
     io::PackOptions options;
     options.threads = options_threads_;
     if (!permutation_.empty()) {
       Result<io::ExpertPermutations> perms = io::ReadPermutationFile(permutation_);
-      if (!perms.ok()) return ReportError(name(), perms.status());
+      if (!perms.ok()) return perms.status();
       options.permutations = std::move(perms).value();
     }
     // Pages read with pread: the source is never mapped, so RSS stays at a few records.
     Result<std::unique_ptr<GgufFile>> in = GgufFile::Open(input_, {.mmap = false});
-    if (!in.ok()) return ReportError(name(), in.status());
+    if (!in.ok()) return in.status();
 
     const bool tty = ::isatty(STDERR_FILENO) != 0;
     double last_print = -1;
@@ -67,7 +61,7 @@ class PackCommand : public Command {
     }
     Result<io::PackStats> stats = io::PackModel(**in, output_, options);
     if (!quiet_ && tty) std::fprintf(stderr, "\n");
-    if (!stats.ok()) return ReportError(name(), stats.status());
+    if (!stats.ok()) return stats.status();
     const io::PackStats& s = *stats;
     const double mbps = s.seconds > 0 ? s.output_bytes / 1e6 / s.seconds : 0;
     if (!quiet_)
@@ -103,5 +97,7 @@ class PackCommand : public Command {
 };
 
 }  // namespace
-ESTREAM_REGISTER_COMMAND(PackCommand);
+ESTREAM_REGISTER_COMMAND(PackCommand, "pack",
+                         "Pack a GGUF MoE model for expert streaming: per layer one region of 4 KiB-aligned expert records "
+                         "[gate|up|down] in the kernels' layout, with checksums (the output is still a GGUF)");
 }  // namespace estream::cli

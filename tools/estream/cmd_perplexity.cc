@@ -46,11 +46,6 @@ struct WindowResult {
 
 class PerplexityCommand : public Command {
  public:
-  const char* name() const override { return "perplexity"; }
-  const char* help() const override {
-    return "Perplexity of the model on a text file, in windows of --ctx tokens";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("-m,--model", model_, "GGUF model file (with a tokenizer)")->required();
     sub->add_option("-f,--file", file_, "text file to score")->required();
@@ -63,23 +58,9 @@ class PerplexityCommand : public Command {
     sub->add_flag("--json", json_, "print one JSON object");
   }
 
-  int Run() override {
-    const Status st = RunImpl();
-    return st.ok() ? 0 : ReportError(name(), st);
-  }
-
- private:
-  Status RunImpl() {
+  Result<int> Run() override {
     const auto wall_start = std::chrono::steady_clock::now();
-    std::string text;
-    {
-      std::ifstream in(file_, std::ios::binary);
-      if (!in) return Status::IOError(file_ + ": cannot open: " + std::strerror(errno));
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      if (in.bad()) return Status::IOError(file_ + ": read failed");
-      text = ss.str();
-    }
+    ESTREAM_ASSIGN_OR_RETURN(const std::string text, ReadFileText(file_));
     std::unique_ptr<Tokenizer> tok;
     {
       // Metadata only (no mapping of the weights); the engine opens the file itself.
@@ -175,7 +156,7 @@ class PerplexityCommand : public Command {
                        {"perplexity", w.Perplexity()}, {"seconds", w.seconds}});
       j["windows"] = std::move(arr);
       std::printf("%s\n", j.dump(2).c_str());
-      return Status::Ok();
+      return 0;
     }
     std::printf("text: %zu tokens (tokenized in %.3f s), %zu windows of up to %lld tokens%s\n", ids.size(),
                 tokenize_seconds, windows.size(), static_cast<long long>(ctx), bos ? " (BOS first)" : "");
@@ -184,9 +165,10 @@ class PerplexityCommand : public Command {
     std::printf("prefill: %.1f tokens/s (%lld tokens in %.3f s of forward passes, %d threads); wall %.3f s\n", tps,
                 static_cast<long long>(total.n_tokens), total.seconds, engine->n_threads(), wall);
     std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
-    return Status::Ok();
+    return 0;
   }
 
+ private:
   std::string model_, file_;
   int64_t ctx_ = 0;
   int threads_ = 0;
@@ -196,6 +178,7 @@ class PerplexityCommand : public Command {
 
 }  // namespace
 
-ESTREAM_REGISTER_COMMAND(PerplexityCommand);
+ESTREAM_REGISTER_COMMAND(PerplexityCommand, "perplexity",
+                         "Perplexity of the model on a text file, in windows of --ctx tokens");
 
 }  // namespace estream::cli

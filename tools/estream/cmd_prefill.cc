@@ -53,21 +53,8 @@ Result<std::vector<int32_t>> ParseTokenIds(const std::string& text, const std::s
   return ids;
 }
 
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class PrefillCommand : public Command {
  public:
-  const char* name() const override { return "prefill"; }
-  const char* help() const override {
-    return "Run one prompt through the model and print the next-token distribution (all weights resident, or a packed model inside --budget with experts streamed from disk)";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("-m,--model", model_, "GGUF model file")->required();
     tokens_opt_ = sub->add_option("--tokens", tokens_, "prompt as token ids: 1,2,3 or @FILE (ids separated by commas or spaces)");
@@ -115,26 +102,20 @@ class PrefillCommand : public Command {
         ->check(CLI::PositiveNumber);
   }
 
-  int Run() override {
-    Result<int> r = RunImpl();
-    if (!r.ok()) return ReportError(name(), r.status());
-    return *r;
-  }
-
  private:
   Result<std::vector<int32_t>> PromptTokens() {
     const size_t given = tokens_opt_->count() + prompt_opt_->count() + file_opt_->count();
     if (given != 1) return Status::InvalidArgument("give exactly one of --tokens, -p/--prompt, -f/--file");
     if (tokens_opt_->count()) {
       if (tokens_[0] == '@') {
-        ESTREAM_ASSIGN_OR_RETURN(std::string text, ReadFile(tokens_.substr(1)));
+        ESTREAM_ASSIGN_OR_RETURN(std::string text, ReadFileText(tokens_.substr(1)));
         return ParseTokenIds(text, tokens_.substr(1));
       }
       return ParseTokenIds(tokens_, "--tokens");
     }
     std::string text = prompt_;
     if (file_opt_->count()) {
-      ESTREAM_ASSIGN_OR_RETURN(text, ReadFile(prompt_file_));
+      ESTREAM_ASSIGN_OR_RETURN(text, ReadFileText(prompt_file_));
     }
     if (!tokenizer_)
       return Status::InvalidArgument(model_ + ": text prompts need the model's tokenizer: " +
@@ -142,7 +123,7 @@ class PrefillCommand : public Command {
     return tokenizer_->Encode(text, !no_bos_, /*parse_special=*/false);
   }
 
-  Result<int> RunImpl() {
+  Result<int> Run() override {
     // The tokenizer, when the model has one (only needed for text prompts and for printing).
     {
       auto file = GgufFile::Open(model_, {.mmap = false});
@@ -159,8 +140,7 @@ class PrefillCommand : public Command {
     EngineOptions eo{.n_threads = threads_,
                      .repack = repack_ == "never" ? EngineOptions::Repack::kNever : EngineOptions::Repack::kAuto};
     if (!budget_.empty()) {
-      ESTREAM_ASSIGN_OR_RETURN(eo.budget_bytes, ParseSize(budget_));
-      if (eo.budget_bytes == 0) return Status::InvalidArgument("--budget must be positive");
+      ESTREAM_ASSIGN_OR_RETURN(eo.budget_bytes, ParseBudget(budget_));
     }
     eo.group_size = group_size_;
     eo.banks = banks_;
@@ -389,7 +369,8 @@ class PrefillCommand : public Command {
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
 };
 
-ESTREAM_REGISTER_COMMAND(PrefillCommand);
+ESTREAM_REGISTER_COMMAND(PrefillCommand, "prefill",
+                         "Run one prompt through the model and print the next-token distribution (all weights resident, or a packed model inside --budget with experts streamed from disk)");
 
 }  // namespace
 }  // namespace estream::cli

@@ -14,12 +14,6 @@ namespace {
 
 class ProfileCommand : public Command {
  public:
-  const char* name() const override { return "profile"; }
-  const char* help() const override {
-    return "Auto-configure a packed model for a memory budget: measure the disk and the model once (stored in the "
-           "model), then choose group size, banks and queue depth (a new budget re-solves in milliseconds)";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack); the profile is stored in it")
         ->required();
@@ -39,15 +33,8 @@ class ProfileCommand : public Command {
     AddIoFlag(sub, &io_);
   }
 
-  int Run() override {
-    Status s = RunImpl();
-    return s.ok() ? 0 : ReportError(name(), s);
-  }
-
- private:
-  Status RunImpl() {
-    ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseSize(p_.budget_text));
-    if (p_.budget_bytes == 0) return Status::InvalidArgument("--budget must be positive");
+  Result<int> Run() override {
+    ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseBudget(p_.budget_text));
     ESTREAM_ASSIGN_OR_RETURN(p_.io, ParseIoBackend(io_));
     p_.progress = ProgressPrinter(name());
     ESTREAM_ASSIGN_OR_RETURN(profiler::ProfileModelResult r, profiler::ProfileModel(p_));
@@ -56,9 +43,10 @@ class ProfileCommand : public Command {
     } else {
       Print(r);
     }
-    return Status::Ok();
+    return 0;
   }
 
+ private:
   static void Print(const profiler::ProfileModelResult& r) {
     const config::CandidatePrediction& best = r.selection.best;
     std::printf("model: %s (%s)\n", r.model_path.c_str(),
@@ -104,7 +92,9 @@ class ProfileCommand : public Command {
   bool json_ = false;
 };
 
-ESTREAM_REGISTER_COMMAND(ProfileCommand);
+ESTREAM_REGISTER_COMMAND(ProfileCommand, "profile",
+                         "Auto-configure a packed model for a memory budget: measure the disk and the model once (stored in the "
+                         "model), then choose group size, banks and queue depth (a new budget re-solves in milliseconds)");
 
 }  // namespace
 }  // namespace estream::cli

@@ -93,11 +93,6 @@ std::string OneLine(std::string s) {
 
 class ScoreCommand : public Command {
  public:
-  const char* name() const override { return "score"; }
-  const char* help() const override {
-    return "Score a JSONL file of prompts in batches (next tokens, embeddings, candidate continuations); resumable";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("-m,--model", model_, "GGUF model file (packed for --budget); required unless --merge");
     sub->add_option("--input", input_, "input JSONL: one {\"id\", \"prompt\" or \"tokens\", optional "
@@ -126,12 +121,6 @@ class ScoreCommand : public Command {
         "failed. Rerunning with the same --output resumes: ids already written are skipped.\n"
         "Sharded: estream score -m M --input IN.jsonl --shard 0/4 --output OUT.0.jsonl   (... 1/4, 2/4, 3/4)\n"
         "         estream score --merge OUT.0.jsonl OUT.1.jsonl OUT.2.jsonl OUT.3.jsonl --input IN.jsonl -o ALL.jsonl\n");
-  }
-
-  int Run() override {
-    Result<int> r = RunImpl();
-    if (!r.ok()) return ReportError(name(), r.status());
-    return *r;
   }
 
  private:
@@ -303,7 +292,7 @@ class ScoreCommand : public Command {
     return st.error_lines > 0 ? 1 : 0;
   }
 
-  Result<int> RunImpl() {
+  Result<int> Run() override {
     if (!merge_.empty()) return RunMerge();
     // Flags first, before any work (CLI11 cannot say "required unless --merge").
     if (model_.empty()) return Status::InvalidArgument("--model is required (the model to score with)");
@@ -443,6 +432,7 @@ class ScoreCommand : public Command {
 
 }  // namespace
 
-ESTREAM_REGISTER_COMMAND(ScoreCommand);
+ESTREAM_REGISTER_COMMAND(ScoreCommand, "score",
+                         "Score a JSONL file of prompts in batches (next tokens, embeddings, candidate continuations); resumable");
 
 }  // namespace estream::cli

@@ -33,11 +33,6 @@ namespace {
 
 class ServeCommand : public Command {
  public:
-  const char* name() const override { return "serve"; }
-  const char* help() const override {
-    return "HTTP server (OpenAI-style /v1/completions with echo+logprobs, /v1/embeddings, /v1/classify, /v1/rerank)";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("-m,--model", model_, "GGUF model file (packed for --budget)")->required();
     sub->add_option("--host", o_.host, "address to listen on (default 127.0.0.1)");
@@ -66,14 +61,7 @@ class ServeCommand : public Command {
                     "answer scored is \" yes\" vs \" no\"");
   }
 
-  int Run() override {
-    Result<int> r = RunImpl();
-    if (!r.ok()) return ReportError(name(), r.status());
-    return *r;
-  }
-
- private:
-  Result<int> RunImpl() {
+  Result<int> Run() override {
     // Signals go to one thread (sigwait): block them before any thread starts.
     sigset_t set;
     sigemptyset(&set);
@@ -150,6 +138,7 @@ class ServeCommand : public Command {
     return 0;
   }
 
+ private:
   std::string model_, budget_, alias_, max_body_ = "256K";
   int threads_ = 0;
   int64_t budget_tokens_ = 0, max_batch_tokens_ = 0;
@@ -158,6 +147,7 @@ class ServeCommand : public Command {
 
 }  // namespace
 
-ESTREAM_REGISTER_COMMAND(ServeCommand);
+ESTREAM_REGISTER_COMMAND(ServeCommand, "serve",
+                         "HTTP server (OpenAI-style /v1/completions with echo+logprobs, /v1/embeddings, /v1/classify, /v1/rerank)");
 
 }  // namespace estream::cli

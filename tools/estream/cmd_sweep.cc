@@ -15,12 +15,6 @@ namespace {
 
 class SweepCommand : public Command {
  public:
-  const char* name() const override { return "sweep"; }
-  const char* help() const override {
-    return "Exhaustive oracle of the configurator: run the calibration request end to end for every group size, "
-           "bank count and queue depth that fits --budget and report the measured fastest";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack)")->required();
     AddBudgetFlag(sub, &budget_, "memory budget of the whole process (bytes, or K/M/G suffix: 1500M)")->required();
@@ -44,15 +38,8 @@ class SweepCommand : public Command {
     sub->footer(profiler::kSweepGridHelp);
   }
 
-  int Run() override {
-    Status s = RunImpl();
-    return s.ok() ? 0 : ReportError(name(), s);
-  }
-
- private:
-  Status RunImpl() {
-    ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseSize(budget_));
-    if (p_.budget_bytes == 0) return Status::InvalidArgument("--budget must be positive");
+  Result<int> Run() override {
+    ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseBudget(budget_));
     ESTREAM_ASSIGN_OR_RETURN(p_.io, ParseIoBackend(io_));
     p_.progress = ProgressPrinter(name());
     ESTREAM_ASSIGN_OR_RETURN(profiler::SweepResult r, profiler::Sweep(p_));
@@ -64,9 +51,10 @@ class SweepCommand : public Command {
     if (r.best < 0)
       return Status::ResourceExhausted("every point that ran peaked above the budget " + FormatBytes(r.budget_bytes) +
                                        ": no measured minimum within it");
-    return Status::Ok();
+    return 0;
   }
 
+ private:
   static void PrintTable(const profiler::SweepResult& r) {
     const bool all_exact = r.peak_rss_exact;
     std::printf("%s: budget %s, %lld calibration tokens, %zu points run, %d skipped (do not fit), sweep %.1f s "
@@ -102,6 +90,8 @@ class SweepCommand : public Command {
 
 }  // namespace
 
-ESTREAM_REGISTER_COMMAND(SweepCommand);
+ESTREAM_REGISTER_COMMAND(SweepCommand, "sweep",
+                         "Exhaustive oracle of the configurator: run the calibration request end to end for every group size, "
+                         "bank count and queue depth that fits --budget and report the measured fastest");
 
 }  // namespace estream::cli

@@ -10,11 +10,6 @@ namespace {
 
 class SynthCommand : public Command {
  public:
-  const char* name() const override { return "synth"; }
-  const char* help() const override {
-    return "Write a synthetic MoE model (GGUF) with the shapes of a real one: random weights, skewed routers";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("-o,--output", output_, "Output GGUF file (written to a temporary name, then renamed)")->required();
     sub->add_option("--preset", opt_.preset, "Model shape: " + synth::SupportedPresetNames())->capture_default_str();
@@ -37,11 +32,11 @@ class SynthCommand : public Command {
     sub->add_flag("-q,--quiet", quiet_, "No progress output");
   }
 
-  int Run() override {
+  Result<int> Run() override {
     Status parsed = synth::ApplySynthType(type_, &opt_);
-    if (!parsed.ok()) return ReportError(name(), parsed);
+    if (!parsed.ok()) return parsed;
     Result<std::unique_ptr<synth::SynthModel>> model = synth::SynthModel::Create(opt_);
-    if (!model.ok()) return ReportError(name(), model.status());
+    if (!model.ok()) return model.status();
     const synth::ModelShape& s = (*model)->shape();
     if (!quiet_)
       std::fprintf(stderr, "synth: %s (%s) L=%d d=%d heads=%d/%d experts=%d top-%d d_ff=%d vocab=%d %s -> %s (%s)\n",
@@ -51,7 +46,7 @@ class SynthCommand : public Command {
                    FormatBytes((*model)->TensorBytes()).c_str());
     synth::SynthWriteStats stats;
     Status st = (*model)->Write(output_, {.threads = threads_, .progress = !quiet_}, &stats);
-    if (!st.ok()) return ReportError(name(), st);
+    if (!st.ok()) return st;
     if (!quiet_)
       std::fprintf(stderr, "synth: wrote %s (%s) in %.1f s, %.0f MB/s\n", output_.c_str(),
                    FormatBytes(stats.file_bytes).c_str(), stats.seconds, stats.file_bytes / 1e6 / stats.seconds);
@@ -67,5 +62,6 @@ class SynthCommand : public Command {
 };
 
 }  // namespace
-ESTREAM_REGISTER_COMMAND(SynthCommand);
+ESTREAM_REGISTER_COMMAND(SynthCommand, "synth",
+                         "Write a synthetic MoE model (GGUF) with the shapes of a real one: random weights, skewed routers");
 }  // namespace estream::cli

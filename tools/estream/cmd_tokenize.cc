@@ -64,11 +64,6 @@ std::string Printable(const std::string& piece) {
 
 class TokenizeCommand : public Command {
  public:
-  const char* name() const override { return "tokenize"; }
-  const char* help() const override {
-    return "Turn text into token ids with the model's vocabulary (GGUF tokenizer.* keys)";
-  }
-
   void Setup(CLI::App* sub) override {
     sub->add_option("-m,--model", model_, "GGUF file (a vocab-only GGUF works too)")->required();
     text_opt_ = sub->add_option("-p,--prompt", text_, "text to tokenize");
@@ -81,23 +76,12 @@ class TokenizeCommand : public Command {
                   "recognise control tokens such as <|im_start|> or <s> written in the text");
   }
 
-  int Run() override {
-    const Status st = RunImpl();
-    return st.ok() ? 0 : ReportError("tokenize", st);
-  }
-
- private:
-  Status RunImpl() {
+  Result<int> Run() override {
     if (text_opt_->count() == 0 && file_opt_->count() == 0)
       return Status::InvalidArgument("give the text with -p TEXT or -f FILE");
     std::string text = text_;
     if (file_opt_->count() > 0) {
-      std::ifstream in(file_, std::ios::binary);
-      if (!in) return Status::IOError(file_ + ": cannot open: " + std::strerror(errno));
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      if (in.bad()) return Status::IOError(file_ + ": read failed");
-      text = ss.str();
+      ESTREAM_ASSIGN_OR_RETURN(text, ReadFileText(file_));
     }
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(model_));
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*gguf));
@@ -117,7 +101,7 @@ class TokenizeCommand : public Command {
       j["pieces"] = std::move(pieces);
       // Pieces that cut a multi-byte character are not valid UTF-8: emit U+FFFD for those bytes.
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-      return Status::Ok();
+      return 0;
     }
     if (ids_only_) {
       std::string line;
@@ -126,14 +110,15 @@ class TokenizeCommand : public Command {
         line += std::to_string(ids[i]);
       }
       std::printf("%s\n", line.c_str());
-      return Status::Ok();
+      return 0;
     }
     for (int32_t id : ids) std::printf("%8d  %s\n", id, Printable(tok->TokenPiece(id)).c_str());
     std::fprintf(stderr, "%zu tokens (%s / %s, %d in vocabulary)\n", ids.size(), tok->model().c_str(),
                  tok->pre().empty() ? "spm" : tok->pre().c_str(), tok->n_vocab());
-    return Status::Ok();
+    return 0;
   }
 
+ private:
   std::string model_, text_, file_;
   CLI::Option* text_opt_ = nullptr;
   CLI::Option* file_opt_ = nullptr;
@@ -142,6 +127,7 @@ class TokenizeCommand : public Command {
 
 }  // namespace
 
-ESTREAM_REGISTER_COMMAND(TokenizeCommand);
+ESTREAM_REGISTER_COMMAND(TokenizeCommand, "tokenize",
+                         "Turn text into token ids with the model's vocabulary (GGUF tokenizer.* keys)");
 
 }  // namespace estream::cli

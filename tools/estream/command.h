@@ -1,7 +1,7 @@
 // The estream CLI is a thin front end: one file per subcommand (cmd_*.cc), each registering a
-// Command with ESTREAM_REGISTER_COMMAND. main.cc builds the CLI11 app from the registry, parses,
-// and runs the chosen command. Commands turn Status errors into a one-line message on stderr
-// ("estream <cmd>: error: ...") and a non-zero exit code; the library never exits.
+// Command with its name and help (ESTREAM_REGISTER_COMMAND). main.cc builds the CLI11 app from
+// the registry, parses, and runs the chosen command; an error it returns becomes one line on
+// stderr ("estream <cmd>: error: ...") and exit code 1. The library never exits.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -16,27 +16,48 @@
 
 namespace estream::cli {
 
+class Command;
+
+// A registered command: its name and one-line help (the CLI11 subcommand's) and its factory.
+struct CommandEntry {
+  const char* name;
+  const char* help;
+  std::unique_ptr<Command> (*make)();
+};
+std::vector<CommandEntry>& CommandRegistry();
+
 class Command {
  public:
   virtual ~Command() = default;
-  virtual const char* name() const = 0;
-  virtual const char* help() const = 0;
+  // The registered name ("prefill") and help line.
+  const char* name() const { return name_; }
+  const char* help() const { return help_; }
   // Adds options and flags to `sub` (bound to members of the command).
   virtual void Setup(CLI::App* sub) = 0;
-  // Runs after a successful parse. Returns the process exit code.
-  virtual int Run() = 0;
-};
+  // Runs after a successful parse: the process exit code (0, or a command's own code such as 1
+  // for "some lines failed"), or an error, which main prints as "estream <command>: error: ..."
+  // (ReportError) and exits with 1.
+  virtual Result<int> Run() = 0;
 
-using CommandFactory = std::unique_ptr<Command> (*)();
-std::vector<CommandFactory>& CommandRegistry();
+  // A new command of `entry`, named.
+  static std::unique_ptr<Command> Create(const CommandEntry& entry);
+
+ private:
+  const char* name_ = "";
+  const char* help_ = "";
+};
 
 struct CommandRegistrar {
-  explicit CommandRegistrar(CommandFactory f) { CommandRegistry().push_back(f); }
+  CommandRegistrar(const char* name, const char* help, std::unique_ptr<Command> (*make)()) {
+    CommandRegistry().push_back({name, help, make});
+  }
 };
 
-#define ESTREAM_REGISTER_COMMAND(Type)                                                        \
-  static ::estream::cli::CommandRegistrar estream_registrar_##Type(                          \
-      []() -> std::unique_ptr<::estream::cli::Command> { return std::make_unique<Type>(); })
+// Registers the command class Type (default-constructible) as `estream NAME`, with the one-line
+// HELP of `estream --help`.
+#define ESTREAM_REGISTER_COMMAND(Type, name, help)                                              \
+  static ::estream::cli::CommandRegistrar estream_registrar_##Type(                            \
+      name, help, []() -> std::unique_ptr<::estream::cli::Command> { return std::make_unique<Type>(); })
 
 // Prints "estream <command>: error: <status message>" to stderr; returns 1.
 int ReportError(const char* command, const Status& status);
@@ -46,5 +67,10 @@ std::function<void(const std::string&)> ProgressPrinter(const char* command);
 
 // Parses a size with an optional K/M/G/T suffix (powers of 1024; "4G", "512M", "1000").
 Result<uint64_t> ParseSize(const std::string& text);
+// The value of --budget: a size (ParseSize) that must be positive.
+Result<uint64_t> ParseBudget(const std::string& text);
+
+// The whole of a file, as bytes. IOError naming the file if it cannot be opened or read.
+Result<std::string> ReadFileText(const std::string& path);
 
 }  // namespace estream::cli

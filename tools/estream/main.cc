@@ -1,14 +1,25 @@
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "base/cpu.h"
 #include "tools/estream/command.h"
 
 namespace estream::cli {
 
-std::vector<CommandFactory>& CommandRegistry() {
-  static std::vector<CommandFactory> registry;
+std::vector<CommandEntry>& CommandRegistry() {
+  static std::vector<CommandEntry> registry;
   return registry;
+}
+
+std::unique_ptr<Command> Command::Create(const CommandEntry& entry) {
+  std::unique_ptr<Command> c = entry.make();
+  c->name_ = entry.name;
+  c->help_ = entry.help;
+  return c;
 }
 
 int ReportError(const char* command, const Status& status) {
@@ -34,6 +45,21 @@ Result<uint64_t> ParseSize(const std::string& text) {
   return static_cast<uint64_t>(v * mult);
 }
 
+Result<uint64_t> ParseBudget(const std::string& text) {
+  ESTREAM_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(text));
+  if (bytes == 0) return Status::InvalidArgument("--budget must be positive");
+  return bytes;
+}
+
+Result<std::string> ReadFileText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IOError(path + ": read failed");
+  return ss.str();
+}
+
 std::function<void(const std::string&)> ProgressPrinter(const char* command) {
   return [command](const std::string& line) {
     std::fprintf(stderr, "estream %s: %s\n", command, line.c_str());
@@ -52,8 +78,8 @@ int main(int argc, char** argv) {
                                         estream::IsaName(estream::ActiveIsa()) + ")");
   std::vector<std::unique_ptr<Command>> commands;
   std::vector<CLI::App*> subs;
-  for (CommandFactory f : CommandRegistry()) {
-    commands.push_back(f());
+  for (const CommandEntry& entry : CommandRegistry()) {
+    commands.push_back(Command::Create(entry));
     CLI::App* sub = app.add_subcommand(commands.back()->name(), commands.back()->help());
     commands.back()->Setup(sub);
     subs.push_back(sub);
@@ -63,7 +89,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  for (size_t i = 0; i < commands.size(); ++i)
-    if (subs[i]->parsed()) return commands[i]->Run();
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (!subs[i]->parsed()) continue;
+    estream::Result<int> code = commands[i]->Run();
+    return code.ok() ? *code : ReportError(commands[i]->name(), code.status());
+  }
   return 1;
 }
