@@ -11,7 +11,8 @@
 //   moe_bench layer [--preset olmoe-1b-7b|qwen3-30b-a3b] [--tokens 512,1024] [--reps N]
 //     One MoE layer of a synthetic 1-layer model of the preset (Q4_0, repacked): routes from its
 //     router on a fixed prompt; the previous path (ref::ExpertsBatched) and the fused one
-//     (model::FusedExperts) alternated in the same run, median wall time of each.
+//     (model::FusedExperts) alternated in the same run, median wall time of each; --baseline 0
+//     skips the previous path (its column then reads 0).
 // Threads: OMP_NUM_THREADS (default: all CPUs).
 #include <omp.h>
 #include <time.h>
@@ -133,7 +134,7 @@ int Expert(const std::vector<std::string>& shapes, const std::vector<int64_t>& r
   return 0;
 }
 
-int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int reps) {
+int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int reps, bool baseline) {
   const int nth = omp_get_max_threads();
   const std::string path = "/tmp/moe_bench_" + preset + ".gguf";
   auto synth = synth::SynthModel::Create({.preset = preset, .layers = 1, .vocab = 512, .type = QuantType::kQ4_0});
@@ -163,7 +164,7 @@ int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int rep
     for (int r = 0; r < reps + 1; ++r) {
       std::copy(x0.begin(), x0.end(), ws.x.get());
       double t0 = Now();
-      ref::ExpertsBatched((*model)->layers()[0].experts, c, T, &ws);
+      if (baseline) ref::ExpertsBatched((*model)->layers()[0].experts, c, T, &ws);
       const double b = Now() - t0;
       std::copy(x0.begin(), x0.end(), ws.x.get());
       t0 = Now();
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
   std::string shapes = "olmoe,qwen3,mixtral", routes = "1,8,32,64,128,256,1024", preset = "olmoe-1b-7b",
               tokens = "512,1024";
   int reps = 5;
+  bool baseline = true;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--shapes") shapes = v;
@@ -196,6 +198,7 @@ int main(int argc, char** argv) {
     else if (k == "--reps") reps = std::atoi(v.c_str());
     else if (k == "--preset") preset = v;
     else if (k == "--tokens") tokens = v;
+    else if (k == "--baseline") baseline = v != "0";
     else {
       std::fprintf(stderr, "moe_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -207,7 +210,7 @@ int main(int argc, char** argv) {
     return v;
   };
   if (mode == "expert") return estream::Expert(estream::Split(shapes), ints(routes), std::max(1, reps));
-  if (mode == "layer") return estream::Layer(preset, ints(tokens), std::max(1, reps));
+  if (mode == "layer") return estream::Layer(preset, ints(tokens), std::max(1, reps), baseline);
   std::fprintf(stderr, "usage: moe_bench expert|layer [options] (see the file comment)\n");
   return 2;
 }
