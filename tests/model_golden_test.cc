@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "estream/engine.h"
+#include "expect_isa.h"
 #include "ref/ref_forward.h"
 
 namespace estream {
