@@ -53,7 +53,10 @@ step() { echo; echo "==== $* ==== (at ${SECONDS}s)"; }
 #                          max + i8mm), ESTREAM_EXPECT_ISA making every test process check the level
 #                          its kernels run at (tests/expect_isa.h); the three levels run side by side.
 # Kernel tests run with ESTREAM_TEST_QUICK=1 (a few awkward shapes each, tests/test_quick.h).
-# Measured cold (fresh build directory, no ccache), docs/PERFORMANCE.md "ARM64 CI stage": see there.
+# Measured cold (fresh build directory, no ccache, JOBS=2) on the shared 2-vCPU development VM with
+# other builds running, 2026-12-02: 473 s (cross build 275 s, Cpu.* 1 s, kernel tests 61 s, the
+# three levels' model tests side by side 136 s); 603 s of CPU in all, so ~5 min or more on two
+# dedicated cores (docs/PERFORMANCE.md, "ARM64 CI stage").
 # (Binaries that start threads hung under qemu when -L pointed at the cross sysroot's loader with
 # the multiarch libc; cmake/aarch64-linux-gnu.cmake uses -L / where libc6:arm64 is installed.)
 arm64_stage() {
