@@ -27,7 +27,10 @@ set(ENV{PKG_CONFIG_PATH} "")
 # gives the root the guest's dynamic loader is looked up in: "/" when the multiarch libc6:arm64
 # is installed (it comes with the :arm64 -dev packages), so that the loader and the libc it loads
 # are one build; the cross sysroot's loader (/usr/aarch64-linux-gnu) with the multiarch libc hung
-# every binary that started a second thread (Debian 12, qemu 7.2).
+# every binary that started a second thread (Debian 12, qemu 7.2): that loader is libc6-arm64-cross
+# 2.36-8cross1, the libc.so.6 it then finds (through the host's /etc/ld.so.cache) is libc6:arm64
+# 2.36-9+deb12u14, two glibc builds that share private loader/libc interfaces; under -strace the
+# process spins in pthread_create after its rt_sigprocmask, before mapping the new thread's stack.
 find_program(ESTREAM_QEMU_AARCH64 NAMES qemu-aarch64-static qemu-aarch64)
 if(ESTREAM_QEMU_AARCH64)
   if(EXISTS /lib/ld-linux-aarch64.so.1)

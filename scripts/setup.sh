@@ -51,7 +51,7 @@ node_client() {
 CROSS_PACKAGES=(
   g++-aarch64-linux-gnu qemu-user-static
   liburing-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64 libbenchmark-dev:arm64
-  libxxhash-dev:arm64 libpcre2-dev:arm64 libfmt-dev:arm64
+  libxxhash-dev:arm64 libpcre2-dev:arm64 libfmt-dev:arm64 libcpp-httplib-dev:arm64
 )
 ADD_ARCH=0
 if [ "$HOST_ARCH" = "amd64" ] && [ "$WANT_ARM64" = 1 ]; then

@@ -52,6 +52,7 @@ KernelTable LowpRefTable(bool exact_rows) {
   if (!exact_rows) k.attention_exact_rows_bf16 = 0;
   return k;
 }
+#if defined(__x86_64__)
 // The AVX-512 one (REQUIRES HostIsa() == kAvx512: VNNI + BF16).
 KernelTable LowpAvx512Table(bool exact_rows) {
   KernelTable k = KernelsFor(Isa::kAvx512);
@@ -60,6 +61,7 @@ KernelTable LowpAvx512Table(bool exact_rows) {
   if (!exact_rows) k.attention_exact_rows_bf16 = 0;
   return k;
 }
+#endif
 const KernelTable& RefTable() {
   static const KernelTable t = LowpRefTable(false);
   return t;
@@ -374,7 +376,9 @@ TEST(AttentionLowp, LongSequence) {
 // hosts, the fast one; T on both sides of the first key block, GQA 2.
 TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
   std::vector<KernelTable> tables = {LowpRefTable(true)};
+#if defined(__x86_64__)
   if (HostIsa() == Isa::kAvx512) tables.push_back(LowpAvx512Table(true));
+#endif
   omp_set_num_threads(2);
   for (const KernelTable& kt : tables) {
     for (int T : {37, 200}) {

@@ -423,6 +423,24 @@ TEST(GemmQuant, PackedBytes) {
   EXPECT_EQ(PackedWeightBytes(QuantType::kMXFP4, 16, 4096), 16u * 4096 * 4.25 / 8);
 }
 
+// The thread-count tests mean something only if a team of two really runs on two threads: under
+// qemu-user (the ARM64 stage of scripts/test.sh) every guest thread is a host thread, and a
+// runtime that quietly gave one thread would let them pass without splitting anything.
+TEST(Threads, TeamOfTwoRunsTwoThreads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  int team = 0, ran = 0;
+#pragma omp parallel reduction(+ : ran)
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+    ran += 1;
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(team, 2);
+  EXPECT_EQ(ran, 2);
+}
+
 // Public entry points with 1 and 2 threads: bit-identical, and correct. n = 17 (two panels) makes
 // the split go by rows, which moves rows between the AMX tiles and the vpdpbusd tail.
 TEST(GemmQuant, ThreadCountDoesNotChangeResults) {

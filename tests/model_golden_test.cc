@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "estream/engine.h"
+#include "expect_isa.h"
 #include "model_test_util.h"
 #include "ref/ref_forward.h"
 

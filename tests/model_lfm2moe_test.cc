@@ -18,6 +18,7 @@
 #include "estream/engine.h"
 #include "gguf/gguf.h"
 #include "pack/pack_model.h"
+#include "expect_isa.h"
 #include "model_test_util.h"
 
 namespace estream {

@@ -58,6 +58,7 @@
 #include <nlohmann/json.hpp>
 
 #include "estream/engine.h"
+#include "expect_isa.h"
 #include "model/synth.h"
 #include "model_test_util.h"
 #include "ref/ref_forward.h"

@@ -12,8 +12,9 @@ estream_add_test(model_golden_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_gol
 estream_add_test(model_engine_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_engine_test.cc
   LIBS estream_model LABELS model)
 # Engine vs fp64 reference on synthetic models of every arch and weight type; golden top-5.
+# Label arm: its quantised models run the int8 GEMM of each forced ARM level (scripts/test.sh).
 estream_add_test(model_synth_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_synth_test.cc
-  LIBS estream_model estream_ref nlohmann_json::nlohmann_json LABELS model)
+  LIBS estream_model estream_ref nlohmann_json::nlohmann_json LABELS model arm)
 if(TARGET model_synth_test)
   target_compile_definitions(model_synth_test PRIVATE ESTREAM_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 endif()
