@@ -8,6 +8,8 @@
 //
 // Prompts are random token ids in [10, V) (a different prompt per request, fixed seed), so no
 // cache can answer them. --requests is per level (default max(16, 2 x clients)).
+// From the server's /metrics before and after each level: the engine batches run, their mean
+// jobs, and the share of the level's wall time the engine was busy (engine seconds / seconds).
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +33,28 @@ std::vector<int> ParseList(const std::string& s) {
   std::string x;
   while (std::getline(ss, x, ',')) v.push_back(std::atoi(x.c_str()));
   return v;
+}
+
+// The value of an unlabelled sample `name` in Prometheus text, 0 when absent.
+double Sample(const std::string& text, const std::string& name) {
+  size_t at = 0;
+  while ((at = text.find(name + " ", at)) != std::string::npos) {
+    if (at == 0 || text[at - 1] == '\n') return std::atof(text.c_str() + at + name.size() + 1);
+    at += name.size();
+  }
+  return 0;
+}
+
+struct EngineFigures {
+  double batches = 0, jobs = 0, seconds = 0;
+};
+
+EngineFigures ReadMetrics(const std::string& host, int port, const httplib::Headers& headers) {
+  httplib::Client c(host, port);
+  auto r = c.Get("/metrics", headers);
+  if (!r || r->status != 200) return {};
+  return {Sample(r->body, "estream_batches_total"), Sample(r->body, "estream_batch_jobs_sum"),
+          Sample(r->body, "estream_engine_seconds_total")};
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -90,11 +114,13 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("clients,requests,seconds,requests_per_s,prompt_tokens_per_s,p50_ms,p99_ms,errors\n");
+  std::printf("clients,requests,seconds,requests_per_s,prompt_tokens_per_s,p50_ms,p99_ms,errors,batches,"
+              "jobs_per_batch,engine_busy\n");
   for (int clients : ParseList(clients_list)) {
     const int n = requests > 0 ? requests : std::max(16, 2 * clients);
     std::vector<std::string> bodies;
     for (int i = 0; i < n; ++i) bodies.push_back(body(rng));
+    const EngineFigures before = ReadMetrics(host, port, headers);
     std::atomic<int> next{0}, errors{0};
     std::vector<std::vector<double>> lat(static_cast<size_t>(clients));
     const auto t0 = std::chrono::steady_clock::now();
@@ -113,10 +139,13 @@ int main(int argc, char** argv) {
       });
     for (auto& t : threads) t.join();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const EngineFigures after = ReadMetrics(host, port, headers);
+    const double batches = after.batches - before.batches;
     std::vector<double> all;
     for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    std::printf("%d,%d,%.3f,%.3f,%.1f,%.1f,%.1f,%d\n", clients, n, secs, n / secs, n * tokens / secs,
-                Percentile(all, 0.5), Percentile(all, 0.99), errors.load());
+    std::printf("%d,%d,%.3f,%.3f,%.1f,%.1f,%.1f,%d,%.0f,%.2f,%.3f\n", clients, n, secs, n / secs, n * tokens / secs,
+                Percentile(all, 0.5), Percentile(all, 0.99), errors.load(), batches,
+                batches > 0 ? (after.jobs - before.jobs) / batches : 0.0, (after.seconds - before.seconds) / secs);
     std::fflush(stdout);
   }
   return 0;

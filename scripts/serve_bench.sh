@@ -24,7 +24,7 @@ for _ in $(seq 1 3000); do
 done
 grep "ready" "$log"
 build/bench/serve_load --port "$port" "${load_args[@]}"
-curl -s "http://127.0.0.1:$port/metrics" | grep -E '^estream_(peak_rss_bytes|budget_bytes|batches_total|prompt_tokens_total) '
+curl -s "http://127.0.0.1:$port/metrics" | grep -E '^estream_(peak_rss_bytes|budget_bytes|batches_total|prompt_tokens_total|expert_bytes_read_total|expert_cache_[a-z_]*) '
 curl -s "http://127.0.0.1:$port/metrics" | grep -E '^estream_batch_jobs_(sum|count) '
 kill -TERM $pid
 wait $pid

@@ -258,6 +258,82 @@ TEST(PipelineEngine, BudgetSolvesAConfigurationOrNamesTheMinimum) {
   ExpectSame(r->logits, true, "budget 8G");
 }
 
+// The expert cache (EngineOptions::expert_cache_bytes): the budget left over keeps expert groups
+// resident between requests. Repeated identical requests: the second finds groups in the cache
+// (hits > 0) and reads fewer bytes, by exactly the cached records; every output is bit-identical
+// to the resident run and to a run without the cache; the arena (streaming + cache banks) plus
+// the non-arena memory stays within the budget. Batches (RunBatch passes) keep it as well.
+TEST(PipelineEngine, ExpertCacheReadsLessOnRepeatedRequestsWithIdenticalResults) {
+  const uint64_t budget = uint64_t{1} << 33;
+  auto off = Engine::Load(TestModels().packed, {.n_threads = 2, .budget_bytes = budget, .group_size = 4,
+                                                .budget_tokens = 128, .expert_cache_bytes = 0});
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  auto r0 = RunOnce(**off);
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  EXPECT_EQ(r0->config.cache_banks, 0);
+  const uint64_t stride = r0->config.arena_bytes / (r0->config.banks * 4);
+  ASSERT_GT(stride, 0u);
+  auto r0b = RunOnce(**off);
+  ASSERT_TRUE(r0b.ok());
+  EXPECT_EQ(r0b->bytes_read, r0->bytes_read) << "no cache: every request reads the same";
+  EXPECT_EQ(r0b->experts_cached, 0);
+  ExpectSame(r0->logits, true, "cache off");
+
+  // Part of the experts: 3 cache banks of G = 4 (the model has 3 layers x 4 groups).
+  auto part = Engine::Load(TestModels().packed, {.n_threads = 2, .budget_bytes = budget, .group_size = 4,
+                                                 .budget_tokens = 128,
+                                                 .expert_cache_bytes = static_cast<int64_t>(3 * 4 * stride)});
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  std::vector<Result<Response>> runs;
+  for (int i = 0; i < 3; ++i) runs.push_back(RunOnce(**part));
+  for (auto& r : runs) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ExpectSame(r->logits, true, "partial expert cache");
+    EXPECT_TRUE(BitIdentical(r->logits, r0->logits));
+    EXPECT_EQ(r->config.cache_banks, 3);
+    EXPECT_EQ(r->config.cache_bytes, 3 * 4 * stride);
+    EXPECT_EQ(r->config.arena_bytes, (r->config.banks + 3) * 4 * stride);
+    EXPECT_LE(r->config.arena_bytes + r->config.other_bytes, budget);
+    EXPECT_EQ(r->experts_needed, r0->experts_needed);
+  }
+  EXPECT_EQ(runs[0]->experts_cached, 0);
+  EXPECT_EQ(runs[0]->bytes_read, r0->bytes_read);
+  EXPECT_EQ(runs[1]->experts_cached, 12);
+  EXPECT_LT(runs[1]->bytes_read, runs[0]->bytes_read);
+  // Every group of this prompt is active, so each cached record is one record not read.
+  if (r0->experts_needed == 48) EXPECT_EQ(runs[0]->bytes_read - runs[1]->bytes_read, 12 * stride);
+  EXPECT_GT(runs[2]->experts_cached, 0);
+  EXPECT_LT(runs[2]->bytes_read, runs[0]->bytes_read);
+
+  // Auto: the whole budget left over, capped at every group of the model: from the second request
+  // on nothing is read.
+  auto all = Engine::Load(TestModels().packed, {.n_threads = 2, .budget_bytes = budget, .budget_tokens = 128});
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  auto a1 = RunOnce(**all);
+  auto a2 = RunOnce(**all);
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  const int G = a1->config.group_size;
+  EXPECT_EQ(a1->config.cache_banks, 3 * ((16 + G - 1) / G));
+  EXPECT_LE(a1->config.arena_bytes + a1->config.other_bytes, budget);
+  EXPECT_GT(a1->bytes_read, 0u);
+  EXPECT_EQ(a2->bytes_read, 0u);
+  EXPECT_EQ(a2->experts_cached, a2->experts_needed);
+  ExpectSame(a2->logits, true, "everything cached");
+
+  // Batches: the second batch of the same requests finds the first one's groups.
+  std::vector<Request> batch;
+  for (int n : {40, 70, 25}) batch.push_back({.tokens = Prompt(n), .top_k = 3, .logits = Request::Logits::kLast});
+  auto b1 = (*part)->RunBatch(batch);
+  auto b2 = (*part)->RunBatch(batch);
+  auto ref = (*off)->RunBatch(batch);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    ASSERT_TRUE(b1[i].ok() && b2[i].ok() && ref[i].ok());
+    EXPECT_TRUE(BitIdentical(b2[i]->logits, ref[i]->logits)) << i;
+    EXPECT_GT(b2[i]->experts_cached, 0) << i;
+    EXPECT_LT(b2[i]->bytes_read, ref[i]->bytes_read) << i;
+  }
+}
+
 TEST(PipelineEngine, IoErrorAndChecksumMismatchFailTheRequestOnly) {
   auto base = io::PosixFile::Open(TestModels().packed, {.direct = true});
   ASSERT_TRUE(base.ok());
@@ -383,6 +459,19 @@ TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
     if (kCheckRss) EXPECT_LE(peak, budget) << sched << ": " << out;
     EXPECT_NE(out.find("\"streamed\":true"), std::string::npos) << out;
   }
+  // With the expert cache filling what a roomier budget leaves (and repeated runs that use it),
+  // the peak still stays under the budget.
+  const uint64_t roomy = static_cast<uint64_t>(min_mib + kMarginMib + 8) << 20;
+  const std::string out = RunCli(base + " --json --repeat 3 --expert-cache auto --budget " + std::to_string(roomy));
+  const size_t pk = out.find("\"peak_rss_bytes\":");
+  ASSERT_NE(pk, std::string::npos) << out;
+  if (kCheckRss) EXPECT_LE(std::strtoull(out.c_str() + pk + 17, nullptr, 10), roomy) << out;
+  const size_t cb = out.find("\"cache_banks\":");
+  ASSERT_NE(cb, std::string::npos) << out;
+  EXPECT_GT(std::strtol(out.c_str() + cb + 14, nullptr, 10), 0) << out;
+  const size_t hits = out.find("\"experts_cached\":");
+  ASSERT_NE(hits, std::string::npos) << out;
+  EXPECT_GT(std::strtol(out.c_str() + hits + 17, nullptr, 10), 0) << out;
 }
 
 // Random delays everywhere, many requests; outputs and residency invariants checked each time.

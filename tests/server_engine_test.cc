@@ -219,6 +219,7 @@ TEST_F(ServerEngine, ConcurrentAnswersEqualSequentialOnes) {
   for (int t = 0; t < 16; ++t)
     threads.emplace_back([&, t] {
       httplib::Client c("127.0.0.1", port());
+      c.set_read_timeout(120, 0);  // not httplib's 5 s: a loaded CI machine is slow, not wrong
       for (int i = t; i < n; i += 16) {
         auto [path, body] = MixedRequest(i);
         auto r = c.Post(path, body, "application/json");

@@ -302,6 +302,36 @@ TEST(Scheduler, StopRunsQueuedWorkWithinTheGraceAndDropsTheRest) {
   }
 }
 
+// The worker adds each engine pass's streaming figures once (they are shared by the requests of
+// a pass): bytes read and the expert cache's lookups and hits reach /metrics.
+TEST(Scheduler, CountsEachPassStreamingFiguresOnce) {
+  Metrics m;
+  auto runner = [](std::span<const Request> reqs) {
+    std::vector<Result<Response>> out;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Response r;
+      r.pass = i < 2 ? 0 : 1;  // requests 0 and 1 share pass 0
+      r.bytes_read = r.pass == 0 ? 1000 : 300;
+      r.experts_needed = r.pass == 0 ? 10 : 6;
+      r.experts_cached = r.pass == 0 ? 4 : 6;
+      r.config.cache_bytes = 8192;
+      out.push_back(std::move(r));
+    }
+    return out;
+  };
+  Scheduler s(runner, {.max_batch_tokens = 100, .max_queue = 8}, &m);
+  auto job = MakeJob(30);
+  job->requests.resize(3);
+  ASSERT_EQ(s.Submit(job), Scheduler::Admit::kOk);
+  ASSERT_TRUE(job->WaitFor(std::chrono::seconds(30)));
+  s.Stop(0);
+  const std::string t = m.Render({});
+  EXPECT_NE(t.find("estream_expert_bytes_read_total 1300\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("estream_expert_cache_lookups_total 16\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("estream_expert_cache_hits_total 10\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("estream_expert_cache_bytes 8192\n"), std::string::npos) << t;
+}
+
 TEST(Metrics, RendersPrometheusText) {
   Metrics m;
   m.CountRequest("/v1/embeddings", 200);
@@ -309,7 +339,8 @@ TEST(Metrics, RendersPrometheusText) {
   m.CountRequest("/v1/completions", 400);
   m.AddPromptTokens(42);
   m.ObserveJob(0.002, 0.3);
-  m.ObserveBatch(3, 300, 0.3, 0.01, 12345);
+  m.ObserveBatch({.jobs = 3, .tokens = 300, .seconds = 0.3, .bubble_seconds = 0.01, .expert_bytes_read = 12345,
+                  .experts_needed = 64, .experts_cached = 16, .expert_cache_bytes = 4096});
   const std::string t = m.Render({.queue_jobs = 2, .budget_bytes = 1000, .peak_rss_bytes = 77, .ready = true});
   EXPECT_NE(t.find("estream_requests_total{route=\"/v1/embeddings\",status=\"200\"} 2\n"), std::string::npos) << t;
   EXPECT_NE(t.find("estream_requests_total{route=\"/v1/completions\",status=\"400\"} 1\n"), std::string::npos);
@@ -318,6 +349,10 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_NE(t.find("estream_queue_seconds_count 1\n"), std::string::npos);
   EXPECT_NE(t.find("estream_batch_jobs_bucket{le=\"+Inf\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("estream_expert_bytes_read_total 12345\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_expert_cache_lookups_total 64\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("estream_expert_cache_hits_total 16\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_expert_cache_hit_ratio 0.25\n"), std::string::npos);
+  EXPECT_NE(t.find("estream_expert_cache_bytes 4096\n"), std::string::npos);
   EXPECT_NE(t.find("estream_budget_bytes 1000\n"), std::string::npos);
   EXPECT_NE(t.find("estream_peak_rss_bytes 77\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE estream_queue_seconds histogram\n"), std::string::npos);

@@ -135,6 +135,48 @@ TEST(Residency, ReadyReleasedDirectly) {
   EXPECT_EQ(t->CountInState(BankState::kAvailable), 1);
 }
 
+TEST(Residency, KeptBankSurvivesItsLastCompleteUntilReleased) {
+  auto t = MakeTable(1, 4, 2, 2);
+  auto k = t->Reserve({0, 1}, 1, 0);
+  ASSERT_TRUE(k.ok());
+  EXPECT_FALSE(t->Keep(*k, true).ok()) << "a Filling bank cannot be kept";
+  ASSERT_TRUE(t->Publish(*k).ok());
+  ASSERT_TRUE(t->Acquire(*k, 2).ok());
+  ASSERT_TRUE(t->Keep(*k, true).ok());
+  EXPECT_TRUE(t->Bank(k->bank).kept);
+  t->Complete(*k);
+  t->Complete(*k);  // the last reference: Ready again, still mapped
+  EXPECT_EQ(t->Bank(k->bank).state, BankState::kReady);
+  EXPECT_EQ(t->SlotOf(0, 3), k->bank * 2 + 1);
+  EXPECT_EQ(t->CountKept(), 1);
+  ExpectConsistent(*t);
+  // Not released between requests; WaitIdle does not wait for it.
+  EXPECT_EQ(t->ReleaseAllReady(), 0);
+  EXPECT_TRUE(t->WaitIdle(0).ok());
+  // Used again with the same ticket (no new fill), then evicted.
+  ASSERT_TRUE(t->Acquire(*k, 1).ok());
+  EXPECT_FALSE(t->Release(*k).ok()) << "an InUse kept bank cannot be evicted";
+  t->Complete(*k);
+  EXPECT_EQ(t->Find({0, 1}), std::optional<BankTicket>(*k));
+  ASSERT_TRUE(t->Release(*k).ok());
+  EXPECT_EQ(t->Bank(k->bank).state, BankState::kAvailable);
+  EXPECT_FALSE(t->Bank(k->bank).kept);
+  EXPECT_EQ(t->SlotOf(0, 3), -1);
+  EXPECT_EQ(t->CountKept(), 0);
+  ExpectConsistent(*t);
+  // Unmarked again before its last Complete: freed as usual.
+  auto u = t->Reserve({0, 0}, 2, 0);
+  ASSERT_TRUE(u.ok());
+  ASSERT_TRUE(t->Publish(*u).ok());
+  ASSERT_TRUE(t->Keep(*u, true).ok());
+  ASSERT_TRUE(t->Acquire(*u, 1).ok());
+  ASSERT_TRUE(t->Keep(*u, false).ok());
+  t->Complete(*u);
+  EXPECT_EQ(t->Bank(u->bank).state, BankState::kAvailable);
+  EXPECT_FALSE(t->Keep(*u, true).ok()) << "stale ticket";
+  ExpectConsistent(*t);
+}
+
 TEST(Residency, AbortedFillNeverVisibleAndErrorReachesWaiters) {
   auto t = MakeTable(1, 4, 2, 2);
   const GroupId g{0, 1};

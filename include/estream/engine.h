@@ -74,6 +74,13 @@ struct EngineOptions {
   Schedule schedule = Schedule::kEarly;
   Io io = Io::kAuto;  // kAuto: io_uring, else pread
   int64_t budget_tokens = 0;  // longest prompt the budget plans for; 0: min(context, 4096)
+  // Expert cache (streamed only; docs/DESIGN.md section 4, "Expert cache"): extra arena banks
+  // that keep the most-routed expert groups resident from one request (or RunBatch pass) to the
+  // next, so repeated traffic reads fewer expert bytes. -1 (auto): with a budget and banks solved
+  // from it (banks == 0), every whole bank of the budget left over after the streaming banks,
+  // the dense part and the activations; 0: none; > 0: at most this many bytes (within the budget
+  // if there is one). Results do not depend on it.
+  int64_t expert_cache_bytes = -1;
   // Most tokens of one forward pass of RunBatch (all sequences of the pass together, the tokens
   // of every continuation included). 0: budget_tokens' planned length for a streamed model (a
   // larger value is lowered to it: the activation memory of the budget is planned for that many
@@ -196,6 +203,10 @@ struct Response {
   double bubble_seconds = 0;   // compute threads waiting for expert data (streamed runs)
   double bubble_rate = 0;      // bubble_seconds / seconds
   uint64_t bytes_read = 0;     // expert bytes read from the file during the request
+  // Expert records of the groups the pass ran (needed) and, of those, the ones found resident in
+  // the expert cache (no read; EngineOptions::expert_cache_bytes). Streamed runs only.
+  int64_t experts_needed = 0;
+  int64_t experts_cached = 0;
   double read_gbps = 0;        // bytes_read / loader busy time, GB/s (1e9)
   uint64_t peak_rss_bytes = 0; // the process's peak RSS (VmHWM) at the end of the request
   struct StreamConfig {
@@ -204,6 +215,9 @@ struct Response {
     std::string schedule;      // ScheduleName: "on-demand", "after-routing", "early"
     std::string io_backend;    // IoBackendName of the backend in use: "io_uring", "pread"
     uint64_t arena_bytes = 0, expert_bytes = 0, budget_bytes = 0;
+    // Of the arena, the banks (and bytes) of the expert cache; `banks` are the streaming ones.
+    int cache_banks = 0;
+    uint64_t cache_bytes = 0;
     int64_t groups_read = 0, groups_skipped = 0, groups_cancelled = 0;
     // What the engine counts as non-arena memory when it checks the budget: RSS after load +
     // activation bound + margin (streamed only).

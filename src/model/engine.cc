@@ -393,6 +393,8 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
     r.bubble_seconds = pass.bubble_seconds;
     r.bubble_rate = pass.bubble_rate;
     r.bytes_read = pass.bytes_read;
+    r.experts_needed = pass.experts_needed;
+    r.experts_cached = pass.experts_cached;
     r.read_gbps = pass.read_gbps;
     r.peak_rss_bytes = pass.peak_rss_bytes;
     r.config = pass.config;
@@ -570,6 +572,8 @@ void Engine::Impl::FillStreamStats(Response* resp) {
       rc.schedule = ScheduleName(k.schedule);
       rc.io_backend = k.io_backend;
       rc.arena_bytes = k.arena_bytes;
+      rc.cache_banks = k.cache_banks;
+      rc.cache_bytes = k.cache_bytes;
       rc.budget_bytes = k.budget_bytes;
       rc.other_bytes = k.other_bytes;
       rc.source_kind = k.source;
@@ -579,6 +583,8 @@ void Engine::Impl::FillStreamStats(Response* resp) {
       resp->bubble_seconds = st.bubble_s;
       resp->bubble_rate = resp->seconds > 0 ? st.bubble_s / resp->seconds : 0;
       resp->bytes_read = st.bytes_read;
+      resp->experts_needed = st.records_used;
+      resp->experts_cached = st.records_cached;
       resp->read_gbps = st.read_busy_s > 0 ? static_cast<double>(st.bytes_read) / st.read_busy_s / 1e9 : 0;
       rc.groups_read = st.groups_read;
       rc.groups_skipped = st.groups_skipped;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -137,6 +138,7 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
   sp.file = options.hooks ? options.hooks->expert_file : nullptr;
   sp.group_size = v->config_.group_size;
   sp.n_banks = v->config_.banks;
+  sp.cache_banks = v->config_.cache_banks;
   sp.queue_depth = v->config_.queue_depth;
   sp.schedule = options.schedule;
   sp.backend = options.io;
@@ -189,6 +191,33 @@ Status VirtualExperts::LoadResident() {
 }
 
 Status VirtualExperts::Solve() {
+  ESTREAM_RETURN_IF_ERROR(SolveBanks());
+  uint64_t stride = 0;
+  for (const io::PackedLayerInfo& li : layout_.layers) stride = std::max(stride, li.record_bytes);
+  SolveCache(stride);
+  return Status::Ok();
+}
+
+void VirtualExperts::SolveCache(uint64_t stride) {
+  VirtualExpertsConfig& k = config_;
+  const int64_t want = options_.expert_cache_bytes;
+  k.cache_banks = 0;
+  k.cache_bytes = 0;
+  if (want == 0 || (want < 0 && (k.budget_bytes == 0 || options_.banks > 0))) return;
+  const uint64_t bank = static_cast<uint64_t>(k.group_size) * stride;
+  uint64_t room = std::numeric_limits<uint64_t>::max();
+  if (k.budget_bytes > 0) {
+    const uint64_t used = k.other_bytes + static_cast<uint64_t>(k.banks) * bank;
+    room = k.budget_bytes > used ? k.budget_bytes - used : 0;
+  }
+  if (want > 0) room = std::min(room, static_cast<uint64_t>(want));
+  const int n_groups = (model_->config().n_expert + k.group_size - 1) / k.group_size;
+  const uint64_t all_groups = static_cast<uint64_t>(n_groups) * layout_.layers.size();
+  k.cache_banks = static_cast<int>(std::min(room / bank, all_groups));
+  k.cache_bytes = static_cast<uint64_t>(k.cache_banks) * bank;
+}
+
+Status VirtualExperts::SolveBanks() {
   const ModelConfig& c = model_->config();
   VirtualExpertsConfig& k = config_;
   k.budget_bytes = options_.budget_bytes;
@@ -336,9 +365,13 @@ Status VirtualExperts::RunExperts(int il, int64_t n_tokens, Workspace* ws) {
                 .args = {{"layer", il}}, .step = pipeline::TraceStep::kAttentionRouter});
   const std::vector<int64_t>& begin = ws->expert_begin;
   std::vector<uint8_t> active(table.n_groups(), 0);
-  for (int e = 0; e < c.n_expert; ++e)
-    if (begin[e + 1] > begin[e]) active[table.GroupOf(ord, e).group] = 1;
-  streamer_->RoutingKnown(ord, active);
+  std::vector<int64_t> routes(table.n_groups(), 0);  // the expert cache's score
+  for (int e = 0; e < c.n_expert; ++e) {
+    const int q = table.GroupOf(ord, e).group;
+    routes[q] += begin[e + 1] - begin[e];
+    if (begin[e + 1] > begin[e]) active[q] = 1;
+  }
+  streamer_->RoutingKnown(ord, active, &routes);
   if (n_tokens * c.n_expert_used > group_capacity_)
     return Status::ResourceExhausted(fmt::format("prompt of {} tokens is longer than the {} tokens the memory budget "
                                                  "was planned for", n_tokens, config_.budget_tokens));

@@ -38,7 +38,11 @@
 // budget_tokens, say), B is lowered to what fits; when not even one bank of G fits, the rule
 // (4) decides. A stored choice or profile that does not parse is ignored (source_note says why).
 // A budget below the load's own peak or below other + one bank of one expert is refused with
-// ResourceExhausted giving the minimum.
+// ResourceExhausted giving the minimum. Then the expert cache (SolveCache) gets every whole bank
+// of G experts the budget still leaves (auto), capped by expert_cache_bytes and by the model's
+// number of groups: other + (B + C) x G x stride <= budget.
+// Streamed, the engine ends every pass with EndRequest, but the expert cache's banks keep their
+// groups from one pass to the next (pipeline/expert_stream.h, "Expert cache").
 //
 // Ownership: VirtualExperts borrows the Model (it must outlive it) and writes its expert views.
 // Thread safety: one request at a time (the engine's mutex); called outside OpenMP regions.
@@ -81,9 +85,11 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
 struct VirtualExpertsConfig {
   bool streamed = false;
   int group_size = 0, banks = 0, queue_depth = 0;
+  int cache_banks = 0;         // expert cache: banks beyond `banks` (EngineOptions::expert_cache_bytes)
+  uint64_t cache_bytes = 0;    // cache_banks x group_size x slot stride
   Schedule schedule = Schedule::kEarly;
   std::string io_backend;      // "io_uring" / "pread" (streamed only)
-  uint64_t arena_bytes = 0;
+  uint64_t arena_bytes = 0;    // (banks + cache_banks) x group_size x slot stride
   uint64_t expert_bytes = 0;   // all records of all layers
   uint64_t budget_bytes = 0;
   uint64_t other_bytes = 0;    // measured RSS after load + activations + margin
@@ -121,6 +127,9 @@ class VirtualExperts {
   VirtualExperts() = default;
   Status LoadResident();
   Status Solve();
+  Status SolveBanks();
+  // The expert cache's banks from what the budget leaves (EngineOptions::expert_cache_bytes).
+  void SolveCache(uint64_t stride);
   // Steps 2 and 3 of Solve: true when the stored choice or profile gave a configuration that
   // fits `avail` bytes of arena (slot stride `stride`); else false with config_.source's note.
   bool SolveFromProfile(uint64_t avail, uint64_t stride);

@@ -13,9 +13,10 @@ namespace estream::pipeline {
 Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::Create(const StreamParams& p) {
   if (!p.layout || p.layout->layers.empty())
     return Status::InvalidArgument("ExpertStreamer: a packed layout with at least one MoE layer is required");
-  if (p.group_size < 1 || p.n_banks < 1 || p.queue_depth < 1)
-    return Status::InvalidArgument(fmt::format("group size {}, banks {} and queue depth {} must all be >= 1",
-                                               p.group_size, p.n_banks, p.queue_depth));
+  if (p.group_size < 1 || p.n_banks < 1 || p.queue_depth < 1 || p.cache_banks < 0)
+    return Status::InvalidArgument(fmt::format("group size {}, banks {} and queue depth {} must all be >= 1 and "
+                                               "cache banks {} >= 0", p.group_size, p.n_banks, p.queue_depth,
+                                               p.cache_banks));
   std::unique_ptr<ExpertStreamer> s(new ExpertStreamer(p));
   s->rng_.seed(p.seed);
   const io::PackedModelInfo& L = *p.layout;
@@ -31,12 +32,12 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::Create(const StreamParam
   }
   uint64_t stride = 0;
   vmem::ResidencyParams rp{.n_layers = static_cast<int32_t>(L.layers.size()), .n_expert = L.n_expert,
-                           .group_size = p.group_size, .n_banks = p.n_banks};
+                           .group_size = p.group_size, .n_banks = p.n_banks + p.cache_banks};
   for (const io::PackedLayerInfo& li : L.layers) {
     stride = std::max(stride, li.record_bytes);
     rp.expert_to_position.push_back(li.physical_of);
   }
-  ESTREAM_ASSIGN_OR_RETURN(s->arena_, vmem::Arena::Create({.n_banks = static_cast<size_t>(p.n_banks),
+  ESTREAM_ASSIGN_OR_RETURN(s->arena_, vmem::Arena::Create({.n_banks = static_cast<size_t>(p.n_banks + p.cache_banks),
                                                            .group_size = static_cast<size_t>(p.group_size),
                                                            .slot_bytes = static_cast<size_t>(stride),
                                                            .prefault = p.prefault_arena}));
@@ -46,6 +47,8 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::Create(const StreamParam
   {
     MutexLock lock(&s->mutex_);
     s->planned_.assign(L.layers.size() * s->table_->n_groups(), 0);
+    s->score_.assign(s->planned_.size(), 0.0);
+    s->pass_routes_.assign(s->planned_.size(), 0.0);
   }
   s->feeder_ = std::thread([raw = s.get()] { raw->FeederLoop(); });
   return s;
@@ -95,8 +98,45 @@ void ExpertStreamer::PlanLocked(vmem::GroupId g) {
   uint8_t& p = planned_[Key(g)];
   if (p) return;
   p = 1;
-  plan_.push_back(g);
+  if (auto it = kept_.find(Key(g)); it != kept_.end()) {
+    // A hit of the expert cache: published already, nothing to read.
+    pending_[Key(g)] = Pending{.ticket = it->second, .reading = false, .cached = true};
+  } else {
+    plan_.push_back(g);
+  }
   cv_.SignalAll();
+}
+
+void ExpertStreamer::CountUseLocked(vmem::GroupId g, bool cached) {
+  const int n = table_->ExpertsInGroup(g.group);
+  ++stats_.groups_used;
+  stats_.records_used += n;
+  if (cached) stats_.records_cached += n;
+}
+
+void ExpertStreamer::MaybeKeepLocked(vmem::GroupId g, vmem::BankTicket t) {
+  if (params_.cache_banks <= 0 || kept_.count(Key(g))) return;
+  if (static_cast<int>(kept_.size()) >= params_.cache_banks) {
+    // The lowest-scoring kept group that the running request neither holds nor has planned
+    // (ties: the later one); g replaces it only with a strictly higher score.
+    int64_t victim = -1;
+    for (const auto& [key, kt] : kept_) {
+      if (pending_.count(key) || table_->Bank(kt.bank).state != vmem::BankState::kReady) continue;
+      if (victim < 0 || score_[key] < score_[victim] || (score_[key] == score_[victim] && key > victim)) victim = key;
+    }
+    if (victim < 0 || !(score_[Key(g)] > score_[victim])) return;
+    const Status s = table_->Release(kept_[victim]);
+    ESTREAM_CHECK(s.ok(), s.message().c_str());
+    kept_.erase(victim);
+  }
+  const Status s = table_->Keep(t, true);
+  ESTREAM_CHECK(s.ok(), s.message().c_str());
+  kept_[Key(g)] = t;
+}
+
+int ExpertStreamer::kept_groups() const {
+  MutexLock lock(&mutex_);
+  return static_cast<int>(kept_.size());
 }
 
 void ExpertStreamer::LayerStart(int layer) {
@@ -115,6 +155,11 @@ void ExpertStreamer::DiscardLocked(vmem::GroupId g) {
   auto pit = pending_.find(Key(g));
   if (pit == pending_.end()) return;  // never planned, or being reserved (the feeder rechecks)
   Pending& pe = pit->second;
+  if (pe.cached) {  // a kept group found inactive: it stays in the cache
+    pending_.erase(pit);
+    cv_.SignalAll();
+    return;
+  }
   if (pe.discard) return;
   pe.discard = true;
   ++stats_.groups_cancelled;
@@ -130,9 +175,12 @@ void ExpertStreamer::DiscardLocked(vmem::GroupId g) {
   }
 }
 
-void ExpertStreamer::RoutingKnown(int layer, const std::vector<uint8_t>& active) {
+void ExpertStreamer::RoutingKnown(int layer, const std::vector<uint8_t>& active, const std::vector<int64_t>* routes) {
   ESTREAM_CHECK(static_cast<int>(active.size()) == table_->n_groups(), "RoutingKnown: one flag per group");
+  ESTREAM_CHECK(!routes || static_cast<int>(routes->size()) == table_->n_groups(), "RoutingKnown: one count per group");
   MutexLock lock(&mutex_);
+  for (int q = 0; q < table_->n_groups(); ++q)
+    pass_routes_[Key({layer, q})] += routes ? static_cast<double>((*routes)[q]) : (active[q] ? 1.0 : 0.0);
   switch (params_.schedule) {
     case Schedule::kOnDemand: break;
     case Schedule::kAfterRouting:
@@ -180,8 +228,9 @@ Result<GroupLease> ExpertStreamer::AcquireGroup(int layer, int group) {
     MutexLock lock(&mutex_);
     stats_.bubble_s += t1 - t0;
     if (t.ok()) {
-      pending_.erase(Key(g));
-      ++stats_.groups_used;
+      auto it = pending_.find(Key(g));
+      CountUseLocked(g, it != pending_.end() && it->second.cached);
+      if (it != pending_.end()) pending_.erase(it);
     }
     cv_.SignalAll();
   }
@@ -203,19 +252,25 @@ std::optional<GroupLease> ExpertStreamer::TryAcquireGroup(int layer, int group) 
   // Published and not releasable meanwhile (only inactive groups are released): cannot wait.
   Result<vmem::BankTicket> t = table_->AcquireWhenReady(g, 1, 0);
   if (!t.ok()) return std::nullopt;
-  pending_.erase(Key(g));
-  ++stats_.groups_used;
+  auto it = pending_.find(Key(g));
+  CountUseLocked(g, it != pending_.end() && it->second.cached);
+  if (it != pending_.end()) pending_.erase(it);
   return GroupLease{.ticket = *t, .layer = layer, .group = group, .bank = t->bank};
 }
 
 void ExpertStreamer::ReleaseGroup(const GroupLease& lease) {
-  table_->Complete(lease.ticket);
   MutexLock lock(&mutex_);
+  MaybeKeepLocked({lease.layer, lease.group}, lease.ticket);
+  table_->Complete(lease.ticket);
   cv_.SignalAll();  // a bank may be Available now
 }
 
 Status ExpertStreamer::EndRequest() {
   MutexLock lock(&mutex_);
+  for (size_t i = 0; i < score_.size(); ++i) {  // the expert cache's scores (see the header)
+    score_[i] = score_[i] * kCacheScoreDecay + pass_routes_[i];
+    pass_routes_[i] = 0;
+  }
   stats_.groups_skipped += static_cast<int64_t>(plan_.size());
   plan_.clear();
   std::vector<vmem::GroupId> held;

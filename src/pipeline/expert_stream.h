@@ -24,8 +24,21 @@
 // Groups are consumed in plan order, so the group the executor waits for is always the oldest
 // planned one not yet consumed: a bank always frees up for it (no deadlock for any B >= 1).
 //
+// Expert cache (cache_banks > 0; docs/DESIGN.md section 4, "Expert cache"): the arena has
+// n_banks + cache_banks banks. Up to cache_banks of them keep a group across requests (the
+// table's Keep): when the executor releases a group it has run, the group is kept if fewer than
+// cache_banks groups are kept, or if its routing score is higher than that of the lowest-scoring
+// kept group not needed by the running request, which is then evicted. A group's score is the
+// routes it received in past requests, decayed by kCacheScoreDecay per request (scores are
+// updated at EndRequest, so every decision within a request compares the same figures and the
+// kept set does not churn within a request). A kept group planned by a request is a hit: no read;
+// it is handed to the executor as it is. At least n_banks banks are never kept, so streaming
+// works exactly as without the cache (no deadlock for any n_banks >= 1), and results do not
+// change (the same bytes are multiplied in the same order).
+//
 // Statistics per request (stats()): bubble time (compute thread waiting in AcquireGroup), bytes
-// read, the loader's busy time (union of read intervals), groups read / skipped / cancelled.
+// read, the loader's busy time (union of read intervals), groups read / skipped / cancelled,
+// expert records of the groups used and of those found in the cache.
 //
 // Thread safety: the compute-thread methods must be called from one thread at a time (the
 // engine serialises requests); stats() from any thread. Lock order: mutex_ before the loader's
@@ -63,7 +76,8 @@ struct StreamParams {
   // else `layout->file` opened with O_DIRECT.
   io::File* file = nullptr;
   int group_size = 8;   // G >= 1
-  int n_banks = 2;      // B >= 1
+  int n_banks = 2;      // B >= 1: banks that stream
+  int cache_banks = 0;  // C >= 0: more banks that may keep groups across requests (expert cache)
   int queue_depth = 8;  // Q >= 1
   size_t chunk_bytes = size_t{1} << 20;
   Schedule schedule = Schedule::kEarly;
@@ -86,7 +100,12 @@ struct StreamStats {
   int64_t groups_skipped = 0;   // planned, found inactive before any read started
   int64_t groups_cancelled = 0; // found inactive while reading or after reading
   double verify_s = 0;          // feeder time spent on checksums
+  int64_t records_used = 0;     // expert records of the groups the executor consumed
+  int64_t records_cached = 0;   // ... of those, found in the expert cache (no read)
 };
+
+// Per request, a group's cache score is multiplied by this before the request's routes are added.
+constexpr double kCacheScoreDecay = 0.9;
 
 // One group handed to the executor: the bank holding it, valid until ReleaseGroup.
 struct GroupLease {
@@ -119,8 +138,10 @@ class ExpertStreamer {
   // ---- compute thread ----
   void BeginRequest();
   void LayerStart(int layer);
-  // active[q] != 0: group q of `layer` has routes. size() == n_groups().
-  void RoutingKnown(int layer, const std::vector<uint8_t>& active);
+  // active[q] != 0: group q of `layer` has routes. size() == n_groups(). routes (optional,
+  // size() == n_groups()): the routes of each group, the expert cache's score (active counts 1
+  // per group when absent).
+  void RoutingKnown(int layer, const std::vector<uint8_t>& active, const std::vector<int64_t>* routes = nullptr);
   // Waits for group q of `layer` to be published and takes a reference on it. The wait is
   // bubble time. Errors: the fill's failure (IOError/Corruption naming layer, experts and file
   // offset), Internal after wait_timeout_s.
@@ -135,6 +156,8 @@ class ExpertStreamer {
   // timeout (a bug).
   Status EndRequest();
   StreamStats stats() const;
+  // Groups kept by the expert cache now (<= cache_banks).
+  int kept_groups() const;
 
  private:
   struct Pending {
@@ -142,6 +165,7 @@ class ExpertStreamer {
     uint64_t job = 0;      // loader job id, 0 until Submit returned
     bool reading = true;   // false once published
     bool discard = false;  // found inactive: cancel / release instead of publishing
+    bool cached = false;   // a kept group (expert cache): never read, never released
   };
   struct Completed {
     vmem::GroupId group{};
@@ -152,6 +176,10 @@ class ExpertStreamer {
   explicit ExpertStreamer(const StreamParams& params) : params_(params) {}
   int64_t Key(vmem::GroupId g) const { return static_cast<int64_t>(g.layer) * table_->n_groups() + g.group; }
   void PlanLocked(vmem::GroupId g) ESTREAM_REQUIRES(mutex_);
+  // The executor is done with g (held by `t`): keep it in the cache if it earns a place.
+  void MaybeKeepLocked(vmem::GroupId g, vmem::BankTicket t) ESTREAM_REQUIRES(mutex_);
+  // Records of the group held by a lease the executor just took (statistics).
+  void CountUseLocked(vmem::GroupId g, bool cached) ESTREAM_REQUIRES(mutex_);
   // Drops group g from the plan or from the banks (see kEarly above).
   void DiscardLocked(vmem::GroupId g) ESTREAM_REQUIRES(mutex_);
   void FeederLoop();
@@ -180,6 +208,11 @@ class ExpertStreamer {
   // Fills of this request that failed, by group key (the table keeps a group's error until its
   // next Reserve, which would hand a stale error of an earlier request to AcquireWhenReady).
   std::unordered_map<int64_t, Status> failed_ ESTREAM_GUARDED_BY(mutex_);
+  // Expert cache: the kept groups by key and their tickets; per group the score and this
+  // request's routes (folded into the score at EndRequest).
+  std::unordered_map<int64_t, vmem::BankTicket> kept_ ESTREAM_GUARDED_BY(mutex_);
+  std::vector<double> score_ ESTREAM_GUARDED_BY(mutex_);        // [layers x groups]
+  std::vector<double> pass_routes_ ESTREAM_GUARDED_BY(mutex_);  // [layers x groups]
   int feeder_busy_ ESTREAM_GUARDED_BY(mutex_) = 0;  // 1 while the feeder works outside the lock
   StreamStats stats_ ESTREAM_GUARDED_BY(mutex_);
   double last_read_end_ ESTREAM_GUARDED_BY(mutex_) = 0;

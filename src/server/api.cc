@@ -129,15 +129,28 @@ double LogSumExp(const float* row, int64_t n) {
   return mx + std::log(s);
 }
 
-// Top-n (token, logprob) of one logits row, most likely first, ties: lower id.
+// Top-n (token, logprob) of one logits row, most likely first, ties: lower id (the order of
+// std::partial_sort with that comparison, which this replaces). One pass over the row keeping the
+// n best so far in order: ids come in ascending order, so a value equal to the n-th best never
+// enters, and an insertion goes after every equal value already kept; with n <= 20 an insertion
+// is rare, so this costs about one comparison per logit (an iota and a heap selection over the
+// vocabulary before). scratch: unused, kept for the callers' per-thread buffers.
 std::vector<TokenLogprob> TopOf(const float* row, int64_t V, int n, std::vector<int32_t>* scratch) {
+  (void)scratch;
   const double l = LogSumExp(row, V);
-  scratch->resize(V);
-  std::iota(scratch->begin(), scratch->end(), 0);
-  auto better = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
-  std::partial_sort(scratch->begin(), scratch->begin() + n, scratch->end(), better);
+  n = static_cast<int>(std::min<int64_t>(n, V));
+  std::vector<int32_t> best;  // ids, best first
+  best.reserve(n + 1);
+  for (int64_t v = 0; v < V; ++v) {
+    const float x = row[v];
+    if (static_cast<int>(best.size()) == n && !(x > row[best.back()])) continue;
+    size_t at = best.size();
+    while (at > 0 && x > row[best[at - 1]]) --at;
+    best.insert(best.begin() + at, static_cast<int32_t>(v));
+    if (static_cast<int>(best.size()) > n) best.pop_back();
+  }
   std::vector<TokenLogprob> top;
-  for (int j = 0; j < n; ++j) top.push_back({(*scratch)[j], static_cast<float>(row[(*scratch)[j]] - l)});
+  for (int32_t id : best) top.push_back({id, static_cast<float>(row[id] - l)});
   return top;
 }
 

@@ -60,14 +60,17 @@ void Metrics::ObserveJob(double queue_seconds, double compute_seconds) {
   compute_seconds_hist_.Observe(compute_seconds);
 }
 
-void Metrics::ObserveBatch(int jobs, int64_t tokens, double seconds, double bubble_seconds, uint64_t expert_bytes_read) {
+void Metrics::ObserveBatch(const BatchObservation& b) {
   std::lock_guard<std::mutex> l(mu_);
   ++batches_;
-  batch_jobs_.Observe(jobs);
-  batch_tokens_.Observe(static_cast<double>(tokens));
-  compute_seconds_ += seconds;
-  bubble_seconds_ += bubble_seconds;
-  expert_bytes_read_ += expert_bytes_read;
+  batch_jobs_.Observe(b.jobs);
+  batch_tokens_.Observe(static_cast<double>(b.tokens));
+  compute_seconds_ += b.seconds;
+  bubble_seconds_ += b.bubble_seconds;
+  expert_bytes_read_ += b.expert_bytes_read;
+  experts_needed_ += static_cast<uint64_t>(b.experts_needed);
+  experts_cached_ += static_cast<uint64_t>(b.experts_cached);
+  if (b.expert_cache_bytes > 0) expert_cache_bytes_ = b.expert_cache_bytes;
 }
 
 uint64_t Metrics::requests(std::string_view route, int status) const {
@@ -102,6 +105,14 @@ std::string Metrics::Render(const MetricsSnapshot& s) const {
          bubble_seconds_);
   scalar("estream_expert_bytes_read_total", "counter", "expert bytes read from the model file (streamed models)",
          expert_bytes_read_);
+  scalar("estream_expert_cache_lookups_total", "counter",
+         "expert records the engine ran from the arena (streamed models; groups of G experts)", experts_needed_);
+  scalar("estream_expert_cache_hits_total", "counter",
+         "of those, records found resident in the expert cache, not read (streamed models)", experts_cached_);
+  scalar("estream_expert_cache_hit_ratio", "gauge", "expert_cache_hits_total / expert_cache_lookups_total (0 before any)",
+         experts_needed_ > 0 ? static_cast<double>(experts_cached_) / static_cast<double>(experts_needed_) : 0.0);
+  scalar("estream_expert_cache_bytes", "gauge", "bytes of the arena that keep experts between requests (streamed models)",
+         expert_cache_bytes_);
   scalar("estream_queue_jobs", "gauge", "jobs waiting in the queue", s.queue_jobs);
   scalar("estream_requests_in_flight", "gauge", "HTTP requests being handled", s.in_flight);
   scalar("estream_ready", "gauge", "1 once the model is loaded", s.ready ? 1 : 0);

@@ -43,6 +43,19 @@ struct MetricsSnapshot {
   bool ready = false;            // model loaded
 };
 
+// What one engine batch did (Scheduler -> Metrics::ObserveBatch). The streaming figures are per
+// engine pass, summed over the batch's passes.
+struct BatchObservation {
+  int jobs = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  double bubble_seconds = 0;
+  uint64_t expert_bytes_read = 0;
+  int64_t experts_needed = 0;   // expert records the passes ran (Response::experts_needed)
+  int64_t experts_cached = 0;   // ... found in the expert cache (Response::experts_cached)
+  uint64_t expert_cache_bytes = 0;  // the expert cache's size (Response::config.cache_bytes)
+};
+
 class Metrics {
  public:
   Metrics();
@@ -53,7 +66,7 @@ class Metrics {
   // Per job: seconds queued and seconds of the batch that ran it.
   void ObserveJob(double queue_seconds, double compute_seconds);
   // Per batch run by the worker.
-  void ObserveBatch(int jobs, int64_t tokens, double seconds, double bubble_seconds, uint64_t expert_bytes_read);
+  void ObserveBatch(const BatchObservation& b);
 
   std::string Render(const MetricsSnapshot& snap) const;
 
@@ -68,6 +81,7 @@ class Metrics {
   uint64_t batches_ = 0;
   double compute_seconds_ = 0, bubble_seconds_ = 0;
   uint64_t expert_bytes_read_ = 0;
+  uint64_t experts_needed_ = 0, experts_cached_ = 0, expert_cache_bytes_ = 0;
   Histogram queue_seconds_, compute_seconds_hist_, batch_jobs_, batch_tokens_;
 };
 

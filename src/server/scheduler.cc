@@ -187,16 +187,18 @@ void Scheduler::WorkerLoop() {
     ESTREAM_CHECK(results.size() == requests.size(), "BatchRunner returned the wrong number of results");
 
     // Streaming figures are per pass and shared by the requests of a pass: count each pass once.
-    double bubble = 0;
-    uint64_t bytes = 0;
+    BatchObservation ob{.jobs = static_cast<int>(batch.size()), .tokens = tokens, .seconds = seconds};
     std::vector<int> seen_pass;
     for (const auto& r : results) {
       if (!r.ok() || std::find(seen_pass.begin(), seen_pass.end(), r->pass) != seen_pass.end()) continue;
       seen_pass.push_back(r->pass);
-      bubble += r->bubble_seconds;
-      bytes += r->bytes_read;
+      ob.bubble_seconds += r->bubble_seconds;
+      ob.expert_bytes_read += r->bytes_read;
+      ob.experts_needed += r->experts_needed;
+      ob.experts_cached += r->experts_cached;
+      ob.expert_cache_bytes = r->config.cache_bytes;
     }
-    if (metrics_) metrics_->ObserveBatch(static_cast<int>(batch.size()), tokens, seconds, bubble, bytes);
+    if (metrics_) metrics_->ObserveBatch(ob);
 
     size_t next = 0;
     for (const auto& j : batch) {

@@ -224,7 +224,20 @@ void ResidencyTable::Complete(BankTicket t) {
   BankEntry& e = banks_[t.bank];
   ESTREAM_CHECK(e.refs > 0, "residency Complete: InUse bank without references");
   ++stats_.completions;
-  if (--e.refs == 0) FreeLocked(t.bank);
+  if (--e.refs > 0) return;
+  if (e.kept) {
+    e.state = BankState::kReady;  // the expert cache: the mapping stays visible
+    changed_.SignalAll();
+  } else {
+    FreeLocked(t.bank);
+  }
+}
+
+Status ResidencyTable::Keep(BankTicket t, bool keep) {
+  MutexLock lock(&mutex_);
+  ESTREAM_RETURN_IF_ERROR(CheckTicketLocked(t, "Keep", {BankState::kReady, BankState::kInUse}));
+  banks_[t.bank].kept = keep;
+  return Status::Ok();
 }
 
 Status ResidencyTable::Release(BankTicket t) {
@@ -289,7 +302,7 @@ int32_t ResidencyTable::ReleaseAllReady() {
   MutexLock lock(&mutex_);
   int32_t n = 0;
   for (int32_t b = 0; b < n_banks_; ++b) {
-    if (banks_[b].state == BankState::kReady) {
+    if (banks_[b].state == BankState::kReady && !banks_[b].kept) {
       ++stats_.releases;
       FreeLocked(b);
       ++n;
@@ -340,13 +353,20 @@ BankInfo ResidencyTable::Bank(int32_t bank) const {
   ESTREAM_CHECK(bank >= 0 && bank < n_banks_, "ResidencyTable::Bank out of range");
   MutexLock lock(&mutex_);
   const BankEntry& e = banks_[bank];
-  return BankInfo{e.state, e.group, e.owner, e.generation, e.refs};
+  return BankInfo{e.state, e.group, e.owner, e.generation, e.refs, e.kept};
 }
 
 int32_t ResidencyTable::CountInState(BankState s) const {
   MutexLock lock(&mutex_);
   int32_t n = 0;
   for (const BankEntry& e : banks_) n += e.state == s;
+  return n;
+}
+
+int32_t ResidencyTable::CountKept() const {
+  MutexLock lock(&mutex_);
+  int32_t n = 0;
+  for (const BankEntry& e : banks_) n += e.kept;
   return n;
 }
 
@@ -367,6 +387,7 @@ std::string ResidencyTable::DebugStringLocked() const {
     out += "  bank " + std::to_string(b) + ": " + BankStateName(e.state);
     if (e.state != BankState::kAvailable) {
       out += " " + GroupName(e.group) + " refs " + std::to_string(e.refs) + " owner " + std::to_string(e.owner);
+      if (e.kept) out += " kept";
     }
     out += " gen " + std::to_string(e.generation) + "\n";
   }
@@ -396,6 +417,8 @@ Status ResidencyTable::CheckInvariantsLocked() const {
     if ((e.refs > 0) != (e.state == BankState::kInUse) || e.refs < 0) {
       return fail(b, "has " + std::to_string(e.refs) + " references in state " + BankStateName(e.state));
     }
+    if (e.kept && e.state != BankState::kReady && e.state != BankState::kInUse)
+      return fail(b, std::string("is kept in state ") + BankStateName(e.state));
     if (available) {
       if (e.group.layer != -1 || e.group.group != -1) return fail(b, "is Available but names " + GroupName(e.group));
       continue;

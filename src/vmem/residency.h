@@ -21,6 +21,11 @@
 //              invalidates the mappings and frees the bank (InUse -> Available).
 //   Release    Ready -> Available: a loaded group that no work needs (found inactive after
 //              routing, or evicted) is dropped directly.
+//   Keep       marks a published bank (Ready or InUse) as kept (the expert cache, kept across
+//              requests: docs/DESIGN.md section 4, "Expert cache"): its LAST Complete then
+//              returns it to Ready with its mapping still visible instead of freeing it, and
+//              ReleaseAllReady leaves it alone. A kept bank leaves only through Release
+//              (eviction), which clears the mark.
 //
 // Invariants (checked by CheckInvariants(), and locally on every transition):
 //   - no partially loaded expert is ever visible: only Ready and InUse banks are mapped;
@@ -83,6 +88,7 @@ struct BankInfo {
   uint64_t owner = 0;   // as given to Reserve
   uint64_t generation = 0;
   int32_t refs = 0;     // outstanding units of work (> 0 exactly when InUse)
+  bool kept = false;    // Keep(): survives its last Complete (Ready or InUse only)
 };
 
 struct ResidencyStats {
@@ -134,11 +140,14 @@ class ResidencyTable {
   Status AbortFill(BankTicket t, Status why);
   // Ready|InUse -> InUse with n_work (>= 1) more references.
   Status Acquire(BankTicket t, int32_t n_work);
-  // One reference dropped; the last one invalidates the mapping and frees the bank.
-  // CHECK-fails on a stale ticket or a bank with no references.
+  // One reference dropped; the last one invalidates the mapping and frees the bank, or, for a
+  // kept bank, returns it to Ready (mapping visible). CHECK-fails on a stale ticket or a bank
+  // with no references.
   void Complete(BankTicket t);
-  // Ready (no references) -> Available.
+  // Ready (no references) -> Available; clears the kept mark (eviction of a kept bank).
   Status Release(BankTicket t);
+  // Marks (keep = true) or unmarks a published bank (Ready or InUse) as kept; see Keep above.
+  Status Keep(BankTicket t, bool keep);
 
   // Waits until group g is published (Ready or InUse) and returns its ticket. Returns the
   // failure Status if its fill was aborted with one, or an Internal error after timeout_s.
@@ -148,7 +157,7 @@ class ResidencyTable {
   // Waits until no bank is Filling or InUse (between requests; before destroying the loader's
   // destination). Internal error after timeout_s.
   Status WaitIdle(double timeout_s);
-  // Releases every Ready bank; returns how many.
+  // Releases every Ready bank that is not kept; returns how many.
   int32_t ReleaseAllReady();
 
   // ---- queries (snapshots: may change as soon as they return) ----
@@ -163,6 +172,7 @@ class ResidencyTable {
   std::optional<BankState> StateOf(GroupId g) const;
   BankInfo Bank(int32_t bank) const;
   int32_t CountInState(BankState s) const;
+  int32_t CountKept() const;
   ResidencyStats stats() const;
   // One line per bank: "bank 2: InUse layer 3 group 5 refs 2 owner 7 gen 12".
   std::string DebugString() const;
@@ -178,6 +188,7 @@ class ResidencyTable {
     uint64_t owner = 0;
     uint64_t generation = 0;
     int32_t refs = 0;
+    bool kept = false;
   };
 
   int32_t Position(int32_t layer, int32_t expert) const;

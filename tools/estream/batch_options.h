@@ -18,6 +18,7 @@ struct BatchEngineFlags {
   int64_t budget_tokens = 0;
   int64_t batch_tokens = 0;
   std::string schedule = "early";
+  std::string expert_cache = "auto";
 
   void Setup(CLI::App* sub) {
     AddThreadsFlag(sub, &threads);
@@ -33,6 +34,7 @@ struct BatchEngineFlags {
                     "--budget-tokens when streamed, else max(context length, 8192))")
         ->check(CLI::PositiveNumber);
     AddScheduleFlag(sub, &schedule, "packed models with --budget: on-demand, after-routing, early (default)");
+    AddExpertCacheFlag(sub, &expert_cache, "auto");
   }
 
   Result<EngineOptions> Options() const {
@@ -44,6 +46,7 @@ struct BatchEngineFlags {
     o.budget_tokens = budget_tokens;
     o.batch_tokens = batch_tokens;
     ESTREAM_ASSIGN_OR_RETURN(o.schedule, ParseSchedule(schedule));
+    ESTREAM_ASSIGN_OR_RETURN(o.expert_cache_bytes, ParseExpertCache(expert_cache));
     return o;
   }
 };

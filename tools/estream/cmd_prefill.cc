@@ -93,6 +93,8 @@ class PrefillCommand : public Command {
     sub->add_option("--budget-tokens", budget_tokens_,
                     "packed models: longest prompt the budget plans activations for (default: the prompt's length)")
         ->check(CLI::PositiveNumber);
+    AddExpertCacheFlag(sub, &expert_cache_, "0: each run streams as if it were the first; with --repeat, auto "
+                       "measures warm runs");
     sub->add_flag("--no-verify", no_verify_, "packed models: skip the per-record checksum check of streamed reads");
     sub->add_flag("--verify-every-read", verify_every_read_,
                   "packed models: check a record's checksum on every read (default: the first read of each record)");
@@ -147,6 +149,7 @@ class PrefillCommand : public Command {
     eo.queue_depth = queue_depth_;
     ESTREAM_ASSIGN_OR_RETURN(eo.schedule, ParseSchedule(schedule_));
     ESTREAM_ASSIGN_OR_RETURN(eo.io, ParseIoBackend(io_));
+    ESTREAM_ASSIGN_OR_RETURN(eo.expert_cache_bytes, ParseExpertCache(expert_cache_));
     int64_t longest = static_cast<int64_t>(ids.size());
     for (int n : sweep_) longest = std::max<int64_t>(longest, n);
     eo.budget_tokens = budget_tokens_ > 0 ? budget_tokens_ : longest;
@@ -220,7 +223,9 @@ class PrefillCommand : public Command {
                        {"expert_bytes", resp.config.expert_bytes}, {"budget_bytes", resp.config.budget_bytes},
                        {"groups_read", resp.config.groups_read}, {"groups_skipped", resp.config.groups_skipped},
                        {"groups_cancelled", resp.config.groups_cancelled}, {"source", resp.config.source},
-                       {"other_bytes", resp.config.other_bytes}};
+                       {"other_bytes", resp.config.other_bytes}, {"cache_banks", resp.config.cache_banks},
+                       {"cache_bytes", resp.config.cache_bytes}, {"experts_needed", resp.experts_needed},
+                       {"experts_cached", resp.experts_cached}};
       j["top"] = nlohmann::json::array();
       for (const TokenLogprob& t : resp.top) {
         nlohmann::json e{{"token", t.token}, {"logprob", t.logprob}};
@@ -264,6 +269,10 @@ class PrefillCommand : public Command {
                   resp.expert_seconds, resp.bubble_seconds, 100 * resp.bubble_rate, resp.nonexpert_seconds,
                   FormatBytes(resp.bytes_read).c_str(), resp.read_gbps, static_cast<long long>(k.groups_read),
                   static_cast<long long>(k.groups_skipped), static_cast<long long>(k.groups_cancelled));
+      if (k.cache_banks > 0)
+        std::printf("  expert cache: %d banks (%s), %lld of %lld expert records found resident (last run)\n",
+                    k.cache_banks, FormatBytes(k.cache_bytes).c_str(), static_cast<long long>(resp.experts_cached),
+                    static_cast<long long>(resp.experts_needed));
     }
     if (!resp.top.empty()) {
       std::printf("top %zu next tokens:\n", resp.top.size());
@@ -355,6 +364,7 @@ class PrefillCommand : public Command {
   std::vector<int> sweep_;
   std::string repack_ = "auto";
   std::string budget_;
+  std::string expert_cache_ = "0";
   int group_size_ = 0;
   int banks_ = 0;
   int queue_depth_ = 0;

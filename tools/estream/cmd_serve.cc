@@ -27,6 +27,7 @@
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
+#include "tools/estream/common_flags.h"
 
 namespace estream::cli {
 namespace {
@@ -40,6 +41,7 @@ class ServeCommand : public Command {
     sub->add_option("--api-key", o_.api_key, "require \"Authorization: Bearer KEY\" on every route but /health");
     sub->add_option("-t,--threads", threads_, "engine compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
     sub->add_option("--budget", budget_, "memory budget of the whole process (packed models: experts are streamed): 3G");
+    AddExpertCacheFlag(sub, &expert_cache_, "auto");
     sub->add_option("--budget-tokens", budget_tokens_, "packed models with --budget: tokens of one batch the budget "
                     "plans activations for (default min(context, 4096))")->check(CLI::PositiveNumber);
     sub->add_option("--max-batch-tokens", max_batch_tokens_, "most tokens of one batch (all requests packed "
@@ -79,6 +81,7 @@ class ServeCommand : public Command {
     eo.n_threads = threads_;
     eo.budget_tokens = budget_tokens_;
     eo.batch_tokens = max_batch_tokens_;
+    ESTREAM_ASSIGN_OR_RETURN(eo.expert_cache_bytes, ParseExpertCache(expert_cache_));
     if (!budget_.empty()) {
       ESTREAM_ASSIGN_OR_RETURN(o_.budget_bytes, ParseSize(budget_));
       if (o_.budget_bytes <= o_.server_reserve_bytes)
@@ -139,7 +142,7 @@ class ServeCommand : public Command {
   }
 
  private:
-  std::string model_, budget_, alias_, max_body_ = "256K";
+  std::string model_, budget_, alias_, max_body_ = "256K", expert_cache_ = "auto";
   int threads_ = 0;
   int64_t budget_tokens_ = 0, max_batch_tokens_ = 0;
   server::ServerOptions o_;

@@ -1,4 +1,5 @@
-// The flags several commands share, declared once: -t/--threads, --budget, --io, --schedule.
+// The flags several commands share, declared once: -t/--threads, --budget, --io, --schedule,
+// --expert-cache.
 // Each binds to a member of the command; the values are parsed by the library's parsers
 // (ParseSize here, ParseIoBackend / ParseSchedule of estream/options.h).
 #pragma once
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "estream/options.h"
+#include "tools/estream/command.h"
 
 namespace estream::cli {
 
@@ -29,6 +31,22 @@ inline CLI::Option* AddIoFlag(CLI::App* sub, std::string* io, const std::string&
 // --schedule: on-demand, after-routing or early (ScheduleName); parse with ParseSchedule.
 inline CLI::Option* AddScheduleFlag(CLI::App* sub, std::string* schedule, const std::string& help) {
   return sub->add_option("--schedule", *schedule, help)->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
+}
+
+// --expert-cache: "auto" (with --budget: the budget left over keeps experts between requests),
+// "0" (none) or a size (at most that much); parse with ParseExpertCache
+// (EngineOptions::expert_cache_bytes).
+inline CLI::Option* AddExpertCacheFlag(CLI::App* sub, std::string* cache, const std::string& default_text) {
+  return sub->add_option("--expert-cache", *cache,
+                         "packed models with --budget: memory that keeps the most-routed experts resident between "
+                         "requests (batches): auto (what the budget leaves over), 0 (none) or a size such as 512M "
+                         "(default " + default_text + ")");
+}
+
+inline Result<int64_t> ParseExpertCache(const std::string& text) {
+  if (text == "auto") return int64_t{-1};
+  ESTREAM_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(text));
+  return static_cast<int64_t>(bytes);
 }
 
 }  // namespace estream::cli
