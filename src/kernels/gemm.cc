@@ -24,12 +24,10 @@ namespace {
 // path's panel group and the float kernel's 32-column panel) or, when there are too few panels, by
 // rows of X (in multiples of 32, the AMX row tile pair). Every piece prepares its rows of X for the
 // kernel again (AMX tile layout, activation sums; float: the transposed weight panel), and equal
-// pieces keep both cores busy to the end: measured on 2 threads, quiet machine, Q8_0 at M = 64
-// (K x N 2048 x 1024, 1024 x 2048, 2048 x 768): 59-64% of the 2-thread vpdpbusd peak with one
-// piece per thread vs 49-54% with the previous ~4 dynamically taken pieces of >= 12 panels (whose
-// last pieces were unequal and which prepared X 6 times instead of 2). A thread that the OS
-// deschedules now delays the multiply by its whole piece; the engine's hot loops (the fused
-// expert operator) schedule their own work items dynamically and call this with one thread.
+// pieces keep both cores busy to the end, preparing X once per thread (the measurements against
+// dynamically taken smaller pieces: docs/PERFORMANCE.md). A thread that the OS deschedules delays
+// the multiply by its whole piece; the engine's hot loops (the fused expert operator) schedule
+// their own work items dynamically and call this with one thread.
 template <typename Fn>
 void ParallelSplit(int64_t m, int64_t n, Fn&& fn) {
   const int64_t panels = PackedPanels(n);

@@ -27,8 +27,8 @@
 // Determinism: the same inputs give a bit-identical acc for any thread count and any run (every
 // output element is one fixed sequence of operations; no atomics, no reduction races).
 // With slots = expert ids in ascending order this is also bit-identical to
-// model::ExpertsGrouped / ExpertsBatched (same GEMM per element, same SwiGLU, same Q8A blocks,
-// same fp64 scatter-adds in the same order).
+// the per-expert baselines of tests/ref/experts_baseline.h (same GEMM per element, same SwiGLU,
+// same Q8A blocks, same fp64 scatter-adds in the same order).
 //
 // Order of the experts. A token's experts may reach acc in any order: slot order (a permuted
 // packed file), group order (a streamed layer runs in several invocations), pass order. With

@@ -6,11 +6,9 @@
 // the int32 tile is stored to L1 and scaled into fp32 sums with AVX-512, exactly the fp32
 // operations of the vpdpbusd micro-kernel in the same order, so both paths give bit-identical
 // results and the split between them (by row tiles) never changes the output.
-// Measured: the tile unit alone does ~3x the vpdpbusd peak at K = 32, but the per-block tile
-// store and fp32 scaling (which do not overlap with it) bound the path: in L1, zero + loads +
-// multiply + store take ~9 ns per 16 x 16 x 32 tile step and the 16-row scaling ~8 ns more. The
-// X rows are relaid once per pass into contiguous A tiles (AmxPackX) and the 16 fp32 row sums
-// stay in registers; the path runs ~1.2-1.35x the vpdpbusd kernel (2026-11-30).
+// The per-block tile store and fp32 scaling (which do not overlap with the tile multiply) bound
+// the path, not the tile unit (figures: docs/PERFORMANCE.md). The X rows are relaid once per pass
+// into contiguous A tiles (AmxPackX) and the 16 fp32 row sums stay in registers.
 // Weights are first unpacked, per panel group and k chunk, into signed B tiles (value - Z, so no
 // zero-point term is left): 8 rows (k-steps) x 64 bytes (16 weight rows x 4 values) per block.
 // Thread safety: AmxUsable() is computed once; the tile configuration is per thread.
