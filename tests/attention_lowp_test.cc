@@ -12,6 +12,10 @@
 //    are the fp32 kernel's;
 //  - the wiring: the active table carries it exactly where the AMX kernel is not selected and
 //    ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
+// And the AArch64 BFDOT kernel (arm_neon/attention_neon_bf16.cc: bf16 Q/K/P/V, fp32 accumulation)
+// on hosts with FEAT_BF16 (qemu -cpu max has it): against fp64 within its stated bound computed per
+// query from the data, on the same awkward shapes, NaN-poisoned; direct calls split any way give
+// the same bits; causality through AttentionPrefill; its wiring (ESTREAM_ATTN_BF16 / _LOWP).
 // The seed is fresh per run and printed on failure; ESTREAM_TEST_SEED=<n> replays a run.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -33,6 +37,7 @@
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
 #include "kernels_test_util.h"
+#include "test_quick.h"
 #if defined(__x86_64__)
 #include "kernels/x86_avx512/attention_amx.h"
 #endif
@@ -73,6 +78,21 @@ const KernelTable* Avx512Table() {
 #else
   if (HostIsa() != Isa::kAvx512) return nullptr;
   static const KernelTable t = LowpAvx512Table(false);
+  return &t;
+#endif
+}
+
+// Null unless the host is AArch64 with bf16.
+const KernelTable* NeonBf16Table() {
+#if !defined(__aarch64__)
+  return nullptr;
+#else
+  if (!HostCpuFeatures().neon_bf16) return nullptr;
+  static const KernelTable t = [] {
+    KernelTable k = KernelsFor(HostIsa());
+    FillNeonBf16Attention(&k);
+    return k;
+  }();
   return &t;
 #endif
 }
@@ -175,6 +195,55 @@ Fp64Row Fp64RowAndBound(const Problem& p, int h, int t) {
   return r;
 }
 
+// fp32 -> bf16 (round to nearest even) -> fp32, as the BFDOT kernel rounds its operands.
+float RoundBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// The stated bound of the BFDOT kernel (arm_neon/attention_neon_bf16.cc) for query row t of head
+// h: delta = the largest score error of the bf16-rounded q scale log2(e) and k (log2 units), plus a
+// generous fp32 accumulation term 2 (d + 8) u sum |q^ k^|; then as above,
+// (2^(2 delta) - 1 + 2^-7 + 1e-5) max_{j<=t} |v_j|.
+Fp64Row Bf16RowAndBound(const Problem& p, int h, int t) {
+  const int d = p.s.head_dim, kvh = p.KvHead(h);
+  const float q_scale = p.scale * 1.44269504088896340736f;
+  std::vector<double> qh(d), qx(d);
+  for (int c = 0; c < d; ++c) {
+    qh[c] = RoundBf16(p.Q(t, h)[c] * q_scale);
+    qx[c] = static_cast<double>(p.Q(t, h)[c]) * q_scale;
+  }
+  double delta = 0, vmax = 0, m = -INFINITY;
+  std::vector<double> s(t + 1);
+  for (int j = 0; j <= t; ++j) {
+    double shat = 0, sabs = 0, sx = 0;
+    for (int c = 0; c < d; ++c) {
+      const double kh = RoundBf16(p.K(j, kvh)[c]);
+      shat += qh[c] * kh;
+      sabs += std::fabs(qh[c] * kh);
+      sx += qx[c] * p.K(j, kvh)[c];
+      vmax = std::max(vmax, std::fabs(static_cast<double>(p.V(j, kvh)[c])));
+    }
+    delta = std::max(delta, std::fabs(shat - sx) + 2 * (d + 8) * kU * sabs);
+    s[j] = sx / 1.44269504088896340736;  // natural-log units
+    m = std::max(m, s[j]);
+  }
+  Fp64Row r;
+  r.o.assign(d, 0.0);
+  double l = 0;
+  for (int j = 0; j <= t; ++j) {
+    const double w = std::exp(s[j] - m);
+    l += w;
+    for (int c = 0; c < d; ++c) r.o[c] += w * p.V(j, kvh)[c];
+  }
+  for (double& x : r.o) x /= l;
+  r.tol = (std::exp2(2 * delta) - 1 + 0x1p-7 + 1e-5) * vmax;
+  return r;
+}
+
 double VMaxUpTo(const Problem& p, int h, int t) {
   double vmax = 0;
   for (int j = 0; j <= t; ++j)
@@ -223,6 +292,9 @@ double TightTol(const Problem& p, int h, int t) {
 }
 
 std::vector<Shape> AwkwardShapes() {
+  // Under emulation (test::QuickTests, the ARM64 stage): one and several key blocks, GQA 1/4/8,
+  // head sizes not a multiple of 8.
+  if (test::QuickTests()) return {{1, 4, 4, 64}, {65, 8, 2, 128}, {130, 8, 1, 192}, {97, 4, 2, 100}, {63, 4, 2, 40}};
   std::vector<Shape> shapes;
   for (int t : {1, 2, 7, 63, 64, 65, 130, 257}) {
     shapes.push_back({t, 4, 4, 64});    // GQA 1
@@ -322,6 +394,46 @@ TEST(AttentionLowp, MatchesFp64WithinStatedBound) {
   }
 }
 
+// The AArch64 BFDOT kernel against fp64 within its stated bound (Bf16RowAndBound), with and without
+// key outliers, through AttentionPrefill (2 threads); then direct calls split as 1 head x 29 rows
+// and whole GQA groups x 150 rows give the same bits (a row's result does not depend on its tile).
+TEST(AttentionLowp, NeonBf16MatchesFp64WithinStatedBound) {
+  SEED_TRACE();
+  const KernelTable* kt = NeonBf16Table();
+  if (kt == nullptr) GTEST_SKIP() << "no AArch64 bf16 here";
+  uint32_t salt = 500;
+  for (const Shape& s : AwkwardShapes()) {
+    for (bool outliers : {false, true}) {
+      const Problem p(s, salt++, outliers);
+      std::vector<std::vector<Fp64Row>> want(s.n_tokens, std::vector<Fp64Row>(s.n_head));
+      for (int t = 0; t < s.n_tokens; ++t)
+        for (int h = 0; h < s.n_head; ++h) want[t][h] = Bf16RowAndBound(p, h, t);
+      const std::string tag = outliers ? " (key outliers)" : "";
+      const std::vector<float> out = RunLowp(*kt, p);
+      Check(p, out, 0, s.n_tokens, [&](int h, int t) { return want[t][h].o; }, [&](int h, int t) { return want[t][h].tol; },
+            "neon bf16 vs fp64" + tag);
+      if (outliers) continue;
+      const size_t bytes = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens);
+      AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 * s.n_head_kv + 32);
+      std::vector<float> out2 = p.Poisoned();
+      const AttentionArgs a = p.Args(out2.data());
+      const int blocks = (s.n_tokens + kt->attention_kv_block_bf16 - 1) / kt->attention_kv_block_bf16;
+      for (int h = 0; h < s.n_head_kv; ++h)
+        for (int b = 0; b < blocks; ++b) kt->attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
+      const int rep = s.n_head / s.n_head_kv;
+      for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
+        std::fill(out2.begin(), out2.end(), kNaN);
+        for (int h = 0; h < s.n_head; h += heads)
+          for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
+            kt->attention_block_bf16(a, kv.get() + (h / rep) * (bytes / 2), h, h + heads, t0,
+                                     std::min(s.n_tokens, t0 + rows));
+        Check(p, out2, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, out, h, t); }, [](int, int) { return 0.0; },
+              "neon bf16 calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows");
+      }
+    }
+  }
+}
+
 // Smoothing matters: channel offsets of +-40 on three key dims (as real K has) cancel in
 // q.(k - mu), so the error stays that of the same heads without them (quantising the raw keys
 // would put a step of 40/127 on every dim of every key, ~10x the error).
@@ -379,6 +491,7 @@ TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
 #if defined(__x86_64__)
   if (HostIsa() == Isa::kAvx512) tables.push_back(LowpAvx512Table(true));
 #endif
+  if (const KernelTable* kt = NeonBf16Table()) tables.push_back(*kt);
   omp_set_num_threads(2);
   for (const KernelTable& kt : tables) {
     for (int T : {37, 200}) {
@@ -407,7 +520,7 @@ TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
               ASSERT_EQ(0, std::memcmp(other, &whole[i], 4))
                   << "T=" << T << " prefix=" << prefix << " row " << t << " head " << h << " isa "
                   << static_cast<int>(kt.isa) << " seed " << TestSeed();
-              if (t < kLowpKeys) {
+              if (t < kt.attention_exact_rows_bf16) {
                 ASSERT_EQ(0, std::memcmp(&fp32[i], &whole[i], 4)) << "row " << t << " not fp32";
               }
             }
@@ -419,8 +532,31 @@ TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
 // The engine's table carries it exactly where the AMX kernel is not selected (and the switch is
 // on), counts its buffer, and calls without allow_bf16 still run the fp32 kernel.
 TEST(AttentionLowp, Wiring) {
-#if !defined(__x86_64__)
-  EXPECT_EQ(Kernels().attention_block_bf16, nullptr) << "the low-precision attention is x86-64 only";
+#if defined(__aarch64__)
+  // On AArch64: the BFDOT kernel exactly where the host has bf16 and neither switch is "0".
+  const char* bf16_env = std::getenv("ESTREAM_ATTN_BF16");
+  const char* lowp_env = std::getenv("ESTREAM_ATTN_LOWP");
+  const bool want = HostCpuFeatures().neon_bf16 && !(bf16_env != nullptr && std::strcmp(bf16_env, "0") == 0) &&
+                    !(lowp_env != nullptr && std::strcmp(lowp_env, "0") == 0);
+  EXPECT_EQ(want, NeonBf16AttentionSelected());
+  EXPECT_EQ(want, Kernels().attention_block_bf16 != nullptr);
+  if (want) {
+    EXPECT_EQ(Kernels().attention_exact_rows_bf16, 0);
+    EXPECT_GE(AttentionKvBytes(128, 32, 4, 1024, 2), Kernels().attention_kv_bytes_bf16(128, 1024));
+    const Problem p({70, 4, 2, 64}, 21);
+    std::vector<float> fp32 = p.Poisoned(), not_allowed = p.Poisoned();
+    omp_set_num_threads(2);
+    AttentionArgs f = p.Args(fp32.data());
+    f.allow_bf16 = false;
+    AttentionPrefillWith(KernelsFor(Isa::kNeon), f);
+    AttentionArgs a = p.Args(not_allowed.data());
+    a.allow_bf16 = false;
+    AttentionPrefillWith(Kernels(), a);
+    for (size_t i = 0; i < fp32.size(); ++i)
+      ASSERT_TRUE(std::memcmp(&fp32[i], &not_allowed[i], 4) == 0) << "allow_bf16 = false must run the fp32 kernel";
+  }
+#elif !defined(__x86_64__)
+  EXPECT_EQ(Kernels().attention_block_bf16, nullptr) << "the low-precision attention is x86-64 and AArch64 only";
 #else
   const KernelTable& kt = Kernels();
   const bool want = HostIsa() == Isa::kAvx512 && !AttentionAmxSelected() && AttentionLowpSelected();

@@ -44,7 +44,26 @@ double Gamma(double n) { return n * kU / (1.0 - n * kU); }
 // The fp32 attention of each ISA (the AVX-512 table may carry the AMX-BF16 attention instead,
 // tested separately with its own tolerance below).
 const KernelTable& Fp32Table(Isa isa) {
-#if !defined(__x86_64__)
+#if defined(__aarch64__)
+  // KernelsFor(isa) without the bf16 attention entries, which a FEAT_BF16 host carries at every
+  // ARM level (arm_neon/attention_neon_bf16.cc; tested in attention_lowp_test.cc).
+  static const std::vector<KernelTable> tables = [] {
+    std::vector<KernelTable> t;
+    for (int i = 0; i <= static_cast<int>(Isa::kI8mm); ++i) {
+      KernelTable k = KernelsFor(static_cast<Isa>(i));
+      k.attention_convert_bf16 = nullptr;
+      k.attention_kv_bytes_bf16 = nullptr;
+      k.attention_kv_block_bf16 = 0;
+      k.attention_block_bf16 = nullptr;
+      k.attention_rows_bf16 = 0;
+      k.attention_exact_rows_bf16 = 0;
+      k.attention_scratch_bytes_bf16 = nullptr;
+      t.push_back(k);
+    }
+    return t;
+  }();
+  return tables[static_cast<int>(isa)];
+#elif !defined(__x86_64__)
   return KernelsFor(isa);
 #else
   if (isa != Isa::kAvx512) return KernelsFor(isa);

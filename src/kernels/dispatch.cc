@@ -1,5 +1,8 @@
 #include "kernels/dispatch.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "base/check.h"
 
 namespace estream::kernels {
@@ -29,6 +32,7 @@ KernelTable Build(Isa isa) {
     FillNeonOps(&t);
     FillNeonAttention(&t);
     FillNeonShortConv(&t);
+    if (NeonBf16AttentionSelected()) FillNeonBf16Attention(&t);
   }
   if (IsaAtLeast(isa, Isa::kDotprod)) FillDotprodGemm(&t);
   if (IsaAtLeast(isa, Isa::kI8mm)) FillI8mmGemm(&t);
@@ -38,6 +42,19 @@ KernelTable Build(Isa isa) {
 }
 
 }  // namespace
+
+#if defined(__aarch64__)
+bool NeonBf16AttentionSelected() {
+  static const bool selected = [] {
+    auto off = [](const char* name) {
+      const char* env = std::getenv(name);
+      return env != nullptr && std::strcmp(env, "0") == 0;
+    };
+    return HostCpuFeatures().neon_bf16 && !off("ESTREAM_ATTN_BF16") && !off("ESTREAM_ATTN_LOWP");
+  }();
+  return selected;
+}
+#endif
 
 const KernelTable& KernelsFor(Isa isa) {
   if (!IsaAtLeast(HostIsa(), isa)) isa = HostIsa();

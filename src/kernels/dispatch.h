@@ -63,8 +63,8 @@ struct KernelTable {
   void (*attention_block)(const AttentionArgs& a, int head_begin, int head_end, int t_begin, int t_end) = nullptr;
   int attention_rows = 64;
   // The bf16 path (AMX-BF16 where the host has it and ESTREAM_ATTN_BF16 is not "0"; else on
-  // AVX-512 the int8/bf16 kernel of attention_lowp.h unless ESTREAM_ATTN_LOWP is "0"; all null
-  // elsewhere), used for AttentionArgs::allow_bf16: low-precision operands, fp32 accumulation. K and V
+  // AVX-512 the int8/bf16 kernel of attention_lowp.h unless ESTREAM_ATTN_LOWP is "0"; on AArch64
+  // with FEAT_BF16 the BFDOT kernel unless either switch is "0"; all null elsewhere), used for AttentionArgs::allow_bf16: low-precision operands, fp32 accumulation. K and V
   // are converted once per AttentionPrefill call: attention_convert_bf16 writes key block `block`
   // (attention_kv_block_bf16 keys) of kv head `kv_head` into kv16, that head's buffer of
   // attention_kv_bytes_bf16(head_dim, n_tokens) bytes; attention_block_bf16 then has the contract
@@ -135,6 +135,12 @@ void FillNeonShortConv(KernelTable* t);
 // Level dotprod: the quantised GEMMs on sdot. Level i8mm: on smmla.
 void FillDotprodGemm(KernelTable* t);
 void FillI8mmGemm(KernelTable* t);
+// The bf16 attention entries on BFDOT (arm_neon/attention_neon_bf16.cc), at every ARM level of a
+// host with FEAT_BF16 (not an Isa level of its own: bf16 comes with or without i8mm). Build() fills
+// them where NeonBf16AttentionSelected(): the host has bf16 and neither ESTREAM_ATTN_BF16 nor
+// ESTREAM_ATTN_LOWP is "0" (the x86 switches). REQUIRES for calling the entries: neon_bf16.
+void FillNeonBf16Attention(KernelTable* t);
+bool NeonBf16AttentionSelected();
 #endif
 
 }  // namespace estream::kernels
