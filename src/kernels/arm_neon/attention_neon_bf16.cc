@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/arm_neon/neon_exp2.h"
 #include "kernels/dispatch.h"
 
 namespace estream::kernels {
@@ -60,26 +61,6 @@ inline uint16_t Bf16(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// The fp32 NEON attention's 2^x (attention_neon.cc), repeated here (one ISA per translation unit).
-inline float32x4_t Exp2Poly(float32x4_t f) {
-  float32x4_t p = vdupq_n_f32(1.5252733804059840e-05f);
-  p = vfmaq_f32(vdupq_n_f32(1.5403530393381609e-04f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(1.3333558146428443e-03f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(9.6181291076284772e-03f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(5.5504108664821580e-02f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(2.4022650695910071e-01f), p, f);
-  p = vfmaq_f32(vdupq_n_f32(6.9314718055994531e-01f), p, f);
-  return vfmaq_f32(vdupq_n_f32(1.0f), p, f);
-}
-// 2^x for x <= 0 (or -inf); below 2^-125 exactly 0.
-inline float32x4_t Exp2NonPositive(float32x4_t x) {
-  x = vmaxq_f32(x, vdupq_n_f32(-126.0f));
-  const uint32x4_t keep = vcgeq_f32(x, vdupq_n_f32(-125.0f));
-  const float32x4_t n = vrndnq_f32(x);
-  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-  const float32x4_t r = vmulq_f32(Exp2Poly(vsubq_f32(x, n)), vreinterpretq_f32_s32(e));
-  return vreinterpretq_f32_u32(vandq_u32(keep, vreinterpretq_u32_f32(r)));
-}
 inline float Exp2Scalar(float x) { return vgetq_lane_f32(Exp2NonPositive(vdupq_n_f32(x)), 0); }
 
 inline bfloat16x8_t LoadBf16(const uint16_t* p) { return vreinterpretq_bf16_u16(vld1q_u16(p)); }
