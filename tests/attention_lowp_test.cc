@@ -139,13 +139,32 @@ std::vector<float> RefRows(const Problem& p, int t_begin, int t_end) {
   return out;
 }
 
-// The stated bound for query row t of head h against fp64 attention: the exact score error of the
-// quantised scores (delta, log2 units) from the same quantisation as the kernel (mu, K and Q
-// rounded to the int8 grid as in ref/), then (2^(2 delta) - 1 + 2^-7 + 1e-5) max_{j<=t} |v_j|.
 struct Fp64Row {
   std::vector<double> o;
   double tol = 0;
 };
+
+// The fp64 softmax(s) . V of row t of head h (s: its exact scores, natural-log units, max m) and
+// the stated bound (2^(2 delta) - 1 + 2^-7 + 1e-5) max_{j<=t} |v_j| for a score error delta.
+Fp64Row SoftmaxRowAndBound(const Problem& p, int h, int t, const std::vector<double>& s, double m, double delta,
+                           double vmax) {
+  const int d = p.s.head_dim, kvh = p.KvHead(h);
+  Fp64Row r;
+  r.o.assign(d, 0.0);
+  double l = 0;
+  for (int j = 0; j <= t; ++j) {
+    const double w = std::exp(s[j] - m);
+    l += w;
+    for (int c = 0; c < d; ++c) r.o[c] += w * p.V(j, kvh)[c];
+  }
+  for (double& x : r.o) x /= l;
+  r.tol = (std::exp2(2 * delta) - 1 + 0x1p-7 + 1e-5) * vmax;
+  return r;
+}
+
+// The stated bound for query row t of head h against fp64 attention: the exact score error of the
+// quantised scores (delta, log2 units) from the same quantisation as the kernel (mu, K and Q
+// rounded to the int8 grid as in ref/), then (2^(2 delta) - 1 + 2^-7 + 1e-5) max_{j<=t} |v_j|.
 Fp64Row Fp64RowAndBound(const Problem& p, int h, int t) {
   const int d = p.s.head_dim, kvh = p.KvHead(h), T = p.s.n_tokens;
   const float q_scale = p.scale * 1.44269504088896340736f;
@@ -182,17 +201,7 @@ Fp64Row Fp64RowAndBound(const Problem& p, int h, int t) {
     s[j] = dot * p.scale;
     m = std::max(m, s[j]);
   }
-  Fp64Row r;
-  r.o.assign(d, 0.0);
-  double l = 0;
-  for (int j = 0; j <= t; ++j) {
-    const double w = std::exp(s[j] - m);
-    l += w;
-    for (int c = 0; c < d; ++c) r.o[c] += w * p.V(j, kvh)[c];
-  }
-  for (double& x : r.o) x /= l;
-  r.tol = (std::exp2(2 * delta) - 1 + 0x1p-7 + 1e-5) * vmax;
-  return r;
+  return SoftmaxRowAndBound(p, h, t, s, m, delta, vmax);
 }
 
 // fp32 -> bf16 (round to nearest even) -> fp32, as the BFDOT kernel rounds its operands.
@@ -231,17 +240,7 @@ Fp64Row Bf16RowAndBound(const Problem& p, int h, int t) {
     s[j] = sx / 1.44269504088896340736;  // natural-log units
     m = std::max(m, s[j]);
   }
-  Fp64Row r;
-  r.o.assign(d, 0.0);
-  double l = 0;
-  for (int j = 0; j <= t; ++j) {
-    const double w = std::exp(s[j] - m);
-    l += w;
-    for (int c = 0; c < d; ++c) r.o[c] += w * p.V(j, kvh)[c];
-  }
-  for (double& x : r.o) x /= l;
-  r.tol = (std::exp2(2 * delta) - 1 + 0x1p-7 + 1e-5) * vmax;
-  return r;
+  return SoftmaxRowAndBound(p, h, t, s, m, delta, vmax);
 }
 
 double VMaxUpTo(const Problem& p, int h, int t) {
