@@ -5,6 +5,7 @@
 
 #include "base/check.h"
 #include "base/fp16.h"
+#include "base/memory.h"
 #include "kernels/kernels.h"
 #include "quant/quant.h"
 
@@ -361,6 +362,17 @@ void RepackWeights(QuantType t, const void* src, int64_t n, int64_t k, void* dst
     PackPanel(t, static_cast<const uint8_t*>(src) + p * kPackRows * row_bytes, row_bytes, rows, k,
               static_cast<uint8_t*>(dst) + p * panel_bytes);
   }
+}
+
+uint8_t* PanelPackBuffer(size_t bytes) {
+  thread_local AlignedPtr<uint8_t> buf;
+  thread_local size_t buf_bytes = 0;
+  if (buf_bytes < bytes) {
+    buf.reset(static_cast<uint8_t*>(AlignedAlloc(64, bytes)));
+    ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the weight pack buffer");
+    buf_bytes = bytes;
+  }
+  return buf.get();
 }
 
 }  // namespace estream::kernels

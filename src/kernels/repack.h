@@ -35,4 +35,9 @@ void DecodeBlock32(QuantType t, const void* row, int64_t b, Block32* out);
 // zero) starting at `src` with `src_stride` bytes between rows.
 void PackPanel(QuantType t, const void* src, size_t src_stride, int rows, int64_t k, void* dst);
 
+// This thread's buffer for panels packed on the fly from GGUF rows (the GEMMs' unpacked-weights
+// path): at least `bytes`, 64-byte aligned (a load straddling two cache lines costs two), grown
+// and never shrunk, valid until this thread's next call. Aborts when the memory cannot be had.
+uint8_t* PanelPackBuffer(size_t bytes);
+
 }  // namespace estream::kernels

@@ -547,19 +547,13 @@ void GemmNeon(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_begi
     return;
   }
   // GGUF rows: pack one panel at a time into a per-thread buffer, then every row pass.
-  thread_local AlignedPtr<uint8_t> buf;
-  thread_local size_t buf_bytes = 0;
-  if (buf_bytes < static_cast<size_t>(panel_stride)) {
-    buf_bytes = static_cast<size_t>(panel_stride);
-    buf.reset(static_cast<uint8_t*>(AlignedAlloc(64, buf_bytes)));
-    ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the weight pack buffer");
-  }
+  uint8_t* const buf = PanelPackBuffer(static_cast<size_t>(panel_stride));
   const size_t row_bytes = RowBytes(kSrc, w.k);
   for (int64_t p = p_first; p <= p_last; ++p) {
     const int64_t r0 = p * kPackRows;
     const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
-    PackPanel(kSrc, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k, buf.get());
-    for (int64_t i0 = 0; i0 < m; i0 += kNeonMc) rows_pass(buf.get(), p, 1, i0, std::min(kNeonMc, m - i0));
+    PackPanel(kSrc, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k, buf);
+    for (int64_t i0 = 0; i0 < m; i0 += kNeonMc) rows_pass(buf, p, 1, i0, std::min(kNeonMc, m - i0));
   }
 }
 

@@ -432,14 +432,7 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
     return;
   }
   // GGUF rows: pack kNv panels at a time into a per-thread buffer, then every row pass.
-  // 64-byte aligned: a 64-byte load that straddles two cache lines costs two.
-  thread_local AlignedPtr<uint8_t> buf;
-  thread_local size_t buf_bytes = 0;
-  if (buf_bytes < static_cast<size_t>(kNv * panel_stride)) {
-    buf_bytes = static_cast<size_t>(kNv * panel_stride);
-    buf.reset(static_cast<uint8_t*>(AlignedAlloc(64, buf_bytes)));
-    ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the weight pack buffer");
-  }
+  uint8_t* const buf = PanelPackBuffer(static_cast<size_t>(kNv * panel_stride));
   const size_t row_bytes = RowBytes(kSrc, w.k);
   for (int64_t p = p_first; p <= p_last; p += kNv) {
     const int64_t count = std::min<int64_t>(kNv, p_last + 1 - p);
@@ -447,9 +440,9 @@ void GemmAvx512(const WeightView& w, const BlockQ8A* xq, int64_t m, int64_t n_be
       const int64_t r0 = (p + j) * kPackRows;
       const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w.n - r0));
       PackPanel(kSrc, static_cast<const uint8_t*>(w.data) + r0 * row_bytes, row_bytes, rows, w.k,
-                buf.get() + j * panel_stride);
+                buf + j * panel_stride);
     }
-    for (int64_t i0 = 0; i0 < m; i0 += kMc) rows_pass(buf.get(), p, count, i0, std::min(kMc, m - i0));
+    for (int64_t i0 = 0; i0 < m; i0 += kMc) rows_pass(buf, p, count, i0, std::min(kMc, m - i0));
   }
 }
 
