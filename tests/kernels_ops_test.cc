@@ -723,6 +723,74 @@ TEST(Rope, PublicRowsWithStrides) {
   }
 }
 
+// ---- fused passes: RmsNormQuantize, NormRope ------------------------------------------------
+
+// The fused public passes compose the same row kernels (tested per ISA above), so they must give
+// the bits of the two separate passes, whatever the thread split.
+TEST(RmsNormQuantize, SameBitsAsNormThenQuantize) {
+  SEED_TRACE();
+  Rng rng(30);
+  for (int rows : {1, 3, 77}) {
+    for (int n : {32, 96, 2048}) {
+      const int64_t ldx = n + 5, ldy = n + 3, kb = n / 32;
+      std::vector<float> x(rows * ldx), w(n);
+      rng.Fill(x, -3, 3);
+      rng.Fill(w, -1.5f, 1.5f);
+      std::vector<float> y1(rows * ldy, kNaN), y2(rows * ldy, kNaN);
+      std::vector<BlockQ8A> q1(rows * kb), q2(rows * kb);
+      std::memset(q1.data(), 0xA5, q1.size() * sizeof(BlockQ8A));
+      std::memset(q2.data(), 0x5A, q2.size() * sizeof(BlockQ8A));
+      omp_set_num_threads(2);
+      RmsNorm(x.data(), ldx, w.data(), y1.data(), ldy, rows, n, 1e-6f);
+      QuantizeActivations(y1.data(), ldy, rows, n, q1.data());
+      RmsNormQuantize(x.data(), ldx, w.data(), y2.data(), ldy, q2.data(), rows, n, 1e-6f);
+      for (int r = 0; r < rows; ++r) {
+        ASSERT_EQ(0, std::memcmp(y1.data() + r * ldy, y2.data() + r * ldy, n * sizeof(float))) << "rows=" << rows
+                                                                                               << " n=" << n;
+        for (int64_t i = n; i < ldy; ++i) ASSERT_TRUE(std::isnan(y2[r * ldy + i])) << "wrote padding";
+      }
+      ASSERT_EQ(0, std::memcmp(q1.data(), q2.data(), q1.size() * sizeof(BlockQ8A))) << "rows=" << rows << " n=" << n;
+    }
+  }
+}
+
+TEST(NormRope, SameBitsAsNormThenRope) {
+  SEED_TRACE();
+  Rng rng(31);
+  const int heads = 5;
+  for (int d : {64, 80, 128}) {
+    for (RopeMode mode : {RopeMode::kNeox, RopeMode::kNorm}) {
+      for (int norm : {0, 1, 2}) {  // none, each head, the whole row
+        const int rows = 41, width = heads * d;
+        const int64_t ldx = width + 7;
+        std::vector<float> x(rows * ldx), w(norm == 2 ? width : d);
+        rng.Fill(x, -2, 2);
+        rng.Fill(w, 0.5f, 1.5f);
+        for (int t = 0; t < rows; ++t)
+          for (int64_t i = width; i < ldx; ++i) x[t * ldx + i] = kNaN;
+        // Two sequences: rows 0..16 at positions 0..16, rows 17.. continuing a context of 900.
+        std::vector<int32_t> pos(rows);
+        for (int t = 0; t < rows; ++t) pos[t] = t < 17 ? t : 900 + (t - 17);
+        std::vector<float> ref = x, y = x;
+        omp_set_num_threads(2);
+        for (int t = 0; t < rows; ++t) {
+          float* row = ref.data() + t * ldx;
+          if (norm == 1) RmsNorm(row, d, w.data(), row, d, heads, d, 1e-6f);
+          if (norm == 2) RmsNorm(row, width, w.data(), row, width, 1, width, 1e-6f);
+          Rope(row, ldx, 1, heads, d, pos[t], 1e6f, mode);
+        }
+        NormRope(y.data(), ldx, rows, pos.data(), heads, d, 1e6f, mode, norm == 0 ? nullptr : w.data(),
+                 norm == 2 ? width : d, 1e-6f);
+        for (int t = 0; t < rows; ++t) {
+          ASSERT_EQ(0, std::memcmp(ref.data() + t * ldx, y.data() + t * ldx, width * sizeof(float)))
+              << "d=" << d << " norm=" << norm << " t=" << t;
+          for (int64_t i = width; i < ldx; ++i) ASSERT_TRUE(std::isnan(y[t * ldx + i]));
+        }
+      }
+    }
+  }
+}
+
 // ---- SwiGLU ---------------------------------------------------------------------------------
 
 TEST(SwiGlu, EveryIsaMatchesReference) {

@@ -191,6 +191,11 @@ struct Response {
   struct Timing {
     double embed = 0;      // token embeddings
     double attention = 0;  // norms, Q/K/V, q/k norm, RoPE, attention, output projection, residual
+    // Of `attention`: the projections (activation quantisation, Q/K/V or MLA's projections, the
+    // output projection) and the attention kernel (scores, softmax, weighted V). The rest of
+    // `attention` is norms, RoPE, copies and the residual add.
+    double attention_projections = 0;
+    double attention_kernel = 0;
     double router = 0;     // MoE norm, router GEMM, softmax/top-k, grouping routes by expert
     double experts = 0;    // expert GEMMs, SwiGLU, scatter-add
     double dense_ffn = 0;  // FFNs of leading dense blocks and shared experts (not streamed)

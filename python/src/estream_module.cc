@@ -570,6 +570,8 @@ py::dict StatsDict(const CallStats& s) {
   d["tokens"] = s.tokens;
   d["embed_seconds"] = s.timing.embed;
   d["attention_seconds"] = s.timing.attention;
+  d["attention_projections_seconds"] = s.timing.attention_projections;
+  d["attention_kernel_seconds"] = s.timing.attention_kernel;
   d["router_seconds"] = s.timing.router;
   d["experts_seconds"] = s.timing.experts;
   d["dense_ffn_seconds"] = s.timing.dense_ffn;

@@ -48,6 +48,8 @@ void AddPass(const Response& r, CallStats* s) {
   s->tokens += r.pass_tokens > 0 ? r.pass_tokens : r.n_tokens;
   s->timing.embed += r.timing.embed;
   s->timing.attention += r.timing.attention;
+  s->timing.attention_projections += r.timing.attention_projections;
+  s->timing.attention_kernel += r.timing.attention_kernel;
   s->timing.router += r.timing.router;
   s->timing.experts += r.timing.experts;
   s->timing.dense_ffn += r.timing.dense_ffn;

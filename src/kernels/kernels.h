@@ -114,6 +114,19 @@ enum class RopeMode {
 void Rope(float* x, int64_t ldx, int n_tokens, int n_heads, int head_dim, int pos0, float freq_base,
           RopeMode mode);
 
+// The two passes of a block's input in one: for each row, y = RmsNorm(x) as RmsNorm, then
+// xq = its Q8A quantisation as QuantizeActivations (the row is still in cache). Bit-identical to
+// RmsNorm followed by QuantizeActivations. y may alias x. REQUIRES: n % 32 == 0. [parallel]
+void RmsNormQuantize(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, BlockQ8A* xq, int64_t rows,
+                     int64_t n, float eps);
+
+// q/k norm and RoPE in one pass: for each of `rows` rows of x (row t at x + t * ldx, rotated at
+// position pos[t]), in place, first the RMS norm of each run of norm_n values with weights
+// norm_w (skipped when norm_w is null; norm_n = n_heads * head_dim normalises the whole row,
+// norm_n = head_dim each head), then RoPE as Rope. Bit-identical to RmsNorm then Rope. [parallel]
+void NormRope(float* x, int64_t ldx, int64_t rows, const int32_t* pos, int n_heads, int head_dim, float freq_base,
+              RopeMode mode, const float* norm_w, int64_t norm_n, float eps);
+
 // h = silu(g) * u, n values. h may alias g or u.
 void SwiGlu(const float* g, const float* u, float* h, int64_t n);
 

@@ -175,21 +175,53 @@ void RmsNorm(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy,
   for (int64_t r = 0; r < rows; ++r) fn(x + r * ldx, w, y + r * ldy, n, eps);
 }
 
-void Rope(float* x, int64_t ldx, int n_tokens, int n_heads, int head_dim, int pos0, float freq_base,
-          RopeMode mode) {
+void RmsNormQuantize(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, BlockQ8A* xq, int64_t rows,
+                     int64_t n, float eps) {
+  ESTREAM_CHECK(n % kQK8A == 0, "RmsNormQuantize: n must be a multiple of 32");
+  const KernelTable& kt = Kernels();
+  const int64_t kb = n / kQK8A;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= kMinParallelElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    kt.rms_norm_row(x + r * ldx, w, y + r * ldy, n, eps);
+    kt.quantize_q8a(y + r * ldy, xq + r * kb, n);
+  }
+}
+
+// inv_freq[p] = freq_base^(-2p/head_dim) for p < head_dim / 2, in fp64 (not by repeated float
+// multiplication as ggml does), so that pos * inv_freq stays accurate to ~1e-16 relative at
+// positions in the thousands. The calling thread's table, valid until its next call.
+static const double* RopeInvFreq(float freq_base, int head_dim) {
   ESTREAM_CHECK(head_dim % 2 == 0, "Rope: head_dim must be even");
-  // inv_freq[p] = freq_base^(-2p/head_dim), in fp64 (not by repeated float multiplication as ggml
-  // does), so that pos * inv_freq stays accurate to ~1e-16 relative at positions in the thousands.
   const int half = head_dim / 2;
   thread_local std::vector<double> inv_freq;
   inv_freq.resize(static_cast<size_t>(half));
   for (int p = 0; p < half; ++p)
     inv_freq[p] = std::pow(static_cast<double>(freq_base), -2.0 * p / static_cast<double>(head_dim));
-  const double* freq = inv_freq.data();
+  return inv_freq.data();
+}
+
+void Rope(float* x, int64_t ldx, int n_tokens, int n_heads, int head_dim, int pos0, float freq_base,
+          RopeMode mode) {
+  const double* freq = RopeInvFreq(freq_base, head_dim);
   const auto fn = Kernels().rope_row;
 #pragma omp parallel for schedule(static) \
     if (n_tokens > 1 && static_cast<int64_t>(n_tokens) * n_heads * head_dim >= kMinParallelElements)
   for (int t = 0; t < n_tokens; ++t) fn(x + t * ldx, n_heads, head_dim, pos0 + t, freq, mode);
+}
+
+void NormRope(float* x, int64_t ldx, int64_t rows, const int32_t* pos, int n_heads, int head_dim, float freq_base,
+              RopeMode mode, const float* norm_w, int64_t norm_n, float eps) {
+  const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
+  ESTREAM_CHECK(norm_w == nullptr || (norm_n > 0 && width % norm_n == 0), "NormRope: norm_n must divide the row");
+  const double* freq = RopeInvFreq(freq_base, head_dim);
+  const KernelTable& kt = Kernels();
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * width >= kMinParallelElements)
+  for (int64_t t = 0; t < rows; ++t) {
+    float* row = x + t * ldx;
+    if (norm_w != nullptr)
+      for (int64_t j = 0; j < width; j += norm_n) kt.rms_norm_row(row + j, norm_w, row + j, norm_n, eps);
+    kt.rope_row(row, n_heads, head_dim, pos[t], freq, mode);
+  }
 }
 
 void SwiGlu(const float* g, const float* u, float* h, int64_t n) { Kernels().swiglu(g, u, h, n); }

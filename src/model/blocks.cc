@@ -29,18 +29,23 @@ bool AnyQuantized(std::initializer_list<const kernels::WeightView*> ws) {
   return false;
 }
 
-// RoPE on q and k at each sequence's positions, then AttendSequences.
-void RopeAndAttend(const Model& model, std::span<const SeqSpan> seqs, bool allow_bf16, Workspace* ws) {
+// The q/k norm (QkNorm) and RoPE of q and k, one pass over each row (row t at its sequence's
+// position), then AttendSequences.
+void NormRopeAndAttend(const Model& model, const LayerWeights& L, int64_t T, std::span<const SeqSpan> seqs,
+                       bool allow_bf16, Workspace* ws) {
   const ModelConfig& c = model.config();
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  for (const SeqSpan& s : seqs) {
-    float* q = ws->q.get() + s.row * qd;
-    float* k = ws->k.get() + s.row * kvd;
-    const int pos0 = static_cast<int>(s.ctx_len);
-    kernels::Rope(q, qd, static_cast<int>(s.len), c.n_head, c.head_dim, pos0, c.rope_freq_base, c.arch->rope_mode);
-    kernels::Rope(k, kvd, static_cast<int>(s.len), c.n_head_kv, c.head_dim, pos0, c.rope_freq_base,
-                  c.arch->rope_mode);
-  }
+  std::vector<int32_t>& pos = ws->positions;
+  pos.resize(static_cast<size_t>(T));
+  for (const SeqSpan& s : seqs)
+    for (int64_t i = 0; i < s.len; ++i) pos[s.row + i] = static_cast<int32_t>(s.ctx_len + i);
+  const float* qn = c.arch->qk_norm == QkNorm::kNone ? nullptr : L.q_norm;
+  const float* kn = c.arch->qk_norm == QkNorm::kNone ? nullptr : L.k_norm;
+  const bool whole = c.arch->qk_norm == QkNorm::kWhole;
+  kernels::NormRope(ws->q.get(), qd, T, pos.data(), c.n_head, c.head_dim, c.rope_freq_base, c.arch->rope_mode, qn,
+                    whole ? qd : c.head_dim, c.rms_eps);
+  kernels::NormRope(ws->k.get(), kvd, T, pos.data(), c.n_head_kv, c.head_dim, c.rope_freq_base, c.arch->rope_mode,
+                    kn, whole ? kvd : c.head_dim, c.rms_eps);
   kernels::AttentionArgs a;
   a.n_head = c.n_head;
   a.n_head_kv = c.n_head_kv;
@@ -61,6 +66,7 @@ void RopeAndAttend(const Model& model, std::span<const SeqSpan> seqs, bool allow
 }  // namespace
 
 void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpan> seqs, Workspace* ws) {
+  const double t0 = NowSeconds();
   const int64_t qd = whole.ldq, kvd = whole.ldk;
   ESTREAM_CHECK(whole.ldv == kvd && whole.ldo == qd, "AttendSequences: v rows as wide as k rows, outputs as q");
   kernels::AttentionArgs a = whole;
@@ -91,6 +97,17 @@ void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpa
     }
     kernels::AttentionPrefill(a);
   }
+  ws->attention_time.kernel += NowSeconds() - t0;
+}
+
+const BlockQ8A* NormAndQuantize(const float* x, const float* norm_w, int64_t n_tokens, int64_t d, float eps,
+                                bool quantize, Workspace* ws) {
+  if (!quantize) {
+    kernels::RmsNorm(x, d, norm_w, ws->xn.get(), d, n_tokens, d, eps);
+    return nullptr;
+  }
+  kernels::RmsNormQuantize(x, d, norm_w, ws->xn.get(), d, ws->xq.get(), n_tokens, d, eps);
+  return ws->xq.get();
 }
 
 bool IsQuantized(QuantType t) { return t != QuantType::kF32 && t != QuantType::kF16 && t != QuantType::kBF16; }
@@ -159,40 +176,24 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
   const LayerWeights& L = model.layers()[il];
   const int64_t T = n_tokens, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
 
-  kernels::RmsNorm(ws->x.get(), d, L.attn_norm, ws->xn.get(), d, T, d, c.rms_eps);
-  // Quantise the normed rows once for the three projections (MatMul would do it three times).
-  const BlockQ8A* xq = nullptr;
-  if (AnyQuantized({&L.wq, &L.wk, &L.wv})) {
-    kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
-    xq = ws->xq.get();
-  }
-  Linear(L.wq, ws->xn.get(), d, xq, T, ws->q.get(), qd);
-  Linear(L.wk, ws->xn.get(), d, xq, T, ws->k.get(), kvd);
-  Linear(L.wv, ws->xn.get(), d, xq, T, ws->v.get(), kvd);
+  // The normed rows, quantised once for the three projections (MatMul would do it three times).
+  const BlockQ8A* xq = NormAndQuantize(ws->x.get(), L.attn_norm, T, d, c.rms_eps,
+                                       AnyQuantized({&L.wq, &L.wk, &L.wv}), ws);
+  AddTime(&ws->attention_time.projections, [&] {
+    Linear(L.wq, ws->xn.get(), d, xq, T, ws->q.get(), qd);
+    Linear(L.wk, ws->xn.get(), d, xq, T, ws->k.get(), kvd);
+    Linear(L.wv, ws->xn.get(), d, xq, T, ws->v.get(), kvd);
+  });
 
-  switch (c.arch->qk_norm) {
-    case QkNorm::kNone: break;
-    case QkNorm::kWhole:
-      kernels::RmsNorm(ws->q.get(), qd, L.q_norm, ws->q.get(), qd, T, qd, c.rms_eps);
-      kernels::RmsNorm(ws->k.get(), kvd, L.k_norm, ws->k.get(), kvd, T, kvd, c.rms_eps);
-      break;
-    case QkNorm::kPerHead:
-      // Heads of a row are contiguous and rows are dense, so T x n_head rows of head_dim.
-      kernels::RmsNorm(ws->q.get(), c.head_dim, L.q_norm, ws->q.get(), c.head_dim, T * c.n_head, c.head_dim,
-                       c.rms_eps);
-      kernels::RmsNorm(ws->k.get(), c.head_dim, L.k_norm, ws->k.get(), c.head_dim, T * c.n_head_kv, c.head_dim,
-                       c.rms_eps);
-      break;
-  }
   // Quantised projections already round the activations to 8 bits: bf16 attention where the host
   // has it (kernels.h, AttentionArgs::allow_bf16).
   const bool allow_bf16 =
       IsQuantized(L.wq.type) && IsQuantized(L.wk.type) && IsQuantized(L.wv.type) && IsQuantized(L.wo.type);
   const SeqSpan whole{.row = 0, .len = T};
-  RopeAndAttend(model, seqs.empty() ? std::span<const SeqSpan>(&whole, 1) : seqs, allow_bf16, ws);
+  NormRopeAndAttend(model, L, T, seqs.empty() ? std::span<const SeqSpan>(&whole, 1) : seqs, allow_bf16, ws);
 
   // Output projection into xn (free now), then the residual add.
-  Linear(L.wo, ws->att.get(), qd, nullptr, T, ws->xn.get(), d);
+  AddTime(&ws->attention_time.projections, [&] { Linear(L.wo, ws->att.get(), qd, nullptr, T, ws->xn.get(), d); });
   float* x = ws->x.get();
   const float* y = ws->xn.get();
 #pragma omp parallel for schedule(static)
@@ -205,16 +206,11 @@ void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
   const int64_t T = n_tokens, d = c.n_embd;
   const int E = c.n_expert, K = c.n_expert_used;
 
-  kernels::RmsNorm(ws->x.get(), d, L.ffn_norm, ws->xn.get(), d, T, d, c.rms_eps);
   bool need_q = IsQuantized(L.router.type);
   for (int e = 0; e < E && !need_q; ++e)
     need_q = AnyQuantized({&L.experts.gate[e], &L.experts.up[e], &L.experts.down[e]});
   if (L.shexp.present()) need_q = need_q || AnyQuantized({&L.shexp.gate, &L.shexp.up});
-  const BlockQ8A* xq = nullptr;
-  if (need_q) {
-    kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
-    xq = ws->xq.get();
-  }
+  const BlockQ8A* xq = NormAndQuantize(ws->x.get(), L.ffn_norm, T, d, c.rms_eps, need_q, ws);
 
   // Router: logits, then softmax / top-k / renormalisation per token.
   Linear(L.router, ws->xn.get(), d, xq, T, ws->router_logits.get(), E);

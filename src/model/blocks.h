@@ -17,6 +17,7 @@
 
 #include "base/memory.h"
 #include "base/status.h"
+#include "base/timer.h"
 #include "model/model.h"
 
 namespace estream::model {
@@ -78,6 +79,13 @@ class Workspace {
   AlignedPtr<float> tree_v;         // [T x kv_dim]
   AlignedPtr<float> mla;            // [T x MlaScratchFloats] multi-head latent attention (mla.h)
   AlignedPtr<float> bcx;            // [T x 3d] LFM2 short-conv in-projection (models with conv layers)
+  // Wall time spent in the attention blocks' projections (activation quantisation, Q/K/V or MLA's
+  // projections, output projection) and in the attention kernel (AttendSequences) since the
+  // engine last cleared it: Response::Timing's attention_projections / attention_kernel.
+  std::vector<int32_t> positions;  // [T] RoPE position of each row of a pass (blocks.cc)
+  struct AttentionTime {
+    double projections = 0, kernel = 0;
+  } attention_time;
 
  private:
   int64_t capacity_ = 0;
@@ -97,6 +105,14 @@ struct SeqSpan {
   int64_t row = 0, len = 0;
   int64_t ctx_row = 0, ctx_len = 0;
 };
+
+// Runs f() and adds its wall time to *seconds.
+template <class F>
+void AddTime(double* seconds, F&& f) {
+  const double t0 = NowSeconds();
+  f();
+  *seconds += NowSeconds() - t0;
+}
 
 // x[t] = dequantised row tokens[t] of token_embd. REQUIRES: ids validated (< n_vocab).
 void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, float* x);
@@ -131,5 +147,10 @@ void Linear(const kernels::WeightView& w, const float* x, int64_t ldx, const Blo
 
 // True for weight types the GEMM multiplies against Q8A activations (not F32/F16/BF16).
 bool IsQuantized(QuantType t);
+
+// A block's input: ws->xn = RMSNorm(x) * norm_w for n_tokens rows of d and, with `quantize`,
+// ws->xq = its Q8A rows in the same pass over memory (returned; nullptr without `quantize`).
+const BlockQ8A* NormAndQuantize(const float* x, const float* norm_w, int64_t n_tokens, int64_t d, float eps,
+                                bool quantize, Workspace* ws);
 
 }  // namespace estream::model

@@ -321,6 +321,7 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
   auto lap = [&](double* acc) { t1 = NowSeconds(); *acc += t1 - t0; t0 = t1; };
   model::VirtualExperts* const stream = vexp && vexp->streamed() ? vexp.get() : nullptr;
   if (trace) trace->Clear();
+  ws.attention_time = {};
   if (stream) stream->BeginRequest();
   {
     // Ends the pass's streaming on every path out (cancels reads, frees banks).
@@ -373,6 +374,8 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
   std::vector<Status> out(ids.size());
   for (size_t j = 0; j < ids.size(); ++j) out[j] = RequestOutputs(reqs[ids[j]], hidden.get() + row0[j] * d, &resps[j]);
   lap(&tm.head);
+  tm.attention_projections = ws.attention_time.projections;
+  tm.attention_kernel = ws.attention_time.kernel;
 
   // Pass-wide figures, shared by its requests.
   Response pass;

@@ -77,8 +77,9 @@ void FfnAdd(const DenseFfn& f, const ModelConfig& c, int64_t n_tokens, const Blo
 void DenseFfnBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {
   const ModelConfig& c = model.config();
   const LayerWeights& L = model.layers()[il];
-  kernels::RmsNorm(ws->x.get(), c.n_embd, L.ffn_norm, ws->xn.get(), c.n_embd, n_tokens, c.n_embd, c.rms_eps);
-  FfnAdd(L.ffn, c, n_tokens, nullptr, ws);
+  const BlockQ8A* xq = NormAndQuantize(ws->x.get(), L.ffn_norm, n_tokens, c.n_embd, c.rms_eps,
+                                       IsQuantized(L.ffn.gate.type) || IsQuantized(L.ffn.up.type), ws);
+  FfnAdd(L.ffn, c, n_tokens, xq, ws);
 }
 
 void SharedExpertsBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {

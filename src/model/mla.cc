@@ -66,25 +66,24 @@ void MlaAttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* 
   const int64_t T = n_tokens, d = c.n_embd, H = c.n_head, hd = c.head_dim, nope = c.qk_nope, rope = c.qk_rope,
                 vd = c.v_head_dim, r = c.kv_lora_rank, ckv_ld = r + rope, qd = H * hd;
 
-  kernels::RmsNorm(ws->x.get(), d, L.attn_norm, ws->xn.get(), d, T, d, c.rms_eps);
   const kernels::WeightView& wq_in = c.q_lora_rank > 0 ? w.wq_a : w.wq;
-  const BlockQ8A* xq = nullptr;
-  if (IsQuantized(wq_in.type) || IsQuantized(w.wkv_a.type)) {
-    kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
-    xq = ws->xq.get();
-  }
+  const BlockQ8A* xq = NormAndQuantize(ws->x.get(), L.attn_norm, T, d, c.rms_eps,
+                                       IsQuantized(wq_in.type) || IsQuantized(w.wkv_a.type), ws);
   float* ckv = ws->mla.get();                       // [T x (r + rope)]
   float* kvb = ckv + T * ckv_ld;                    // [T x H*(nope + vd)] (or k_nope | v below)
   float* qa = kvb + T * H * (nope + vd);            // [T x q_lora_rank]
   float* q = ws->q.get();
-  if (c.q_lora_rank > 0) {
-    Linear(w.wq_a, ws->xn.get(), d, xq, T, qa, c.q_lora_rank);
-    kernels::RmsNorm(qa, c.q_lora_rank, w.q_a_norm, qa, c.q_lora_rank, T, c.q_lora_rank, c.rms_eps);
-    Linear(w.wq_b, qa, c.q_lora_rank, nullptr, T, q, qd);
-  } else {
-    Linear(w.wq, ws->xn.get(), d, xq, T, q, qd);
-  }
-  Linear(w.wkv_a, ws->xn.get(), d, xq, T, ckv, ckv_ld);
+  // Projections (q, compressed kv).
+  AddTime(&ws->attention_time.projections, [&] {
+    if (c.q_lora_rank > 0) {
+      Linear(w.wq_a, ws->xn.get(), d, xq, T, qa, c.q_lora_rank);
+      kernels::RmsNorm(qa, c.q_lora_rank, w.q_a_norm, qa, c.q_lora_rank, T, c.q_lora_rank, c.rms_eps);
+      Linear(w.wq_b, qa, c.q_lora_rank, nullptr, T, q, qd);
+    } else {
+      Linear(w.wq, ws->xn.get(), d, xq, T, q, qd);
+    }
+    Linear(w.wkv_a, ws->xn.get(), d, xq, T, ckv, ckv_ld);
+  });
   kernels::RmsNorm(ckv, ckv_ld, w.kv_a_norm, ckv, ckv_ld, T, r, c.rms_eps);
   // Decompression: per head, k_nope then v (ld_kv floats per token, head stride nope + vd), or
   // k_nope [T x H*nope] and v [T x H*vd] in two blocks.
@@ -94,12 +93,14 @@ void MlaAttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* 
   if (c.kv_b_split) {
     float* kn = kvb;
     float* vv = kvb + T * H * nope;
-    Linear(w.wk_b, ckv, ckv_ld, nullptr, T, kn, H * nope);
-    Linear(w.wv_b, ckv, ckv_ld, nullptr, T, vv, H * vd);
+    AddTime(&ws->attention_time.projections, [&] {
+      Linear(w.wk_b, ckv, ckv_ld, nullptr, T, kn, H * nope);
+      Linear(w.wv_b, ckv, ckv_ld, nullptr, T, vv, H * vd);
+    });
     k_nope = kn, k_ld = H * nope, k_hs = nope;
     v_src = vv, v_ld = H * vd, v_hs = vd;
   } else {
-    Linear(w.wkv_b, ckv, ckv_ld, nullptr, T, kvb, H * (nope + vd));
+    AddTime(&ws->attention_time.projections, [&] { Linear(w.wkv_b, ckv, ckv_ld, nullptr, T, kvb, H * (nope + vd)); });
     k_nope = kvb, k_ld = H * (nope + vd), k_hs = nope + vd;
     v_src = kvb + nope, v_ld = k_ld, v_hs = nope + vd;
   }
@@ -157,7 +158,7 @@ void MlaAttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* 
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 1; h < H; ++h) std::memmove(att + t * qd + h * vd, att + t * qd + h * hd, vd * sizeof(float));
   }
-  Linear(L.wo, att, qd, nullptr, T, ws->xn.get(), d);
+  AddTime(&ws->attention_time.projections, [&] { Linear(L.wo, att, qd, nullptr, T, ws->xn.get(), d); });
   float* x = ws->x.get();
   const float* y = ws->xn.get();
 #pragma omp parallel for schedule(static)

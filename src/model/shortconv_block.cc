@@ -13,12 +13,7 @@ void ShortConvBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
   const ShortConvWeights& w = L.conv;
   const int64_t T = n_tokens, d = c.n_embd;
 
-  kernels::RmsNorm(ws->x.get(), d, L.attn_norm, ws->xn.get(), d, T, d, c.rms_eps);
-  const BlockQ8A* xq = nullptr;
-  if (IsQuantized(w.in_proj.type)) {
-    kernels::QuantizeActivations(ws->xn.get(), d, T, d, ws->xq.get());
-    xq = ws->xq.get();
-  }
+  const BlockQ8A* xq = NormAndQuantize(ws->x.get(), L.attn_norm, T, d, c.rms_eps, IsQuantized(w.in_proj.type), ws);
   Linear(w.in_proj, ws->xn.get(), d, xq, T, ws->bcx.get(), 3 * d);
   // The gated convolution into q (free in a conv layer; q_dim() == n_embd, checked at load).
   const SeqSpan whole{.row = 0, .len = T};

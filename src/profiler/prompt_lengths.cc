@@ -60,7 +60,9 @@ std::string PromptLengthsJson(const std::string& model_path, const PromptLengths
     rows.push_back({{"n_tokens", p.n_tokens}, {"seconds", p.seconds}, {"tokens_per_second", n / p.seconds},
                     {"seconds_all", p.seconds_all}, {"cpu_seconds_per_thread", p.cpu_seconds_per_thread},
                     {"tokens_per_cpu_second_per_thread", n / p.cpu_seconds_per_thread}, {"gops", p.gops},
-                    {"timing", {{"attention", p.timing.attention}, {"router", p.timing.router},
+                    {"timing", {{"attention", p.timing.attention},
+                                {"attention_projections", p.timing.attention_projections},
+                                {"attention_kernel", p.timing.attention_kernel}, {"router", p.timing.router},
                                 {"experts", p.timing.experts}, {"dense_ffn", p.timing.dense_ffn},
                                 {"head", p.timing.embed + p.timing.head}}}});
   }

@@ -205,7 +205,9 @@ class PrefillCommand : public Command {
       j["seconds"] = secs;
       j["tokens_per_second"] = tps;
       if (repeat_ > 1) j["seconds_all"] = seconds;
-      j["timing"] = {{"embed", resp.timing.embed}, {"attention", resp.timing.attention}, {"router", resp.timing.router},
+      j["timing"] = {{"embed", resp.timing.embed}, {"attention", resp.timing.attention},
+                     {"attention_projections", resp.timing.attention_projections},
+                     {"attention_kernel", resp.timing.attention_kernel}, {"router", resp.timing.router},
                      {"experts", resp.timing.experts}, {"dense_ffn", resp.timing.dense_ffn},
                      {"head", resp.timing.head}};
       j["peak_rss_bytes"] = peak;
@@ -251,8 +253,10 @@ class PrefillCommand : public Command {
     std::printf("prompt: %lld tokens\n", static_cast<long long>(resp.n_tokens));
     std::printf("prefill: %.3f s, %.1f tokens/s (%d threads%s)\n", secs, tps, engine->n_threads(),
                 repeat_ > 1 ? (", median of " + std::to_string(repeat_) + " runs").c_str() : "");
-    std::printf("  attention %.3f s, router %.3f s, experts %.3f s, embeddings + head %.3f s (last run)\n",
-                resp.timing.attention, resp.timing.router, resp.timing.experts, resp.timing.embed + resp.timing.head);
+    std::printf("  attention %.3f s (projections %.3f, kernel %.3f), router %.3f s, experts %.3f s, embeddings + head "
+                "%.3f s (last run)\n",
+                resp.timing.attention, resp.timing.attention_projections, resp.timing.attention_kernel,
+                resp.timing.router, resp.timing.experts, resp.timing.embed + resp.timing.head);
     if (resp.timing.dense_ffn > 0)
       std::printf("  dense FFN blocks and shared experts %.3f s\n", resp.timing.dense_ffn);
     std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
@@ -341,8 +345,9 @@ class PrefillCommand : public Command {
                   static_cast<long long>(p.n_tokens), p.seconds, n / p.seconds, p.gops, p.cpu_seconds_per_thread,
                   n / p.cpu_seconds_per_thread);
       for (double v : p.seconds_all) std::printf(" %.3f", v);
-      std::printf("   (last: attention %.3f, router %.3f, experts %.3f, dense FFN %.3f)\n", p.timing.attention,
-                  p.timing.router, p.timing.experts, p.timing.dense_ffn);
+      std::printf("   (last: attention %.3f [projections %.3f, kernel %.3f], router %.3f, experts %.3f, dense FFN %.3f)\n",
+                  p.timing.attention, p.timing.attention_projections, p.timing.attention_kernel, p.timing.router,
+                  p.timing.experts, p.timing.dense_ffn);
     }
     std::printf("threads %d, peak RSS %s\n", r.threads, FormatBytes(r.peak_rss_bytes).c_str());
     return 0;
