@@ -39,11 +39,11 @@ ALLOWED = {
     "profiler": {"base", "quant", "gguf", "kernels", "io", "pack", "pipeline", "config", "tokenizer", "model"},
     "tools": {"base", "quant", "gguf", "kernels", "moe", "io", "pack", "vmem", "pipeline", "config", "tokenizer",
               "model", "profiler", "batch", "server"},
-    "server": {"base", "tokenizer", "model"},
-    "batch": {"base"},
+    "server": {"base", "tokenizer", "model", "batch"},
+    "batch": {"base", "tokenizer", "model"},
     # Front ends that embed the engine: public headers only (plus the shared front-end helpers).
     "capi": {"base", "model", "tokenizer"},
-    "python": {"base", "model", "tokenizer", "capi"},
+    "python": {"base", "model", "tokenizer", "capi", "batch"},
 }
 # Files held to less than their layer may use: the packed layout and the metadata updates know the
 # kernel-native weight format from quant/packed_format.h only (the packer, pack_model.*, uses the

@@ -1,7 +1,7 @@
-// The CLI of `estream inspect` and `estream synth`, run as a user runs them: output content (text
-// and JSON agree on the model they describe), every shared GGUF (models and vocab-only files),
-// the older per-expert tensor layout, and bad input (one-line errors, non-zero exit, nothing
-// left behind).
+// `estream inspect`'s summary through the library (SummarizeGguf, gguf/summary.h): content (text
+// and JSON agree on the model they describe), every shared GGUF (models and vocab-only files), the
+// older per-expert tensor layout. The CLI of `estream inspect` and `estream synth`, run as a user
+// runs them: bad input (one-line errors, non-zero exit, nothing left behind), same seed same bytes.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +17,8 @@
 
 #include "cli_test_util.h"
 #include "gguf/gguf.h"
+#include "gguf/summary.h"
+#include "model/synth.h"
 
 namespace estream {
 namespace {
@@ -31,7 +33,7 @@ struct RunResult {
   std::string out, err;
 };
 
-class CliTest : public ::testing::Test {
+class InspectTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("estream_inspect_test_" + std::to_string(::getpid()));
@@ -49,6 +51,16 @@ class CliTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// The summary of the GGUF at `path` as text (*text) and as parsed JSON.
+Json Summarize(const std::string& path, std::string* text = nullptr) {
+  auto f = GgufFile::Open(path, {.mmap = false});
+  EXPECT_TRUE(f.ok()) << path << ": " << f.status().message();
+  if (!f.ok()) return Json();
+  const GgufSummary s = SummarizeGguf(**f);
+  if (text) *text = GgufSummaryText(s);
+  return Json::parse(GgufSummaryJson(s));
+}
+
 // One line on stderr, "estream <cmd>: error: ...", and a non-zero exit code.
 void ExpectOneLineError(const RunResult& r, const std::string& cmd, const std::string& needle) {
   EXPECT_NE(r.rc, 0);
@@ -57,24 +69,23 @@ void ExpectOneLineError(const RunResult& r, const std::string& cmd, const std::s
   EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
 }
 
-TEST_F(CliTest, InspectTinyModelTextAndJson) {
+TEST_F(InspectTest, SummaryOfTinyModelTextAndJson) {
   const std::string model = File("tiny.gguf");
-  ASSERT_EQ(Run("synth -q --arch qwen3moe --seed 3 -o " + model).rc, 0);
+  auto synth = synth::SynthModel::Create({.arch = "qwen3moe", .seed = 3});
+  ASSERT_TRUE(synth.ok()) << synth.status().message();
+  ASSERT_TRUE((*synth)->Write(model, {}).ok());
   // W_e of the tiny qwen3moe preset at Q4_0: gate, up and down are each 128 x 256 values, i.e.
   // 1024 blocks of 32 values at 18 bytes.
   const uint64_t kWe = 3 * (128 * 256 / 32) * 18;
 
-  const RunResult text = Run("inspect " + model);
-  ASSERT_EQ(text.rc, 0) << text.err;
+  std::string text;
+  const Json j = Summarize(model, &text);
   for (const std::string& needle :
        {std::string("architecture:  qwen3moe"), std::string("expert_used_count"), std::string("blk.1.ffn_down_exps.weight"),
         std::string("[128, 256, 8]"), std::string("W_e (one expert's gate+up+down) = ") + std::to_string(kWe),
         std::string("bytes per type:"), std::string("q4_0"), std::string("tokenizer.ggml.pre"), std::string("\"qwen2\"")})
-    EXPECT_NE(text.out.find(needle), std::string::npos) << "missing: " << needle;
+    EXPECT_NE(text.find(needle), std::string::npos) << "missing: " << needle;
 
-  const RunResult js = Run("inspect --json " + model);
-  ASSERT_EQ(js.rc, 0) << js.err;
-  const Json j = Json::parse(js.out);
   EXPECT_EQ(j["architecture"], "qwen3moe");
   EXPECT_EQ(j["hyperparameters"]["block_count"], 2);
   EXPECT_EQ(j["hyperparameters"]["expert_count"], 8);
@@ -104,13 +115,12 @@ TEST_F(CliTest, InspectTinyModelTextAndJson) {
   }
 }
 
-TEST_F(CliTest, InspectEverySharedFile) {
+TEST_F(InspectTest, SummaryOfEverySharedFile) {
   for (const char* file : {"models/olmoe-tiny-f32.gguf", "models/qwen3moe-tiny-f32.gguf", "models/mixtral-tiny-f32.gguf",
                            "tokenizer/ggml-vocab-gpt-2.gguf", "tokenizer/ggml-vocab-llama-spm.gguf",
                            "tokenizer/ggml-vocab-qwen3.gguf"}) {
-    const RunResult r = Run("inspect --json " + kShared + file);
-    ASSERT_EQ(r.rc, 0) << file << ": " << r.err;
-    const Json j = Json::parse(r.out);
+    std::string text;
+    const Json j = Summarize(kShared + file, &text);
     const bool vocab_only = std::string(file).rfind("tokenizer/", 0) == 0;
     EXPECT_EQ(j["tensors"].empty(), vocab_only) << file;
     EXPECT_EQ(j["experts"]["moe_layers"], vocab_only ? 0 : 2) << file;
@@ -119,12 +129,12 @@ TEST_F(CliTest, InspectEverySharedFile) {
       const uint64_t n_ff = std::string(file).find("mixtral") != std::string::npos ? 512 : 128;
       EXPECT_EQ(j["experts"]["W_e"], 3 * 256 * n_ff * 4) << file;
     }
-    EXPECT_EQ(Run(std::string("inspect ") + kShared + file).rc, 0) << file;
+    EXPECT_NE(text.find("totals: "), std::string::npos) << file;
   }
 }
 
 // Older Mixtral files store each expert as its own tensors (blk.N.ffn_gate.E.weight).
-TEST_F(CliTest, InspectPerExpertLayout) {
+TEST_F(InspectTest, SummaryOfPerExpertLayout) {
   GgufWriter w;
   w.AddKv("general.architecture", GgufValue::String("llama"));
   w.AddKv("llama.expert_count", GgufValue::U32(3));
@@ -140,9 +150,7 @@ TEST_F(CliTest, InspectPerExpertLayout) {
     ASSERT_TRUE(w.WriteTensorData(data.data(), data.size()).ok());
   }
   ASSERT_TRUE(w.Finish().ok());
-  const RunResult r = Run("inspect --json " + File("per_expert.gguf"));
-  ASSERT_EQ(r.rc, 0) << r.err;
-  const Json j = Json::parse(r.out);
+  const Json j = Summarize(File("per_expert.gguf"));
   ASSERT_EQ(j["experts"]["layers"].size(), 1u);
   EXPECT_EQ(j["experts"]["layers"][0]["layout"], "per-expert");
   EXPECT_EQ(j["experts"]["layers"][0]["n_expert"], 3);
@@ -150,7 +158,7 @@ TEST_F(CliTest, InspectPerExpertLayout) {
   EXPECT_EQ(j["totals"]["non_expert_bytes"], 64 * 3 * 4);    // the router
 }
 
-TEST_F(CliTest, InspectBadInput) {
+TEST_F(InspectTest, InspectBadInput) {
   ExpectOneLineError(Run("inspect " + File("missing.gguf")), "inspect", "missing.gguf");
   // A truncated model: an error naming the file, no crash.
   const std::string model = File("t.gguf");
@@ -161,7 +169,7 @@ TEST_F(CliTest, InspectBadInput) {
   ExpectOneLineError(Run("inspect " + File("junk.gguf")), "inspect", "junk.gguf");
 }
 
-TEST_F(CliTest, SynthBadInput) {
+TEST_F(InspectTest, SynthBadInput) {
   const std::string out = File("m.gguf");
   ExpectOneLineError(Run("synth -o " + out + " --preset llama-70b"), "synth",
                      "tiny, olmoe-1b-7b, qwen3-30b-a3b, mixtral-8x7b");
@@ -174,7 +182,7 @@ TEST_F(CliTest, SynthBadInput) {
   for (const auto& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
 }
 
-TEST_F(CliTest, SynthSameSeedSameBytes) {
+TEST_F(InspectTest, SynthSameSeedSameBytes) {
   ASSERT_EQ(Run("synth -q --arch llama --type q8_0 --seed 11 -o " + File("a.gguf")).rc, 0);
   ASSERT_EQ(Run("synth -q --arch llama --type q8_0 --seed 11 --threads 1 -o " + File("b.gguf")).rc, 0);
   auto read = [](const std::string& p) {

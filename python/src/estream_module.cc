@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "batch/candidates.h"
 #include "capi/frontend.h"
 #include "estream/engine.h"
 #include "estream/tokenizer.h"
@@ -417,7 +418,7 @@ class Model {
           std::vector<double> ll(n_labels);
           for (size_t i = 0; i < results.size(); ++i) {
             for (size_t k = 0; k < n_labels; ++k) ll[k] = results[i]->continuations[k].log_likelihood;
-            const std::vector<double> p = frontend::Softmax(ll);
+            const std::vector<double> p = batch::CandidateProbabilities(ll);
             std::copy(p.begin(), p.end(), probs.begin() + static_cast<std::ptrdiff_t>(i * n_labels));
           }
         }

@@ -110,14 +110,4 @@ Status FirstError(std::span<const Result<Response>> results, const char* what) {
   return Status::Ok();
 }
 
-std::vector<double> Softmax(std::span<const double> log_likelihoods) {
-  std::vector<double> p(log_likelihoods.begin(), log_likelihoods.end());
-  if (p.empty()) return p;
-  const double mx = *std::max_element(p.begin(), p.end());
-  double sum = 0;
-  for (double& x : p) sum += (x = std::exp(x - mx));
-  for (double& x : p) x /= sum;
-  return p;
-}
-
 }  // namespace estream::frontend

@@ -1,5 +1,6 @@
 // Helpers shared by the front ends that embed the engine (the C API in src/capi/estream_c.cc and
-// the Python module in python/): option parsing, per-call statistics, label probabilities.
+// the Python module in python/): option parsing, per-call statistics (the label probabilities of
+// classify are batch::CandidateProbabilities, src/batch/candidates.h).
 // Built on the public API only (include/estream/engine.h).
 //
 // Thread safety: pure functions.
@@ -53,9 +54,5 @@ CallStats Summarize(std::span<const Result<Response>> results, double wall_secon
 // The first failed request of a batch as one Status of the same code, its message prefixed by
 // "<what> <index>: " when the batch has more than one request; OK when all succeeded.
 Status FirstError(std::span<const Result<Response>> results, const char* what = "input");
-
-// softmax over candidates' log-likelihoods (natural log), computed in double with the max
-// subtracted: the probabilities of `classify`, summing to 1.
-std::vector<double> Softmax(std::span<const double> log_likelihoods);
 
 }  // namespace estream::frontend

@@ -25,22 +25,13 @@
 #include <vector>
 
 #include "base/status.h"
+#include "gguf/token_type.h"
 
 namespace estream::synth {
 
-// llama.cpp / GGUF token types (tokenizer.ggml.token_type).
-enum class TokenType : int32_t {
-  kNormal = 1,
-  kUnknown = 2,
-  kControl = 3,
-  kUserDefined = 4,
-  kUnused = 5,
-  kByte = 6,
-};
-
 struct BpeVocab {
   std::vector<std::string> tokens;   // UTF-8 spellings, id = index
-  std::vector<int32_t> token_types;  // TokenType values, parallel to tokens
+  std::vector<int32_t> token_types;  // TokenType values (gguf/token_type.h), parallel to tokens
   std::vector<std::string> merges;   // "left right" in rank order
   int32_t bos_id = -1;
   int32_t eos_id = -1;

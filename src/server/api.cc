@@ -9,6 +9,7 @@
 #include <numeric>
 #include <set>
 
+#include "batch/candidates.h"
 #include "tokenizer/tokenizer.h"
 
 namespace estream::server {
@@ -481,18 +482,13 @@ std::optional<ApiError> PrepareClassify(const std::string& body, const ApiContex
   const int64_t total = out->prompt_tokens;
   out->format = [model, names, total](std::vector<Result<Response>>& results) {
     const Response& r = *results[0];
-    double mx = -INFINITY;
-    for (const ContinuationScore& c : r.continuations) mx = std::max(mx, c.log_likelihood);
-    double s = 0;
-    for (const ContinuationScore& c : r.continuations) s += std::exp(c.log_likelihood - mx);
+    const std::vector<double> p = batch::CandidateProbabilities(r.continuations);
     ojson ls = ojson::array();
-    size_t best = 0;
     for (size_t i = 0; i < r.continuations.size(); ++i) {
       const ContinuationScore& c = r.continuations[i];
-      if (c.log_likelihood > r.continuations[best].log_likelihood) best = i;
       ls.push_back({{"index", i},
                     {"label", names[i]},
-                    {"probability", std::exp(c.log_likelihood - mx) / s},
+                    {"probability", p[i]},
                     {"logprob", c.log_likelihood},
                     {"n_tokens", c.logprobs.size()},
                     {"is_greedy", c.is_greedy}});
@@ -500,7 +496,7 @@ std::optional<ApiError> PrepareClassify(const std::string& body, const ApiContex
     ojson o;
     o["object"] = "classification";
     o["model"] = model;
-    o["label"] = names[best];
+    o["label"] = names[batch::BestCandidate(r.continuations)];
     o["labels"] = std::move(ls);
     o["usage"] = {{"prompt_tokens", total}, {"total_tokens", total}};
     return Dump(o);

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "gguf/token_type.h"
 
 namespace estream {
 
@@ -57,17 +58,6 @@ class Pretokenizer;
 class BpeModel;
 class SpmModel;
 }  // namespace tok
-
-// GGUF `tokenizer.ggml.token_type` values.
-enum class TokenType : int32_t {
-  kUndefined = 0,
-  kNormal = 1,
-  kUnknown = 2,
-  kControl = 3,
-  kUserDefined = 4,
-  kUnused = 5,
-  kByte = 6,
-};
 
 // The tokenizer metadata, as read from GGUF (or built by hand in tests). Absent optional keys
 // take the llama.cpp defaults listed in Tokenizer::FromVocab.

@@ -26,11 +26,14 @@ estream_add_test(model_experts_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_ex
 # (GGUF, packed resident, packed streamed under each schedule; the packed model is made at test time).
 estream_add_test(model_batch_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_batch_test.cc
   LIBS estream_model estream_pack LABELS model)
-# `estream score` (JSONL, resume after kills, malformed lines, --shard/--merge equal to one process)
-# and `estream eval` (hellaswag,
-# winogrande, multiple-choice files written by the test) through the CLI.
+# The batch workflows as library calls: batch::Score (JSONL, resume, malformed lines, shards then
+# merge equal to one call), batch::LoadTasks + Evaluate (hellaswag, winogrande, multiple-choice
+# files written by the test), candidate probabilities.
+estream_add_test(batch_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/batch_test.cc
+  LIBS estream_batch estream_model estream_tokenizer estream_gguf nlohmann_json::nlohmann_json LABELS model)
+# CLI smoke tests of `estream score` (killed and resumed, bad flags) and `estream eval` (exit status).
 estream_add_test(batch_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/batch_cli_test.cc
-  LIBS estream_model estream_tokenizer estream_gguf nlohmann_json::nlohmann_json LABELS model)
+  LIBS estream_batch estream_model estream_tokenizer estream_gguf nlohmann_json::nlohmann_json LABELS model)
 if(TARGET batch_cli_test)
   target_compile_definitions(batch_cli_test PRIVATE ESTREAM_CLI="$<TARGET_FILE:estream>")
   add_dependencies(batch_cli_test estream)

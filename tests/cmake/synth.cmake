@@ -7,9 +7,10 @@ set(ESTREAM_SYNTH_SOURCES
 estream_add_test(synth_test SOURCES ${CMAKE_SOURCE_DIR}/tests/synth_test.cc ${ESTREAM_SYNTH_SOURCES}
   LIBS estream_gguf estream_quant estream_base OpenMP::OpenMP_CXX LABELS synth)
 
-# The CLI as users run it (estream synth / inspect), through the built binary.
-estream_add_test(inspect_test SOURCES ${CMAKE_SOURCE_DIR}/tests/inspect_test.cc
-  LIBS estream_gguf estream_quant estream_base nlohmann_json::nlohmann_json LABELS synth)
+# The summary of `estream inspect` (gguf/summary.h) on synthetic and shared files; the CLI as users
+# run it (estream synth / inspect bad input), through the built binary.
+estream_add_test(inspect_test SOURCES ${CMAKE_SOURCE_DIR}/tests/inspect_test.cc ${ESTREAM_SYNTH_SOURCES}
+  LIBS estream_gguf estream_quant estream_base nlohmann_json::nlohmann_json OpenMP::OpenMP_CXX LABELS synth)
 if(TARGET inspect_test)
   add_dependencies(inspect_test estream)
   target_compile_definitions(inspect_test PRIVATE ESTREAM_CLI="$<TARGET_FILE:estream>")

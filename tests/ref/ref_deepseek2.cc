@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
-#include <numeric>
 
 #include "gguf/gguf.h"
 #include "quant/quant.h"
@@ -15,27 +14,11 @@
 namespace estream::ref {
 namespace {
 
-using Vec = std::vector<double>;
-
-Result<Vec> Get(const GgufFile& f, const std::string& name, std::vector<int64_t> shape) {
-  return ReadTensor(f, name, shape);
-}
-
 // y[o] = sum_i W[o][i] x[i], W row-major n_out x n_in (GGUF [n_in, n_out]).
 Vec Mv(const Vec& w, const double* x, int64_t n_in, int64_t n_out, int64_t off = 0) {
   Vec y(n_out);
   MatVec(w, x, n_in, n_out, y.data(), off);
   return y;
-}
-
-void RmsNorm(double* x, const Vec& w, int64_t n, double eps) { RmsNormInPlace(x, w.data(), n, eps); }
-
-// SwiGLU FFN of width n on h [d]: gate/up GGUF [d, n], down [n, d] (or offset slices of 3-D).
-Vec Ffn(const Vec& g, const Vec& u, const Vec& dn, const double* h, int64_t d, int64_t n, int64_t off_gu = 0,
-        int64_t off_d = 0) {
-  Vec a = Mv(g, h, d, n, off_gu), b = Mv(u, h, d, n, off_gu);
-  for (int64_t i = 0; i < n; ++i) a[i] = Silu(a[i]) * b[i];
-  return Mv(dn, a.data(), n, d, off_d);
 }
 
 }  // namespace
@@ -100,40 +83,28 @@ Result<RefOutputs> RefForwardDeepseek2(const GgufFile& f, const std::vector<int3
   const GgufTensorInfo* emb_info = f.FindTensor("token_embd.weight");
   if (!emb_info) return Status::Corruption("ref: missing token_embd.weight");
   const int64_t V = emb_info->ne(1), T = static_cast<int64_t>(tokens.size());
-  ESTREAM_ASSIGN_OR_RETURN(Vec emb, Get(f, "token_embd.weight", {d, V}));
+  ESTREAM_ASSIGN_OR_RETURN(Vec emb, ReadTensor(f, "token_embd.weight", {d, V}));
   RefOutputs out;
-  out.n_tokens = static_cast<int>(T);
-  out.n_vocab = static_cast<int>(V);
-  out.n_embd = static_cast<int>(d);
-  out.n_layer = static_cast<int>(n_layer);
-  out.n_expert_used = static_cast<int>(k_used);
-  out.router_gap.assign(T * n_layer, 1e30);
-  out.routing.assign(int64_t{n_layer} * T * k_used, -1);
-  out.route_deficit.assign(T * n_layer, 0.0);
-  if (options.routing && options.routing->size() != out.routing.size())
-    return Status::InvalidArgument("ref: forced routing has the wrong size");
-
-  Vec x(T * d);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < d; ++i) x[t * d + i] = emb[int64_t{tokens[t]} * d + i];
+  ESTREAM_RETURN_IF_ERROR(InitOutputs(T, V, d, n_layer, k_used, 1e30, options, &out));
+  Vec x = Embed(emb, tokens, d);  // the residual stream [T][d]
 
   for (uint32_t il = 0; il < n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
-    ESTREAM_ASSIGN_OR_RETURN(Vec attn_norm, Get(f, p + "attn_norm.weight", {d}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec attn_norm, ReadTensor(f, p + "attn_norm.weight", {d}));
     Vec wq, wqa, wqan, wqb;
     if (q_lora > 0) {
-      ESTREAM_ASSIGN_OR_RETURN(wqa, Get(f, p + "attn_q_a.weight", {d, q_lora}));
-      ESTREAM_ASSIGN_OR_RETURN(wqan, Get(f, p + "attn_q_a_norm.weight", {q_lora}));
-      ESTREAM_ASSIGN_OR_RETURN(wqb, Get(f, p + "attn_q_b.weight", {q_lora, H * hd}));
+      ESTREAM_ASSIGN_OR_RETURN(wqa, ReadTensor(f, p + "attn_q_a.weight", {d, q_lora}));
+      ESTREAM_ASSIGN_OR_RETURN(wqan, ReadTensor(f, p + "attn_q_a_norm.weight", {q_lora}));
+      ESTREAM_ASSIGN_OR_RETURN(wqb, ReadTensor(f, p + "attn_q_b.weight", {q_lora, H * hd}));
     } else {
-      ESTREAM_ASSIGN_OR_RETURN(wq, Get(f, p + "attn_q.weight", {d, H * hd}));
+      ESTREAM_ASSIGN_OR_RETURN(wq, ReadTensor(f, p + "attn_q.weight", {d, H * hd}));
     }
-    ESTREAM_ASSIGN_OR_RETURN(Vec wkva, Get(f, p + "attn_kv_a_mqa.weight", {d, r + rope}));
-    ESTREAM_ASSIGN_OR_RETURN(Vec kvan, Get(f, p + "attn_kv_a_norm.weight", {r}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec wkva, ReadTensor(f, p + "attn_kv_a_mqa.weight", {d, r + rope}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec kvan, ReadTensor(f, p + "attn_kv_a_norm.weight", {r}));
     // Per head h: knope[h][i][c] (nope x r) and vb[h][j][c] (vd x r).
     Vec knope(int64_t{H} * nope * r), vb(int64_t{H} * vd * r);
     if (f.FindTensor(p + "attn_kv_b.weight")) {
-      ESTREAM_ASSIGN_OR_RETURN(Vec kvb, Get(f, p + "attn_kv_b.weight", {r, H * (nope + vd)}));
+      ESTREAM_ASSIGN_OR_RETURN(Vec kvb, ReadTensor(f, p + "attn_kv_b.weight", {r, H * (nope + vd)}));
       for (uint32_t h = 0; h < H; ++h)
         for (uint32_t c = 0; c < r; ++c) {
           for (uint32_t i = 0; i < nope; ++i)
@@ -142,30 +113,29 @@ Result<RefOutputs> RefForwardDeepseek2(const GgufFile& f, const std::vector<int3
             vb[(int64_t{h} * vd + j) * r + c] = kvb[(int64_t{h} * (nope + vd) + nope + j) * r + c];
         }
     } else {
-      ESTREAM_ASSIGN_OR_RETURN(Vec kb, Get(f, p + "attn_k_b.weight", {nope, r, H}));  // [h][c][i]
-      ESTREAM_ASSIGN_OR_RETURN(vb, Get(f, p + "attn_v_b.weight", {r, vd, H}));       // [h][j][c]
+      ESTREAM_ASSIGN_OR_RETURN(Vec kb, ReadTensor(f, p + "attn_k_b.weight", {nope, r, H}));  // [h][c][i]
+      ESTREAM_ASSIGN_OR_RETURN(vb, ReadTensor(f, p + "attn_v_b.weight", {r, vd, H}));       // [h][j][c]
       for (uint32_t h = 0; h < H; ++h)
         for (uint32_t c = 0; c < r; ++c)
           for (uint32_t i = 0; i < nope; ++i)
             knope[(int64_t{h} * nope + i) * r + c] = kb[(int64_t{h} * r + c) * nope + i];
     }
-    ESTREAM_ASSIGN_OR_RETURN(Vec wo, Get(f, p + "attn_output.weight", {H * vd, d}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec wo, ReadTensor(f, p + "attn_output.weight", {H * vd, d}));
 
     // q[t][h][hd], k[t][h][hd], v[t][h][vd]
     Vec Q(T * H * hd), K(T * H * hd), Vv(T * H * vd);
     for (int64_t t = 0; t < T; ++t) {
-      Vec h(x.begin() + t * d, x.begin() + (t + 1) * d);
-      RmsNorm(h.data(), attn_norm, d, eps);
+      const Vec h = NormedRow(x, t, d, attn_norm.data(), eps);
       Vec q;
       if (q_lora > 0) {
         Vec qa = Mv(wqa, h.data(), d, q_lora);
-        RmsNorm(qa.data(), wqan, q_lora, eps);
+        RmsNormInPlace(qa.data(), wqan.data(), q_lora, eps);
         q = Mv(wqb, qa.data(), q_lora, H * hd);
       } else {
         q = Mv(wq, h.data(), d, H * hd);
       }
       Vec kv = Mv(wkva, h.data(), d, r + rope);
-      RmsNorm(kv.data(), kvan, r, eps);
+      RmsNormInPlace(kv.data(), kvan.data(), r, eps);
       // RoPE (adjacent pairs) on the rope dims of q and of the shared k_pe.
       auto rotate = [&](double* z) {
         for (int i = 0; i < half; ++i) {
@@ -191,119 +161,76 @@ Result<RefOutputs> RefForwardDeepseek2(const GgufFile& f, const std::vector<int3
     }
     for (int64_t t = 0; t < T; ++t) {
       Vec o(int64_t{H} * vd, 0.0);
-      for (uint32_t hh = 0; hh < H; ++hh) {
-        Vec s(t + 1);
-        double mx = -1e300;
-        for (int64_t u = 0; u <= t; ++u) {
-          double dot = 0;
-          for (uint32_t i = 0; i < hd; ++i) dot += Q[(t * H + hh) * hd + i] * K[(u * H + hh) * hd + i];
-          s[u] = dot * scale;
-          mx = std::max(mx, s[u]);
-        }
-        double z = 0;
-        for (int64_t u = 0; u <= t; ++u) z += (s[u] = std::exp(s[u] - mx));
-        for (int64_t u = 0; u <= t; ++u)
-          for (uint32_t j = 0; j < vd; ++j) o[hh * vd + j] += s[u] / z * Vv[(u * H + hh) * vd + j];
-      }
+      for (uint32_t hh = 0; hh < H; ++hh)
+        CausalHead(&Q[(t * H + hh) * hd], &K[int64_t{hh} * hd], int64_t{H} * hd, &Vv[int64_t{hh} * vd],
+                   int64_t{H} * vd, t, hd, vd, scale, &o[hh * vd]);
       Vec y = Mv(wo, o.data(), int64_t{H} * vd, d);
-      for (int64_t i = 0; i < d; ++i) x[t * d + i] += y[i];
+      AddInPlace(&x[t * d], y.data(), d);
     }
 
     // ---- FFN: dense, or routed + shared experts ----
-    ESTREAM_ASSIGN_OR_RETURN(Vec ffn_norm, Get(f, p + "ffn_norm.weight", {d}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec ffn_norm, ReadTensor(f, p + "ffn_norm.weight", {d}));
     if (il < n_dense) {
-      ESTREAM_ASSIGN_OR_RETURN(Vec g, Get(f, p + "ffn_gate.weight", {d, ff_dense}));
-      ESTREAM_ASSIGN_OR_RETURN(Vec u, Get(f, p + "ffn_up.weight", {d, ff_dense}));
-      ESTREAM_ASSIGN_OR_RETURN(Vec dn, Get(f, p + "ffn_down.weight", {ff_dense, d}));
+      ESTREAM_ASSIGN_OR_RETURN(Vec g, ReadTensor(f, p + "ffn_gate.weight", {d, ff_dense}));
+      ESTREAM_ASSIGN_OR_RETURN(Vec u, ReadTensor(f, p + "ffn_up.weight", {d, ff_dense}));
+      ESTREAM_ASSIGN_OR_RETURN(Vec dn, ReadTensor(f, p + "ffn_down.weight", {ff_dense, d}));
+      Vec y(d);
       for (int64_t t = 0; t < T; ++t) {
-        Vec h(x.begin() + t * d, x.begin() + (t + 1) * d);
-        RmsNorm(h.data(), ffn_norm, d, eps);
-        Vec y = Ffn(g, u, dn, h.data(), d, ff_dense);
-        for (int64_t i = 0; i < d; ++i) x[t * d + i] += y[i];
+        const Vec h = NormedRow(x, t, d, ffn_norm.data(), eps);
+        SwiGlu(g, u, dn, h.data(), d, ff_dense, y.data());
+        AddInPlace(&x[t * d], y.data(), d);
       }
       continue;
     }
-    ESTREAM_ASSIGN_OR_RETURN(Vec router, Get(f, p + "ffn_gate_inp.weight", {d, n_exp}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec router, ReadTensor(f, p + "ffn_gate_inp.weight", {d, n_exp}));
     Vec bias(n_exp, 0.0);
     const bool has_bias = f.FindTensor(p + "exp_probs_b.bias") != nullptr;
     if (has_bias) {
-      ESTREAM_ASSIGN_OR_RETURN(bias, Get(f, p + "exp_probs_b.bias", {n_exp}));
+      ESTREAM_ASSIGN_OR_RETURN(bias, ReadTensor(f, p + "exp_probs_b.bias", {n_exp}));
     }
-    ESTREAM_ASSIGN_OR_RETURN(Vec gate, Get(f, p + "ffn_gate_exps.weight", {d, ff_exp, n_exp}));
-    ESTREAM_ASSIGN_OR_RETURN(Vec up, Get(f, p + "ffn_up_exps.weight", {d, ff_exp, n_exp}));
-    ESTREAM_ASSIGN_OR_RETURN(Vec down, Get(f, p + "ffn_down_exps.weight", {ff_exp, d, n_exp}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec gate, ReadTensor(f, p + "ffn_gate_exps.weight", {d, ff_exp, n_exp}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec up, ReadTensor(f, p + "ffn_up_exps.weight", {d, ff_exp, n_exp}));
+    ESTREAM_ASSIGN_OR_RETURN(Vec down, ReadTensor(f, p + "ffn_down_exps.weight", {ff_exp, d, n_exp}));
     const int64_t ffs = int64_t{ff_exp} * n_shared;
     Vec sg, su, sd;
     if (n_shared > 0) {
-      ESTREAM_ASSIGN_OR_RETURN(sg, Get(f, p + "ffn_gate_shexp.weight", {d, ffs}));
-      ESTREAM_ASSIGN_OR_RETURN(su, Get(f, p + "ffn_up_shexp.weight", {d, ffs}));
-      ESTREAM_ASSIGN_OR_RETURN(sd, Get(f, p + "ffn_down_shexp.weight", {ffs, d}));
+      ESTREAM_ASSIGN_OR_RETURN(sg, ReadTensor(f, p + "ffn_gate_shexp.weight", {d, ffs}));
+      ESTREAM_ASSIGN_OR_RETURN(su, ReadTensor(f, p + "ffn_up_shexp.weight", {d, ffs}));
+      ESTREAM_ASSIGN_OR_RETURN(sd, ReadTensor(f, p + "ffn_down_shexp.weight", {ffs, d}));
     }
+    std::vector<int> order;
+    Vec moe(d), y(d);
     for (int64_t t = 0; t < T; ++t) {
-      Vec h(x.begin() + t * d, x.begin() + (t + 1) * d);
-      RmsNorm(h.data(), ffn_norm, d, eps);
+      const Vec h = NormedRow(x, t, d, ffn_norm.data(), eps);
       Vec logit = Mv(router, h.data(), d, n_exp);
       Vec prob(n_exp);
       if (gating == 2) {
         for (uint32_t e = 0; e < n_exp; ++e) prob[e] = 1 / (1 + std::exp(-logit[e]));
       } else {
-        const double mx = *std::max_element(logit.begin(), logit.end());
-        double z = 0;
-        for (uint32_t e = 0; e < n_exp; ++e) z += (prob[e] = std::exp(logit[e] - mx));
-        for (uint32_t e = 0; e < n_exp; ++e) prob[e] /= z;
+        prob = Softmax(logit);
       }
       Vec key(n_exp);
       for (uint32_t e = 0; e < n_exp; ++e) key[e] = prob[e] + bias[e];
-      std::vector<int> order(n_exp);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
       // Margins in logit units for plain softmax (monotonic in the logit); else in key units.
       const Vec& m = gating == 2 || has_bias ? key : logit;
-      out.router_gap[t * n_layer + il] = k_used < n_exp ? m[order[k_used - 1]] - m[order[k_used]] : 1e30;
-      for (uint32_t j = 0; j < k_used; ++j) out.routing[(int64_t{il} * T + t) * k_used + j] = order[j];
-      if (options.routing) {
-        double weakest = 1e300;
-        for (uint32_t j = 0; j < k_used; ++j) {
-          const int32_t e = (*options.routing)[(int64_t{il} * T + t) * k_used + j];
-          if (e < 0 || e >= static_cast<int32_t>(n_exp)) return Status::InvalidArgument("ref: forced expert id");
-          weakest = std::min(weakest, m[e]);
-        }
-        out.route_deficit[t * n_layer + il] = std::max(0.0, m[order[k_used - 1]] - weakest);
-        for (uint32_t j = 0; j < k_used; ++j) order[j] = (*options.routing)[(int64_t{il} * T + t) * k_used + j];
-      }
+      ESTREAM_RETURN_IF_ERROR(ChooseExperts(key, m, il, t, options, &out, &order));
       double wsum = 0;
       for (uint32_t j = 0; j < k_used; ++j) wsum += prob[order[j]];
-      Vec moe(d, 0.0);
-      for (uint32_t j = 0; j < k_used; ++j) {
-        const int e = order[j];
-        const double a = (wnorm ? prob[e] / wsum : prob[e]) * wscale;
-        Vec y = Ffn(gate, up, down, h.data(), d, ff_exp, int64_t{e} * ff_exp * d, int64_t{e} * d * ff_exp);
-        for (int64_t i = 0; i < d; ++i) moe[i] += a * y[i];
-      }
+      Vec weight(k_used);
+      for (uint32_t j = 0; j < k_used; ++j) weight[j] = (wnorm ? prob[order[j]] / wsum : prob[order[j]]) * wscale;
+      std::fill(moe.begin(), moe.end(), 0.0);
+      AddExperts(gate, up, down, h.data(), d, ff_exp, order, weight, moe.data());
       if (n_shared > 0) {
-        Vec y = Ffn(sg, su, sd, h.data(), d, ffs);
-        for (int64_t i = 0; i < d; ++i) moe[i] += y[i];
+        SwiGlu(sg, su, sd, h.data(), d, ffs, y.data());
+        AddInPlace(moe.data(), y.data(), d);
       }
-      for (int64_t i = 0; i < d; ++i) x[t * d + i] += moe[i];
+      AddInPlace(&x[t * d], moe.data(), d);
     }
   }
 
-  ESTREAM_ASSIGN_OR_RETURN(Vec out_norm, Get(f, "output_norm.weight", {d}));
-  Vec head;
-  if (f.FindTensor("output.weight")) {
-    ESTREAM_ASSIGN_OR_RETURN(head, Get(f, "output.weight", {d, V}));
-  } else {
-    head = emb;
-  }
-  out.hidden.resize(T * d);
-  out.logits.resize(T * V);
-  for (int64_t t = 0; t < T; ++t) {
-    double* h = &out.hidden[t * d];
-    std::copy(x.begin() + t * d, x.begin() + (t + 1) * d, h);
-    RmsNorm(h, out_norm, d, eps);
-    Vec l = Mv(head, h, d, V);
-    std::copy(l.begin(), l.end(), &out.logits[t * V]);
-  }
+  ESTREAM_ASSIGN_OR_RETURN(Vec out_norm, ReadTensor(f, "output_norm.weight", {d}));
+  ESTREAM_ASSIGN_OR_RETURN(Vec head, ReadHead(f, emb, d, V));
+  OutputHead(x, out_norm, head, eps, &out);
   return out;
 }
 

@@ -1,0 +1,405 @@
+#include "batch/eval.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <utility>
+
+#include "base/format.h"
+#include "tokenizer/tokenizer.h"
+
+namespace estream::batch {
+namespace {
+
+// Loads the tasks of one file (the parsers of the three formats share the tokenizer, the
+// subset rule and the messages).
+class TaskLoader {
+ public:
+  TaskLoader(const Tokenizer& tok, const LoadTasksOptions& o) : tok_(tok), o_(o) {}
+
+  Result<std::vector<EvalTask>> Hellaswag(std::string_view data) const {
+    std::vector<std::string> lines;
+    std::istringstream ss{std::string(data)};
+    std::string line;
+    while (std::getline(ss, line, '\n')) lines.push_back(line);
+    if (lines.size() % 6 != 0)
+      return Status::InvalidArgument(o_.name + ": " + std::to_string(lines.size()) +
+                                     " lines, not a multiple of 6 (hellaswag: context, gold index, 4 endings)");
+    size_t count = lines.size() / 6;
+    if (o_.n_tasks > 0 && static_cast<size_t>(o_.n_tasks) < count) count = static_cast<size_t>(o_.n_tasks);
+    // llama.cpp's order: a uniform pick among the tasks left, each removed once picked.
+    std::vector<size_t> left(lines.size() / 6);
+    for (size_t i = 0; i < left.size(); ++i) left[i] = i;
+    std::mt19937 rng(1);
+    std::vector<EvalTask> tasks;
+    for (size_t i = 0; i < count; ++i) {
+      std::uniform_int_distribution<size_t> dist(0, left.size() - 1);
+      const size_t pick = dist(rng);
+      const size_t idx = left[pick];
+      left.erase(left.begin() + static_cast<std::ptrdiff_t>(pick));
+      EvalTask t;
+      t.index = static_cast<int64_t>(idx);
+      const std::string& ctx = lines[idx * 6];
+      char* end = nullptr;
+      const long gold = std::strtol(lines[idx * 6 + 1].c_str(), &end, 10);
+      if (end == lines[idx * 6 + 1].c_str() || gold < 0 || gold > 3)
+        return Status::InvalidArgument(o_.name + ": line " + std::to_string(idx * 6 + 2) + ": gold ending '" +
+                                       lines[idx * 6 + 1] + "' is not 0, 1, 2 or 3");
+      for (int e = 0; e < 4; ++e) {
+        t.seqs.push_back(Tok(ctx + " " + lines[idx * 6 + 2 + e]));
+        t.labels.push_back(e == gold ? 1 : 0);
+      }
+      tasks.push_back(std::move(t));
+    }
+    return tasks;
+  }
+
+  Result<std::vector<EvalTask>> Winogrande(std::string_view data) const {
+    std::vector<EvalTask> all;
+    std::istringstream ss{std::string(data)};
+    std::string line;
+    int64_t line_no = 0;
+    while (std::getline(ss, line)) {
+      ++line_no;
+      int comma[4], n = 0;
+      bool quoted = false;
+      for (int i = 0; i < static_cast<int>(line.size()) && n < 4; ++i) {
+        if (line[i] == '"') quoted = !quoted;
+        else if (line[i] == ',' && !quoted) comma[n++] = i;
+      }
+      auto skip = [&](const char* why) {
+        if (o_.warn) o_.warn("warning: " + o_.name + " line " + std::to_string(line_no) + ": " + why + "; skipped");
+      };
+      if (n != 4) {
+        skip("not 5 comma-separated fields");
+        continue;
+      }
+      const std::string sentence = line[comma[0] + 1] == '"'
+                                       ? line.substr(comma[0] + 2, comma[1] - comma[0] - 3)
+                                       : line.substr(comma[0] + 1, comma[1] - comma[0] - 1);
+      const std::string c1 = line.substr(comma[1] + 1, comma[2] - comma[1] - 1);
+      const std::string c2 = line.substr(comma[2] + 1, comma[3] - comma[2] - 1);
+      const size_t blank = sentence.find('_');
+      if (blank == std::string::npos) {
+        skip("no '_' in the sentence");
+        continue;
+      }
+      std::istringstream as(line.substr(comma[3] + 1));
+      int answer = 0;
+      as >> answer;
+      if (as.fail() || answer < 1 || answer > 2) {
+        skip("the answer is not 1 or 2");
+        continue;
+      }
+      const std::string first = sentence.substr(0, blank), second = sentence.substr(blank + 1);
+      EvalTask t;
+      t.index = static_cast<int64_t>(all.size());
+      for (const std::string* c : {&c1, &c2}) {
+        t.seqs.push_back(Tok(first + *c + second));
+        t.n_base.push_back(static_cast<int64_t>(Tok(first + *c).size()));
+      }
+      t.labels = {answer == 1 ? 1 : 0, answer == 2 ? 1 : 0};
+      all.push_back(std::move(t));
+    }
+    if (all.empty()) return Status::InvalidArgument(o_.name + ": no winogrande tasks");
+    std::vector<EvalTask> out;
+    for (size_t i : SubsetOrder(all.size())) out.push_back(std::move(all[i]));
+    return out;
+  }
+
+  Result<std::vector<EvalTask>> MultipleChoice(std::string_view data) const {
+    size_t pos = 0;
+    auto u32 = [&](uint32_t* v) {
+      if (pos + 4 > data.size()) return false;
+      std::memcpy(v, data.data() + pos, 4);
+      pos += 4;
+      return true;
+    };
+    auto str = [&](std::string* s) {
+      uint32_t n;
+      if (!u32(&n) || pos + n > data.size()) return false;
+      s->assign(data.data() + pos, n);
+      pos += n;
+      return true;
+    };
+    struct Answers {
+      std::vector<std::string> text;
+      std::vector<int32_t> labels;
+    };
+    auto answers = [&](Answers* a) {
+      uint32_t n;
+      if (!u32(&n) || n > 100) return false;
+      a->text.resize(n);
+      for (std::string& s : a->text)
+        if (!str(&s)) return false;
+      a->labels.resize(n);
+      if (pos + 4ull * n > data.size()) return false;
+      std::memcpy(a->labels.data(), data.data() + pos, 4ull * n);
+      pos += 4ull * n;
+      return true;
+    };
+    const std::string& name = o_.name;
+    uint32_t n_task = 0;
+    if (!u32(&n_task) || n_task == 0) return Status::InvalidArgument(name + ": no tasks (multiple-choice binary)");
+    std::vector<uint32_t> offsets(n_task);
+    for (uint32_t& o : offsets)
+      if (!u32(&o)) return Status::InvalidArgument(name + ": truncated task offset table");
+    std::vector<EvalTask> tasks;
+    for (size_t i : SubsetOrder(n_task)) {
+      if (o_.n_tasks > 0 && static_cast<size_t>(o_.n_tasks) < n_task) pos = offsets[i];  // random subset: seek
+      std::string question;
+      Answers mc1, mc2;
+      if (!str(&question) || !answers(&mc1) || !answers(&mc2))
+        return Status::InvalidArgument(name + ": task " + std::to_string(i) + " is truncated or malformed");
+      if (question.empty() || mc1.text.empty())
+        return Status::InvalidArgument(name + ": task " + std::to_string(i) + " has an empty question or no answers");
+      EvalTask t;
+      t.index = static_cast<int64_t>(i);
+      for (size_t a = 0; a < mc1.text.size(); ++a) {
+        if (mc1.text[a].empty())
+          return Status::InvalidArgument(name + ": task " + std::to_string(i) + " has an empty answer");
+        t.seqs.push_back(Tok(question + " " + mc1.text[a]));
+        t.labels.push_back(mc1.labels[a]);
+      }
+      tasks.push_back(std::move(t));
+    }
+    return tasks;
+  }
+
+ private:
+  std::vector<int32_t> Tok(const std::string& text) const { return tok_.Encode(text, true, false); }
+
+  // llama.cpp's random subset of N tasks (winogrande and multiple-choice).
+  std::vector<size_t> SubsetOrder(size_t n) const {
+    std::vector<size_t> order;
+    if (o_.n_tasks <= 0 || static_cast<size_t>(o_.n_tasks) >= n) {
+      for (size_t i = 0; i < n; ++i) order.push_back(i);
+      return order;
+    }
+    std::mt19937 rng(1);
+    std::vector<size_t> aux(n);
+    for (size_t i = 0; i < n; ++i) aux[i] = i;
+    const float scale = 1.f / (1.f + static_cast<float>(std::mt19937::max()));
+    for (int64_t i = 0; i < o_.n_tasks; ++i) {
+      const size_t j = static_cast<size_t>(scale * static_cast<float>(rng()) * static_cast<float>(aux.size()));
+      order.push_back(aux[j]);
+      aux[j] = aux.back();
+      aux.pop_back();
+    }
+    return order;
+  }
+
+  const Tokenizer& tok_;
+  const LoadTasksOptions& o_;
+};
+
+// Common prefix length of the sequences (at most the shortest one's length).
+int64_t CommonPrefix(const std::vector<std::vector<int32_t>>& seqs) {
+  size_t min_len = seqs[0].size();
+  for (const auto& s : seqs) min_len = std::min(min_len, s.size());
+  size_t k = 0;
+  while (k < min_len) {
+    bool same = true;
+    for (const auto& s : seqs) same = same && s[k] == seqs[0][k];
+    if (!same) break;
+    ++k;
+  }
+  return static_cast<int64_t>(k);
+}
+
+// The request of a task: context = the first cp tokens, one continuation per candidate.
+Request MakeRequest(const EvalTask& t, int64_t cp) {
+  Request r;
+  r.top_k = 0;
+  r.tokens.assign(t.seqs[0].begin(), t.seqs[0].begin() + cp);
+  for (const auto& s : t.seqs) r.continuations.emplace_back(s.begin() + cp, s.end());
+  // Winogrande's partial scoring may start inside the common prefix.
+  for (size_t i = 0; i < t.n_base.size(); ++i) r.prompt_logprobs = r.prompt_logprobs || t.n_base[i] < cp;
+  return r;
+}
+
+void ScoreTask(EvalKind kind, const EvalTask& t, int64_t cp, const Response& r, EvalItem* item) {
+  const size_t n = t.seqs.size();
+  item->scores.assign(n, 0);
+  if (kind == EvalKind::kWinogrande) {
+    constexpr int64_t kMinTrailing = 3;
+    const bool partial = static_cast<int64_t>(t.seqs[0].size()) - cp > kMinTrailing &&
+                         static_cast<int64_t>(t.seqs[1].size()) - cp > kMinTrailing;
+    for (size_t s = 0; s < 2; ++s) {
+      const int64_t len = static_cast<int64_t>(t.seqs[s].size());
+      const int64_t base = partial ? t.n_base[s] : cp;
+      const int64_t last = len - base > 1 ? 1 : 0;
+      float sum = 0;  // llama.cpp sums in float
+      for (int64_t p = std::max<int64_t>(base, 1); p < len - last; ++p)
+        sum += p >= cp ? r.continuations[s].logprobs[p - cp] : r.prompt_logprobs[p - 1];
+      item->scores[s] = sum / static_cast<float>(len - base - last);
+    }
+    item->predicted = item->scores[0] > item->scores[1] ? 0 : 1;
+  } else {
+    for (size_t s = 0; s < n; ++s) {
+      const ContinuationScore& c = r.continuations[s];
+      item->scores[s] = c.log_likelihood / static_cast<double>(c.logprobs.size());
+    }
+    item->predicted = 0;
+    for (size_t s = 1; s < n; ++s)
+      if (item->scores[s] > item->scores[item->predicted]) item->predicted = static_cast<int>(s);
+  }
+  for (size_t s = 0; s < t.labels.size() && item->gold < 0; ++s)
+    if (t.labels[s] == 1) item->gold = static_cast<int>(s);
+  item->correct = t.labels[item->predicted] == 1;
+}
+
+}  // namespace
+
+const char* EvalKindName(EvalKind kind) {
+  switch (kind) {
+    case EvalKind::kHellaswag: return "hellaswag";
+    case EvalKind::kWinogrande: return "winogrande";
+    case EvalKind::kMultipleChoice: return "multiple-choice";
+  }
+  return "?";
+}
+
+Result<EvalKind> ParseEvalKind(std::string_view name) {
+  for (EvalKind k : {EvalKind::kHellaswag, EvalKind::kWinogrande, EvalKind::kMultipleChoice})
+    if (name == EvalKindName(k)) return k;
+  return Status::InvalidArgument("eval task '" + std::string(name) + "': use hellaswag, winogrande or multiple-choice");
+}
+
+Result<std::vector<EvalTask>> LoadTasks(EvalKind kind, std::string_view data, const Tokenizer& tokenizer,
+                                        const LoadTasksOptions& options) {
+  const TaskLoader loader(tokenizer, options);
+  switch (kind) {
+    case EvalKind::kHellaswag: return loader.Hellaswag(data);
+    case EvalKind::kWinogrande: return loader.Winogrande(data);
+    case EvalKind::kMultipleChoice: return loader.MultipleChoice(data);
+  }
+  return Status::InvalidArgument("unknown eval task kind");
+}
+
+Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<EvalTask>& tasks) {
+  EvalResult res;
+  res.kind = kind;
+  res.items.resize(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) res.items[i].index = tasks[i].index;
+  // Windows of tasks, ~4 passes each; the engine packs each window into passes.
+  const int64_t window = 4 * engine.pass_tokens();
+  for (size_t w0 = 0; w0 < tasks.size();) {
+    std::vector<Request> batch;
+    std::vector<int64_t> cps;
+    std::vector<size_t> which;
+    int64_t wt = 0;
+    size_t w1 = w0;
+    for (; w1 < tasks.size(); ++w1) {
+      const EvalTask& t = tasks[w1];
+      const int64_t cp = std::min<int64_t>(CommonPrefix(t.seqs), static_cast<int64_t>(
+                                           std::min_element(t.seqs.begin(), t.seqs.end(), [](auto& a, auto& b) {
+                                             return a.size() < b.size();
+                                           })->size()) - 1);
+      if (cp < 1) {
+        res.items[w1].error = "the candidates share no first token (the vocabulary adds no BOS): nothing to condition on";
+        continue;
+      }
+      Request r = MakeRequest(t, cp);
+      int64_t n = static_cast<int64_t>(r.tokens.size());
+      for (const auto& c : r.continuations) n += static_cast<int64_t>(c.size());
+      if (!batch.empty() && wt + n > window) break;
+      wt += n;
+      for (const auto& s : t.seqs) res.tokens_separate += static_cast<int64_t>(s.size());
+      batch.push_back(std::move(r));
+      cps.push_back(cp);
+      which.push_back(w1);
+    }
+    std::vector<Result<Response>> out = engine.RunBatch(batch);
+    int last_pass = -1;
+    for (size_t i = 0; i < out.size(); ++i) {
+      EvalItem& item = res.items[which[i]];
+      if (!out[i].ok()) {
+        item.error = out[i].status().message();
+        continue;
+      }
+      ScoreTask(kind, tasks[which[i]], cps[i], *out[i], &item);
+      if (out[i]->pass != last_pass) {  // passes of one window are listed once each
+        res.forward_seconds += out[i]->seconds;
+        res.tokens += out[i]->pass_tokens;
+        last_pass = out[i]->pass;
+      }
+    }
+    w0 = w1;
+  }
+
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const EvalItem& item = res.items[i];
+    if (!item.error.empty()) {
+      ++res.n_failed;
+      continue;
+    }
+    ++res.n_tasks;
+    res.n_answers += static_cast<int64_t>(tasks[i].seqs.size());
+    res.n_correct += item.correct;
+  }
+  const int64_t n = res.n_tasks;
+  const double p = n > 0 ? static_cast<double>(res.n_correct) / n : 0;
+  res.accuracy = p;
+  res.standard_error = n > 1 ? std::sqrt(p * (1 - p) / (n - 1)) : 0;
+  // Wilson score interval at 95% (llama.cpp's hellaswag output).
+  const double za = 1.95996398454, z = n > 0 ? za * za / n : 0;
+  const double cnf = n > 0 ? z * std::sqrt(n * (4.0 * p * (1 - p) + z)) / (za + za) : 0;
+  res.wilson_lo = (p + z * 0.5 - cnf) / (1.0 + z);
+  res.wilson_hi = (p + z * 0.5 + cnf) / (1.0 + z);
+  return res;
+}
+
+std::string EvalJson(const EvalResult& r) {
+  nlohmann::ordered_json j;
+  j["task"] = EvalKindName(r.kind);
+  j["model"] = r.model;
+  j["file"] = r.file;
+  j["n_tasks"] = r.n_tasks;
+  j["n_failed"] = r.n_failed;
+  j["n_correct"] = r.n_correct;
+  j["accuracy"] = 100 * r.accuracy;
+  j["stderr"] = 100 * r.standard_error;
+  j["wilson95"] = {100 * r.wilson_lo, 100 * r.wilson_hi};
+  j["random_chance"] = r.random_chance_percent();
+  j["tokens"] = r.tokens;
+  j["tokens_separate"] = r.tokens_separate;
+  j["forward_seconds"] = r.forward_seconds;
+  nlohmann::ordered_json items = nlohmann::ordered_json::array();
+  for (const EvalItem& t : r.items) {
+    nlohmann::ordered_json it;
+    it["index"] = t.index;
+    if (!t.error.empty()) {
+      it["error"] = t.error;
+    } else {
+      it["gold"] = t.gold;
+      it["scores"] = t.scores;
+      it["predicted"] = t.predicted;
+      it["correct"] = t.correct;
+    }
+    items.push_back(std::move(it));
+  }
+  j["items"] = std::move(items);
+  return j.dump(2);
+}
+
+std::string EvalText(const EvalResult& r) {
+  std::string s;
+  Appendf(&s, "%s: %lld tasks, accuracy %.4f%% +/- %.4f", EvalKindName(r.kind), static_cast<long long>(r.n_tasks),
+          100 * r.accuracy, 100 * r.standard_error);
+  if (r.kind == EvalKind::kHellaswag)
+    Appendf(&s, "  (95%% Wilson interval [%.4f%%, %.4f%%])", 100 * r.wilson_lo, 100 * r.wilson_hi);
+  s += "\n";
+  Appendf(&s, "random chance: %.4f%%\n", r.random_chance_percent());
+  Appendf(&s, "forward passes: %lld tokens (%lld if every candidate were run separately) in %.3f s, %.1f tok/s\n",
+          static_cast<long long>(r.tokens), static_cast<long long>(r.tokens_separate), r.forward_seconds,
+          r.forward_seconds > 0 ? r.tokens / r.forward_seconds : 0.0);
+  if (r.n_failed > 0) Appendf(&s, "failed: %lld tasks (see stderr)\n", static_cast<long long>(r.n_failed));
+  return s;
+}
+
+}  // namespace estream::batch
