@@ -44,6 +44,6 @@ if [ -z "$llama" ]; then
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^estream_(peak_rss_bytes|budget_bytes|batches_total|prompt_tokens_total|expert_bytes_read_total|expert_cache_[a-z_]*) '
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^estream_batch_jobs_(sum|count) '
 fi
-echo "peak_rss_bytes $(awk '/^VmHWM:/ {printf "%d", $2 * 1024}' /proc/$pid/status)"
+echo "peak_rss_bytes $(awk '/^VmHWM:/ {printf "%.0f", $2 * 1024}' /proc/$pid/status)"
 kill -TERM $pid
 if [ -n "$llama" ]; then wait $pid || true; else wait $pid; fi
