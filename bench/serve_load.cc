@@ -1,10 +1,18 @@
-// Load generator for `estream serve`: C concurrent clients, each on its own keep-alive
-// connection, send scoring requests of T tokens (POST /v1/completions with token ids, echo,
-// logprobs 1, max_tokens 0: lm-eval's loglikelihood) for a fixed number of requests per level;
-// prints throughput (requests/s, prompt tokens/s) and latency percentiles per concurrency level.
+// Load generator for `estream serve` (and, for comparison, any server that takes the same
+// OpenAI-style bodies, e.g. llama-server): C concurrent clients, each on its own keep-alive
+// connection (--keep-alive 0: a new connection per request), send requests of T prompt tokens for a fixed number of requests per level; prints
+// throughput (requests/s, prompt tokens/s) and latency percentiles per concurrency level.
 //
 //   serve_load --port 8080 [--host 127.0.0.1] [--clients 1,4,16,64] [--tokens 128] [--requests N]
-//              [--vocab V] [--api-key KEY] [--warmup N]
+//              [--vocab V] [--api-key KEY] [--warmup N] [--route echo|next|embed] [--pooling P]
+//              [--keep-alive 1|0]
+//
+// --route echo (default): POST /v1/completions {prompt: ids, max_tokens: 0, echo: true,
+//   logprobs: 1} (lm-eval's loglikelihood: every prompt position's logprob; estream only).
+// --route next: POST /v1/completions {prompt: ids, max_tokens: 1, logprobs: 1} (the next token
+//   and its top-1 logprob; llama-server serves the same body).
+// --route embed: POST /v1/embeddings {input: ids, pooling: P} (P = last by default; --pooling ""
+//   leaves the field out, for servers that fix the pooling at start, as llama-server --pooling).
 //
 // Prompts are random token ids in [10, V) (a different prompt per request, fixed seed), so no
 // cache can answer them. --requests is per level (default max(16, 2 x clients)).
@@ -67,8 +75,8 @@ double Percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string host = "127.0.0.1", key, clients_list = "1,4,16,64";
-  int port = 8080, tokens = 128, requests = 0, vocab = 50000, warmup = 2;
+  std::string host = "127.0.0.1", key, clients_list = "1,4,16,64", route = "echo", pooling = "last";
+  int port = 8080, tokens = 128, requests = 0, vocab = 50000, warmup = 2, keep_alive = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -86,6 +94,9 @@ int main(int argc, char** argv) {
     else if (a == "--vocab") vocab = std::atoi(next().c_str());
     else if (a == "--api-key") key = next();
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
+    else if (a == "--route") route = next();
+    else if (a == "--pooling") pooling = next();
+    else if (a == "--keep-alive") keep_alive = std::atoi(next().c_str());
     else {
       std::fprintf(stderr, "serve_load: unknown argument %s (see the comment at the top of bench/serve_load.cc)\n", a.c_str());
       return 2;
@@ -95,33 +106,47 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "serve_load: --tokens must be >= 1 and --vocab > 10\n");
     return 2;
   }
+  if (route != "echo" && route != "next" && route != "embed") {
+    std::fprintf(stderr, "serve_load: --route must be echo, next or embed\n");
+    return 2;
+  }
+  const std::string path = route == "embed" ? "/v1/embeddings" : "/v1/completions";
   httplib::Headers headers;
   if (!key.empty()) headers.emplace("Authorization", "Bearer " + key);
   std::mt19937 rng(1234);
   auto body = [&](std::mt19937& r) {
     std::vector<int> ids(static_cast<size_t>(tokens));
     for (int& t : ids) t = std::uniform_int_distribution<int>(10, vocab - 1)(r);
+    if (route == "next") return nlohmann::json({{"prompt", ids}, {"max_tokens", 1}, {"logprobs", 1}}).dump();
+    if (route == "embed") {
+      nlohmann::json j = {{"input", ids}};
+      if (!pooling.empty()) j["pooling"] = pooling;
+      return j.dump();
+    }
     return nlohmann::json({{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}}).dump();
   };
   {  // warm-up: fault in the weights, size the buffers
     httplib::Client c(host, port);
     c.set_read_timeout(600, 0);
+    c.set_keep_alive(keep_alive != 0);
+    c.set_tcp_nodelay(true);
     for (int i = 0; i < warmup; ++i) {
-      auto r = c.Post("/v1/completions", headers, body(rng), "application/json");
+      auto r = c.Post(path, headers, body(rng), "application/json");
       if (!r || r->status != 200) {
-        std::fprintf(stderr, "serve_load: warm-up request failed (%s)\n", r ? r->body.c_str() : "no response");
+        std::fprintf(stderr, "serve_load: warm-up request to %s failed (%s)\n", path.c_str(),
+                     r ? r->body.c_str() : "no response");
         return 1;
       }
     }
   }
   std::printf("clients,requests,seconds,requests_per_s,prompt_tokens_per_s,p50_ms,p99_ms,errors,batches,"
-              "jobs_per_batch,engine_busy\n");
+              "jobs_per_batch,engine_busy,no_response\n");
   for (int clients : ParseList(clients_list)) {
     const int n = requests > 0 ? requests : std::max(16, 2 * clients);
     std::vector<std::string> bodies;
     for (int i = 0; i < n; ++i) bodies.push_back(body(rng));
     const EngineFigures before = ReadMetrics(host, port, headers);
-    std::atomic<int> next{0}, errors{0};
+    std::atomic<int> next{0}, errors{0}, no_response{0};
     std::vector<std::vector<double>> lat(static_cast<size_t>(clients));
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
@@ -129,10 +154,20 @@ int main(int argc, char** argv) {
       threads.emplace_back([&, c] {
         httplib::Client cli(host, port);
         cli.set_read_timeout(600, 0);
+        cli.set_keep_alive(keep_alive != 0);
+        cli.set_tcp_nodelay(true);  // headers and body go out at once (no Nagle wait on the server's ACK)
         for (int i; (i = next++) < n;) {
           const auto s = std::chrono::steady_clock::now();
-          auto r = cli.Post("/v1/completions", headers, bodies[static_cast<size_t>(i)], "application/json");
-          if (!r || r->status != 200) ++errors;
+          auto r = cli.Post(path, headers, bodies[static_cast<size_t>(i)], "application/json");
+          if (!r || r->status != 200) {
+            // A request without an answer (`no_response`: the connection broke or timed out) is an
+            // error too; the first few are described on stderr.
+            if (!r) ++no_response;
+            if (++errors <= 3)
+              std::fprintf(stderr, "serve_load: request %d: %s\n", i,
+                           r ? (std::to_string(r->status) + " " + r->body.substr(0, 200)).c_str()
+                             : ("no response (" + httplib::to_string(r.error()) + ")").c_str());
+          }
           lat[static_cast<size_t>(c)].push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count());
         }
@@ -143,9 +178,10 @@ int main(int argc, char** argv) {
     const double batches = after.batches - before.batches;
     std::vector<double> all;
     for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    std::printf("%d,%d,%.3f,%.3f,%.1f,%.1f,%.1f,%d,%.0f,%.2f,%.3f\n", clients, n, secs, n / secs, n * tokens / secs,
+    std::printf("%d,%d,%.3f,%.3f,%.1f,%.1f,%.1f,%d,%.0f,%.2f,%.3f,%d\n", clients, n, secs, n / secs, n * tokens / secs,
                 Percentile(all, 0.5), Percentile(all, 0.99), errors.load(), batches,
-                batches > 0 ? (after.jobs - before.jobs) / batches : 0.0, (after.seconds - before.seconds) / secs);
+                batches > 0 ? (after.jobs - before.jobs) / batches : 0.0, (after.seconds - before.seconds) / secs,
+                no_response.load());
     std::fflush(stdout);
   }
   return 0;

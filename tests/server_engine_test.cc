@@ -234,7 +234,7 @@ TEST_F(ServerEngine, ConcurrentAnswersEqualSequentialOnes) {
 // The bounded load test: 2,000 mixed requests from 16 clients, no error, RSS flat after warm-up.
 TEST_F(ServerEngine, LoadTestNoErrorAndFlatRss) {
   const int clients = 16, total = 2000, warmup = 1000;
-  std::atomic<int> next{0}, errors{0}, done{0}, dropped{0};
+  std::atomic<int> next{0}, errors{0}, done{0};
   std::atomic<uint64_t> rss_after_warmup{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < clients; ++t)
@@ -243,14 +243,10 @@ TEST_F(ServerEngine, LoadTestNoErrorAndFlatRss) {
       c.set_read_timeout(60, 0);
       for (int i; (i = next++) < total;) {
         auto [path, body] = MixedRequest(i);
+        // A new connection per request (httplib's default), as the load test of issue 20 that
+        // used to see ~1 in 2,000 connections reset before the answer (the listen backlog,
+        // docs/DESIGN.md section 14): no retry, every request must be answered.
         auto r = c.Post(path, body, "application/json");
-        // A keep-alive connection that breaks before the answer (seen ~1 in 2,000 requests on a
-        // loaded 2-core machine; not yet understood, docs/DESIGN.md section 14) is retried once on a
-        // new connection, as HTTP clients do for idempotent requests; such drops stay rare.
-        if (!r && r.error() == httplib::Error::Read) {
-          ++dropped;
-          r = c.Post(path, body, "application/json");
-        }
         if (!r || r->status != 200) {
           if (++errors <= 3)
             ADD_FAILURE() << path << " " << body << " -> "
@@ -262,7 +258,6 @@ TEST_F(ServerEngine, LoadTestNoErrorAndFlatRss) {
   for (auto& t : threads) t.join();
   const uint64_t rss_end = CurrentRssBytes();
   EXPECT_EQ(errors.load(), 0);
-  EXPECT_LE(dropped.load(), total / 100) << "connections broken before their answer";
   ASSERT_GT(rss_after_warmup.load(), 0u);
   EXPECT_LE(static_cast<double>(rss_end), 1.05 * static_cast<double>(rss_after_warmup.load()))
       << "RSS after warm-up " << rss_after_warmup.load() << ", at the end " << rss_end;

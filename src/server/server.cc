@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -159,8 +161,23 @@ ApiError Err(int status, std::string message, std::string type, std::string code
 // the connection's stream is known to the handler thread (tls_stream), so a handler can notice
 // that its client went away (httplib 0.11 has no Request::is_connection_closed).
 class Server::Http : public httplib::Server {
+ public:
+  // httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+  // library). Under a burst of new connections (16+ clients that each connect per request, as
+  // httplib's Client does unless set_keep_alive(true)) the kernel's queues overflow: SYNs are
+  // dropped (the client retries after 1 s) and SYN cookies are sent, and a cookie whose ACK finds
+  // the accept queue still full fails later with a RST on a connection the client already sent
+  // its request on: the client sees a broken connection and no answer (about 1 in 2,000 requests
+  // of server_engine_test's load test on a loaded 2-core machine; docs/DESIGN.md section 14).
+  // listen() again on the bound socket sets the backlog (capped by net.core.somaxconn).
+  bool RaiseBacklog() { return ::listen(svr_sock_, SOMAXCONN) == 0; }
+
  private:
   bool process_and_close_socket(socket_t sock) override {
+    // httplib writes a response's headers and body in two send()s; with Nagle's algorithm the
+    // body waits for the ACK of the headers, which a keep-alive client delays (~40 ms a request).
+    const int one = 1;
+    ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     bool ret = false;
     {
       SocketStream strm(sock, read_timeout_sec_, read_timeout_usec_, write_timeout_sec_, write_timeout_usec_);
@@ -311,6 +328,7 @@ Status Server::Start() {
                              " (in use, or not an address of this machine)");
     port_ = options_.port;
   }
+  if (!h.RaiseBacklog()) return Status::IOError(std::string("cannot set the listen backlog: ") + std::strerror(errno));
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   // Shutdown's stop() only acts on a running listener: wait until it runs.
   while (!h.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
