@@ -479,13 +479,8 @@ TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
 // a model whose context is at most 4096 keeps min(context, 4096).
 TEST(PipelineEngine, DefaultPassLengthFollowsTheBudget) {
   ScratchDir dir;
-  synth::SynthOptions so;
-  so.layers = 2;
-  so.experts = 16;
-  so.top_k = 4;
+  synth::SynthOptions so = pipeline_test::TinyOptions(11);
   so.ctx = 16384;
-  so.type = QuantType::kQ4_0;
-  so.seed = 11;
   auto sm = synth::SynthModel::Create(so);
   ASSERT_TRUE(sm.ok()) << sm.status().ToString();
   const std::string gguf = dir.File("long.gguf"), packed = dir.File("long.packed.gguf");
