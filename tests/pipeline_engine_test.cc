@@ -474,6 +474,33 @@ TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
   EXPECT_GT(std::strtol(out.c_str() + hits + 17, nullptr, 10), 0) << out;
 }
 
+// The default pass length (virtual_experts.h, "Pass length"): min(context, 8192) when the budget
+// holds the full streaming arena beside its activations, an explicit budget_tokens as given, and
+// a model whose context is at most 4096 keeps min(context, 4096).
+TEST(PipelineEngine, DefaultPassLengthFollowsTheBudget) {
+  ScratchDir dir;
+  synth::SynthOptions so = pipeline_test::TinyOptions(11);
+  so.ctx = 16384;
+  auto sm = synth::SynthModel::Create(so);
+  ASSERT_TRUE(sm.ok()) << sm.status().ToString();
+  const std::string gguf = dir.File("long.gguf"), packed = dir.File("long.packed.gguf");
+  ASSERT_TRUE((*sm)->Write(gguf, {.threads = 1}).ok());
+  auto in = GgufFile::Open(gguf, {.mmap = false});
+  ASSERT_TRUE(in.ok());
+  ASSERT_TRUE(io::PackModel(**in, packed).ok());
+  const uint64_t roomy = uint64_t{4} << 30;
+  auto e = Engine::Load(packed, {.n_threads = 2, .budget_bytes = roomy});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ((*e)->pass_tokens(), 8192);
+  auto given = Engine::Load(packed, {.n_threads = 2, .budget_bytes = roomy, .budget_tokens = 1000});
+  ASSERT_TRUE(given.ok()) << given.status().ToString();
+  EXPECT_EQ((*given)->pass_tokens(), 1000);
+  // The tiny test model's context is below 4096: its own length.
+  auto small = Engine::Load(TestModels().packed, {.n_threads = 2, .budget_bytes = roomy});
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  EXPECT_LE((*small)->pass_tokens(), 4096);
+}
+
 // Random delays everywhere, many requests; outputs and residency invariants checked each time.
 TEST(PipelineStress, RandomDelaysKeepOutputsAndInvariants) {
   auto base = io::PosixFile::Open(TestModels().packed, {.direct = true});

@@ -21,6 +21,17 @@ struct Models {
   std::string gguf, packed, permuted;
 };
 
+// The tiny test model's shape: 3 layers of 16 experts, top-4, Q4_0.
+inline synth::SynthOptions TinyOptions(uint64_t seed) {
+  synth::SynthOptions so;
+  so.layers = 3;
+  so.experts = 16;
+  so.top_k = 4;
+  so.type = QuantType::kQ4_0;
+  so.seed = seed;
+  return so;
+}
+
 // Held until exit, when the directory and the models in it are removed.
 inline Models& TestModels() {
   static std::unique_ptr<Models> m = [] {
@@ -28,13 +39,7 @@ inline Models& TestModels() {
     m->gguf = m->dir.File("tiny.gguf");
     m->packed = m->dir.File("tiny.packed.gguf");
     m->permuted = m->dir.File("tiny.perm.gguf");
-    synth::SynthOptions so;
-    so.layers = 3;
-    so.experts = 16;
-    so.top_k = 4;
-    so.type = QuantType::kQ4_0;
-    so.seed = 7;
-    auto sm = synth::SynthModel::Create(so);
+    auto sm = synth::SynthModel::Create(TinyOptions(7));
     EXPECT_TRUE(sm.ok()) << sm.status().ToString();
     EXPECT_TRUE((*sm)->Write(m->gguf, {.threads = 1}).ok());
     auto in = GgufFile::Open(m->gguf, {.mmap = false});

@@ -221,16 +221,27 @@ Status VirtualExperts::SolveBanks() {
   const ModelConfig& c = model_->config();
   VirtualExpertsConfig& k = config_;
   k.budget_bytes = options_.budget_bytes;
-  k.budget_tokens = options_.budget_tokens > 0 ? options_.budget_tokens : std::min<int64_t>(c.n_ctx, 4096);
   k.queue_depth = options_.queue_depth > 0 ? options_.queue_depth : 8;
   bool float_experts = false;
   for (const io::PackedLayerInfo& li : layout_.layers)
     for (const io::PackedPart& p : li.parts) float_experts = float_experts || !IsQuantized(p.type);
   const uint64_t rss = CurrentRssBytes();
-  k.other_bytes = rss + ActivationBytes(c, k.budget_tokens, options_.n_threads, float_experts) + kBudgetMargin;
   uint64_t stride = 0;
   for (const io::PackedLayerInfo& li : layout_.layers) stride = std::max(stride, li.record_bytes);
   const auto groups = [&](int g) { return (c.n_expert + g - 1) / g; };
+  const auto other = [&](int64_t tokens) {
+    return rss + ActivationBytes(c, tokens, options_.n_threads, float_experts) + kBudgetMargin;
+  };
+  // Default pass length (see the header, "Pass length"): the long pass when the budget still
+  // holds the default rule's full arena with its activations, else the short one.
+  k.budget_tokens = options_.budget_tokens > 0 ? options_.budget_tokens : std::min<int64_t>(c.n_ctx, kShortPassTokens);
+  if (options_.budget_tokens <= 0 && k.budget_bytes > 0 && c.n_ctx > kShortPassTokens) {
+    const int g = std::min(8, c.n_expert);
+    const int64_t long_tokens = std::min<int64_t>(c.n_ctx, kLongPassTokens);
+    if (other(long_tokens) + static_cast<uint64_t>(2 * groups(g)) * g * stride <= k.budget_bytes)
+      k.budget_tokens = long_tokens;
+  }
+  k.other_bytes = other(k.budget_tokens);
   k.source = ConfigSource::kExplicit;
   if (k.budget_bytes == 0) {  // explicit sizes only
     k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);

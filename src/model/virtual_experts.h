@@ -68,6 +68,15 @@
 
 namespace estream::model {
 
+// Pass length (budget_tokens) when none is given: the activations of a pass are planned into the
+// budget, so a longer pass leaves a smaller arena, but every pass reads each active expert once:
+// a batch of 64 prompts of 128 tokens in one pass of 8192 tokens reads the experts half as often
+// as in two passes of 4096 (docs/PERFORMANCE.md, "Budgeted batch: one pass of 8192 tokens").
+// Default: min(context, kLongPassTokens) when the budget still holds, beside those activations,
+// the default rule's largest arena (2 MoE layers' worth of groups of min(8, experts) experts),
+// else min(context, kShortPassTokens).
+constexpr int64_t kShortPassTokens = 4096, kLongPassTokens = 8192;
+
 // Margin on top of the measured and estimated memory: allocator slack, thread stacks touched,
 // the response's vectors.
 constexpr uint64_t kBudgetMargin = uint64_t{24} << 20;
