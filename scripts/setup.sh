@@ -52,6 +52,7 @@ CROSS_PACKAGES=(
   g++-aarch64-linux-gnu qemu-user-static
   liburing-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64 libbenchmark-dev:arm64
   libxxhash-dev:arm64 libpcre2-dev:arm64 libfmt-dev:arm64 libcpp-httplib-dev:arm64
+  libgomp1:arm64                    # OpenMP runtime the test binaries load under qemu-aarch64 -L /
 )
 ADD_ARCH=0
 if [ "$HOST_ARCH" = "amd64" ] && [ "$WANT_ARM64" = 1 ]; then
