@@ -193,9 +193,10 @@ struct Response {
   struct Timing {
     double embed = 0;      // token embeddings
     double attention = 0;  // norms, Q/K/V, q/k norm, RoPE, attention, output projection, residual
-    // Of `attention`: the projections (activation quantisation, Q/K/V or MLA's projections, the
-    // output projection) and the attention kernel (scores, softmax, weighted V). The rest of
-    // `attention` is norms, RoPE, copies and the residual add.
+    // Of `attention`: the projections (the Q/K/V or MLA's projection GEMMs, the output
+    // projection) and the attention kernel (scores, softmax, weighted V). The rest of
+    // `attention` is the norms with the activations' Q8A quantisation, RoPE, copies and the
+    // residual add.
     double attention_projections = 0;
     double attention_kernel = 0;
     double router = 0;     // MoE norm, router GEMM, softmax/top-k, grouping routes by expert

@@ -22,4 +22,12 @@ class Timer {
   double start_;
 };
 
+// Runs f() and adds its wall time to *seconds.
+template <class F>
+void AddTime(double* seconds, F&& f) {
+  const double t0 = NowSeconds();
+  f();
+  *seconds += NowSeconds() - t0;
+}
+
 }  // namespace estream

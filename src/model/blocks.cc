@@ -66,7 +66,7 @@ void NormRopeAndAttend(const Model& model, const LayerWeights& L, int64_t T, std
 }  // namespace
 
 void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpan> seqs, Workspace* ws) {
-  const double t0 = NowSeconds();
+  const Timer timer;
   const int64_t qd = whole.ldq, kvd = whole.ldk;
   ESTREAM_CHECK(whole.ldv == kvd && whole.ldo == qd, "AttendSequences: v rows as wide as k rows, outputs as q");
   kernels::AttentionArgs a = whole;
@@ -97,7 +97,7 @@ void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpa
     }
     kernels::AttentionPrefill(a);
   }
-  ws->attention_time.kernel += NowSeconds() - t0;
+  ws->attention_time.kernel += timer.Seconds();
 }
 
 const BlockQ8A* NormAndQuantize(const float* x, const float* norm_w, int64_t n_tokens, int64_t d, float eps,

@@ -79,10 +79,10 @@ class Workspace {
   AlignedPtr<float> tree_v;         // [T x kv_dim]
   AlignedPtr<float> mla;            // [T x MlaScratchFloats] multi-head latent attention (mla.h)
   AlignedPtr<float> bcx;            // [T x 3d] LFM2 short-conv in-projection (models with conv layers)
-  // Wall time spent in the attention blocks' projections (activation quantisation, Q/K/V or MLA's
-  // projections, output projection) and in the attention kernel (AttendSequences) since the
-  // engine last cleared it: Response::Timing's attention_projections / attention_kernel.
   std::vector<int32_t> positions;  // [T] RoPE position of each row of a pass (blocks.cc)
+  // Wall time spent in the attention blocks' projection GEMMs (Q/K/V or MLA's, output) and in the
+  // attention kernel (AttendSequences) since the engine last cleared it: Response::Timing's
+  // attention_projections / attention_kernel.
   struct AttentionTime {
     double projections = 0, kernel = 0;
   } attention_time;
@@ -105,14 +105,6 @@ struct SeqSpan {
   int64_t row = 0, len = 0;
   int64_t ctx_row = 0, ctx_len = 0;
 };
-
-// Runs f() and adds its wall time to *seconds.
-template <class F>
-void AddTime(double* seconds, F&& f) {
-  const double t0 = NowSeconds();
-  f();
-  *seconds += NowSeconds() - t0;
-}
 
 // x[t] = dequantised row tokens[t] of token_embd. REQUIRES: ids validated (< n_vocab).
 void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, float* x);
