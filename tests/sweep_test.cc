@@ -92,8 +92,10 @@ nlohmann::json CheckJson(const Result<profiler::SweepResult>& r, uint64_t budget
   double prev = 0, sum = 0;
   for (const nlohmann::json& p : results) {
     for (const char* key : {"group_size", "banks", "queue_depth", "seconds", "peak_rss_bytes", "bubble_rate",
-                            "read_gbps", "peak_rss_exact"})
+                            "read_gbps", "nonexpert_seconds", "peak_rss_exact"})
       EXPECT_TRUE(p.contains(key)) << key << " in " << p.dump();
+    EXPECT_GT(p["nonexpert_seconds"].get<double>(), 0) << p.dump();
+    EXPECT_LT(p["nonexpert_seconds"].get<double>(), p["seconds"].get<double>()) << p.dump();
     EXPECT_TRUE(p["peak_rss_exact"].get<bool>()) << p.dump();
     const double s = p["seconds"].get<double>();
     EXPECT_GE(s, prev) << "results not sorted by time";

@@ -198,6 +198,7 @@ Result<SweepResult> Sweeper::Run() {
       m.peak_rss_exact = run->peak_rss_exact;
       m.bubble_rate = run->response.bubble_rate;
       m.read_gbps = run->response.read_gbps;
+      m.nonexpert_seconds = run->response.nonexpert_seconds;
       m.over_budget = m.peak_rss_exact && m.peak_rss_bytes > p_.budget_bytes;
       if (!m.peak_rss_exact && !told_cumulative) {
         Progress(CumulativePeakWarning());
@@ -236,7 +237,7 @@ nlohmann::json PointJson(const SweepPoint& m) {
                       {"queue_depth", m.queue_depth},   {"seconds", m.seconds},
                       {"load_seconds", m.load_seconds}, {"peak_rss_bytes", m.peak_rss_bytes},
                       {"bubble_rate", m.bubble_rate},   {"read_gbps", m.read_gbps},
-                      {"peak_rss_exact", m.peak_rss_exact}};
+                      {"nonexpert_seconds", m.nonexpert_seconds}, {"peak_rss_exact", m.peak_rss_exact}};
   if (m.over_budget) j["over_budget"] = true;
   return j;
 }

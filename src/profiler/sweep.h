@@ -63,6 +63,10 @@ struct SweepParams {
 struct SweepPoint {
   int group_size = 0, banks = 0, queue_depth = 0;
   double seconds = 0, load_seconds = 0, bubble_rate = 0, read_gbps = 0;
+  // Of `seconds`, the part outside the expert steps (Response::nonexpert_seconds: attention,
+  // router, dense FFN, embeddings, head): the same work at every (G, B, Q), so its changes from
+  // run to run measure the machine's speed at the time (scripts/config_figures.py divides by it).
+  double nonexpert_seconds = 0;
   uint64_t peak_rss_bytes = 0;
   bool peak_rss_exact = true;  // false: the process's peak since it started (see the top)
   bool over_budget = false;
