@@ -15,9 +15,13 @@
 //   leaves the field out, for servers that fix the pooling at start, as llama-server --pooling).
 //
 // Prompts are random token ids in [10, V) (a different prompt per request, fixed seed), so no
-// cache can answer them. --requests is per level (default max(16, 2 x clients)).
+// cache can answer them. --requests is per level (default max(16, 2 x clients)): one number for
+// every level, or a list with one count per --clients level (e.g. --clients 1,64 --requests 8,128).
 // From the server's /metrics before and after each level: the engine batches run, their mean
-// jobs, and the share of the level's wall time the engine was busy (engine seconds / seconds).
+// jobs, and the share of the level's wall time the engine was busy (engine seconds / seconds);
+// for streamed models (--budget) also the expert bytes read per request (expert_gb_per_request,
+// 1e9 bytes) and the share of the engine's time its compute threads waited for expert data
+// (bubble_share = bubble seconds / engine seconds). All 0 for servers without these metrics.
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
@@ -54,7 +58,7 @@ double Sample(const std::string& text, const std::string& name) {
 }
 
 struct EngineFigures {
-  double batches = 0, jobs = 0, seconds = 0;
+  double batches = 0, jobs = 0, seconds = 0, bubble = 0, expert_bytes = 0;
 };
 
 EngineFigures ReadMetrics(const std::string& host, int port, const httplib::Headers& headers) {
@@ -62,7 +66,8 @@ EngineFigures ReadMetrics(const std::string& host, int port, const httplib::Head
   auto r = c.Get("/metrics", headers);
   if (!r || r->status != 200) return {};
   return {Sample(r->body, "estream_batches_total"), Sample(r->body, "estream_batch_jobs_sum"),
-          Sample(r->body, "estream_engine_seconds_total")};
+          Sample(r->body, "estream_engine_seconds_total"), Sample(r->body, "estream_bubble_seconds_total"),
+          Sample(r->body, "estream_expert_bytes_read_total")};
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -76,7 +81,8 @@ double Percentile(std::vector<double> v, double p) {
 
 int main(int argc, char** argv) {
   std::string host = "127.0.0.1", key, clients_list = "1,4,16,64", route = "echo", pooling = "last";
-  int port = 8080, tokens = 128, requests = 0, vocab = 50000, warmup = 2, keep_alive = 1;
+  std::string requests_list;
+  int port = 8080, tokens = 128, vocab = 50000, warmup = 2, keep_alive = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -90,7 +96,7 @@ int main(int argc, char** argv) {
     else if (a == "--port") port = std::atoi(next().c_str());
     else if (a == "--clients") clients_list = next();
     else if (a == "--tokens") tokens = std::atoi(next().c_str());
-    else if (a == "--requests") requests = std::atoi(next().c_str());
+    else if (a == "--requests") requests_list = next();
     else if (a == "--vocab") vocab = std::atoi(next().c_str());
     else if (a == "--api-key") key = next();
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
@@ -108,6 +114,11 @@ int main(int argc, char** argv) {
   }
   if (route != "echo" && route != "next" && route != "embed") {
     std::fprintf(stderr, "serve_load: --route must be echo, next or embed\n");
+    return 2;
+  }
+  const std::vector<int> levels = ParseList(clients_list), requests = ParseList(requests_list);
+  if (!requests.empty() && requests.size() != 1 && requests.size() != levels.size()) {
+    std::fprintf(stderr, "serve_load: --requests takes one count or one per --clients level\n");
     return 2;
   }
   const std::string path = route == "embed" ? "/v1/embeddings" : "/v1/completions";
@@ -140,9 +151,11 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("clients,requests,seconds,requests_per_s,prompt_tokens_per_s,p50_ms,p99_ms,errors,batches,"
-              "jobs_per_batch,engine_busy,no_response\n");
-  for (int clients : ParseList(clients_list)) {
-    const int n = requests > 0 ? requests : std::max(16, 2 * clients);
+              "jobs_per_batch,engine_busy,no_response,expert_gb_per_request,bubble_share\n");
+  for (size_t level = 0; level < levels.size(); ++level) {
+    const int clients = levels[level];
+    const int given = requests.empty() ? 0 : requests[requests.size() == 1 ? 0 : level];
+    const int n = given > 0 ? given : std::max(16, 2 * clients);
     std::vector<std::string> bodies;
     for (int i = 0; i < n; ++i) bodies.push_back(body(rng));
     const EngineFigures before = ReadMetrics(host, port, headers);
@@ -178,10 +191,12 @@ int main(int argc, char** argv) {
     const double batches = after.batches - before.batches;
     std::vector<double> all;
     for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    std::printf("%d,%d,%.3f,%.3f,%.1f,%.1f,%.1f,%d,%.0f,%.2f,%.3f,%d\n", clients, n, secs, n / secs, n * tokens / secs,
+    const double engine_secs = after.seconds - before.seconds;
+    std::printf("%d,%d,%.3f,%.3f,%.1f,%.1f,%.1f,%d,%.0f,%.2f,%.3f,%d,%.3f,%.3f\n", clients, n, secs, n / secs, n * tokens / secs,
                 Percentile(all, 0.5), Percentile(all, 0.99), errors.load(), batches,
-                batches > 0 ? (after.jobs - before.jobs) / batches : 0.0, (after.seconds - before.seconds) / secs,
-                no_response.load());
+                batches > 0 ? (after.jobs - before.jobs) / batches : 0.0, engine_secs / secs,
+                no_response.load(), (after.expert_bytes - before.expert_bytes) / n / 1e9,
+                engine_secs > 0 ? (after.bubble - before.bubble) / engine_secs : 0.0);
     std::fflush(stdout);
   }
   return 0;
