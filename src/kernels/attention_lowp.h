@@ -80,6 +80,7 @@ size_t AttentionLowpKvBytes(int head_dim, int n_tokens);
 void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
 #if defined(__x86_64__)
 void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
+void AttentionLowpConvertKvAvx2(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
 #endif
 
 // Contract of KernelTable::attention_block_bf16: query heads [head_begin, head_end) sharing one kv
@@ -90,17 +91,27 @@ void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_
 #if defined(__x86_64__)
 void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
                               int t_begin, int t_end);
+void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                            int t_end);
 #endif
 
-// Per-thread scratch of the AVX-512 block after calls of at most `tiles` tiles
+// Per-thread scratch of the AVX-512 / AVX2 block after calls of at most `tiles` tiles
 // (KernelTable::attention_scratch_bytes_bf16).
 size_t AttentionLowpScratchBytes(int head_dim, int tiles);
+#if defined(__x86_64__)
+size_t AttentionLowpScratchBytesAvx2(int head_dim, int tiles);
+#endif
 
-// Set the table's bf16 attention entries to this kernel: the scalar reference (tests) or the
-// AVX-512 one (REQUIRES HostIsa() == kAvx512).
+// Set the table's bf16 attention entries to this kernel: the scalar reference (tests), the
+// AVX-512 one (REQUIRES HostIsa() == kAvx512) or the AVX2 one (REQUIRES AVX2 and
+// HostCpuFeatures().avx_vnni; FillAvx2Ops calls it where AttentionLowpAvx2Usable()).
 void FillAttentionLowpRef(KernelTable* t);
 #if defined(__x86_64__)
 void FillAttentionLowpAvx512(KernelTable* t);
+void FillAttentionLowpAvx2(KernelTable* t);
+// The host has AVX2 and AVX-VNNI (the AVX2 kernel's vpdpbusd; without it the AVX2 level keeps the
+// fp32 kernel).
+bool AttentionLowpAvx2Usable();
 #endif
 
 // The scalar 2^x of the kernels (x <= 0 or -inf; below 2^-125 exactly 0), the same operations as
