@@ -151,8 +151,9 @@ double Int8PeakPerCoreGops() {
   return 1649.0 / 2;
 }
 
-// Args: T, n_head, n_head_kv, head_dim, threads, isa (x86-64: 0 scalar, 1 avx2, 2 avx512 fp32,
-// 3 avx512 with the AMX-BF16 attention, 4 avx512 with the int8/bf16 attention of attention_lowp.h;
+// Args: T, n_head, n_head_kv, head_dim, threads, isa (x86-64: 0 scalar, 1 avx2 fp32, 2 avx512 fp32,
+// 3 avx512 with the AMX-BF16 attention, 4 avx512 with the int8/bf16 attention of attention_lowp.h,
+// 5 avx2 with its int8 (AVX-VNNI) / fp32 variant;
 // AArch64: the Isa value, 0 scalar, 3 neon, 4 dotprod, 5 i8mm).
 void BM_Attention(benchmark::State& state) {
   const int t = static_cast<int>(state.range(0));
@@ -163,10 +164,11 @@ void BM_Attention(benchmark::State& state) {
 #if defined(__x86_64__)
   const bool amx = state.range(5) == 3;
   const bool lowp = state.range(5) == 4;
-  const Isa isa = amx || lowp ? Isa::kAvx512 : static_cast<Isa>(state.range(5));
-  if (!IsaAtLeast(HostIsa(), isa) || (amx && !AttentionAmxUsable())) {
+  const bool lowp_avx2 = state.range(5) == 5;
+  const Isa isa = amx || lowp ? Isa::kAvx512 : lowp_avx2 ? Isa::kAvx2 : static_cast<Isa>(state.range(5));
+  if (!IsaAtLeast(HostIsa(), isa) || (amx && !AttentionAmxUsable()) || (lowp_avx2 && !AttentionLowpAvx2Usable())) {
 #else
-  const bool amx = false, lowp = false;
+  const bool amx = false, lowp = false, lowp_avx2 = false;
   const Isa isa = static_cast<Isa>(state.range(5));
   if (!IsaAtLeast(HostIsa(), isa)) {
 #endif
@@ -180,11 +182,12 @@ void BM_Attention(benchmark::State& state) {
   const AttentionArgs a{.n_tokens = t, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = d,
                         .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.data(), .ldq = n_head * d,
                         .k = k.data(), .ldk = n_head_kv * d, .v = v.data(), .ldv = n_head_kv * d,
-                        .out = out.data(), .ldo = n_head * d, .allow_bf16 = amx || lowp};
+                        .out = out.data(), .ldo = n_head * d, .allow_bf16 = amx || lowp || lowp_avx2};
   KernelTable kt = KernelsFor(isa);
 #if defined(__x86_64__)
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);
   if (lowp) FillAttentionLowpAvx512(&kt);
+  if (lowp_avx2) FillAttentionLowpAvx2(&kt);
 #endif
   omp_set_num_threads(threads);
   double seconds = 0;
@@ -215,14 +218,14 @@ void BM_Attention(benchmark::State& state) {
 void AttentionShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"T", "heads", "kv", "d", "thr", "isa"});
 #if defined(__x86_64__)
-  for (int isa : {4, 3, 2, 1})
+  for (int isa : {5, 4, 3, 2, 1})
 #else
   for (int isa : {5, 3})
 #endif
     for (int threads : {1, 2})
       for (int t : {512, 1024, 4096}) {
         b->Args({t, 32, 4, 128, threads, isa});  // Qwen3-30B-A3B
-        b->Args({t, 16, 16, 64, threads, isa});  // OLMoE-1B-7B
+        b->Args({t, 16, 16, 128, threads, isa});  // OLMoE-1B-7B (head_dim 2048 / 16; until 2026-12-02 64)
       }
 }
 // Real time is the figure of record; the process CPU time (all threads) is reported beside it so

@@ -1,7 +1,9 @@
 // Tests of the low-precision attention (kernels/attention_lowp.h: Q.K^T in int8, P.V in bf16):
-//  - the AVX-512 conversion of K/V writes the same bytes as the scalar reference's;
+//  - the AVX-512 and AVX2 (AVX-VNNI) conversions of K/V write the same bytes as the scalar
+//    reference's;
 //  - the AVX-512 kernel matches the scalar reference of the same algorithm (same quantisation,
-//    same P bit for bit) to fp32 accumulation-order noise;
+//    same P bit for bit) to fp32 accumulation-order noise; the AVX2 kernel matches it bit for bit
+//    (the same fp32 operations in the same order);
 //  - both match fp64 attention within the bound stated in attention_lowp.h, computed per query
 //    from the data (the largest score error delta_i of that query's quantised scores);
 //  - awkward sizes (T not a multiple of 64, head_dim 40/64/72/128/192, GQA 1/4/8), outputs
@@ -10,8 +12,9 @@
 //    rows are bit for bit those of any longer prompt it begins, and rows computed with q_begin > 0
 //    (a shared-prefix continuation) those of the whole sequence; rows before the first key block
 //    are the fp32 kernel's;
-//  - the wiring: the active table carries it exactly where the AMX kernel is not selected and
-//    ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
+//  - the wiring: the active table carries the AVX-512 kernel exactly where the AMX kernel is not
+//    selected, the AVX2 one at the AVX2 level of a host with AVX-VNNI (ESTREAM_ISA=avx2 here), each
+//    only when ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
 // And the AArch64 BFDOT kernel (arm_neon/attention_neon_bf16.cc: bf16 Q/K/P/V, fp32 accumulation)
 // on hosts with FEAT_BF16 (qemu -cpu max has it): against fp64 within its stated bound computed per
 // query from the data, on the same awkward shapes, NaN-poisoned; direct calls split any way give
@@ -66,6 +69,13 @@ KernelTable LowpAvx512Table(bool exact_rows) {
   if (!exact_rows) k.attention_exact_rows_bf16 = 0;
   return k;
 }
+// The AVX2 one (REQUIRES AttentionLowpAvx2Usable(): AVX2 + AVX-VNNI).
+KernelTable LowpAvx2Table(bool exact_rows) {
+  KernelTable k = KernelsFor(Isa::kAvx2);
+  FillAttentionLowpAvx2(&k);
+  if (!exact_rows) k.attention_exact_rows_bf16 = 0;
+  return k;
+}
 #endif
 const KernelTable& RefTable() {
   static const KernelTable t = LowpRefTable(false);
@@ -80,6 +90,35 @@ const KernelTable* Avx512Table() {
   static const KernelTable t = LowpAvx512Table(false);
   return &t;
 #endif
+}
+
+// Null without AVX2 + AVX-VNNI.
+const KernelTable* Avx2Table() {
+#if !defined(__x86_64__)
+  return nullptr;
+#else
+  if (!AttentionLowpAvx2Usable()) return nullptr;
+  static const KernelTable t = LowpAvx2Table(false);
+  return &t;
+#endif
+}
+
+// The x86 fast paths this host has: the table (every row on the low-precision kernel), its K/V
+// conversion, and whether it equals the reference bit for bit (AVX2) or to fp32 accumulation-order
+// noise (AVX-512: vdpbf16ps sums in its own order).
+struct X86Path {
+  std::string name;
+  const KernelTable* kt;
+  void (*convert)(const AttentionArgs&, int, int, uint16_t*);
+  bool bit_exact;
+};
+std::vector<X86Path> X86Paths() {
+  std::vector<X86Path> paths;
+#if defined(__x86_64__)
+  if (const KernelTable* kt = Avx512Table()) paths.push_back({"avx512", kt, AttentionLowpConvertKvAvx512, false});
+  if (const KernelTable* kt = Avx2Table()) paths.push_back({"avx2", kt, AttentionLowpConvertKvAvx2, true});
+#endif
+  return paths;
 }
 
 // Null unless the host is AArch64 with bf16.
@@ -304,10 +343,10 @@ std::vector<Shape> AwkwardShapes() {
   return shapes;
 }
 
-TEST(AttentionLowp, ConvertAvx512WritesTheReferenceBytes) {
+TEST(AttentionLowp, ConvertX86WritesTheReferenceBytes) {
   SEED_TRACE();
-  if (Avx512Table() == nullptr) GTEST_SKIP() << "no AVX-512 here";
-#if defined(__x86_64__)
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX-512 or AVX-VNNI here";
+  for (const X86Path& path : X86Paths()) {
   uint32_t salt = 1;
   for (const Shape& s : {Shape{1, 1, 1, 64}, Shape{63, 2, 2, 72}, Shape{65, 2, 1, 128}, Shape{130, 2, 2, 192},
                          Shape{200, 1, 1, 40}}) {
@@ -321,54 +360,55 @@ TEST(AttentionLowp, ConvertAvx512WritesTheReferenceBytes) {
       for (int h = 0; h < s.n_head_kv; ++h) {
         for (int b = 0; b < blocks; ++b) {
           AttentionLowpConvertKvRef(a, h, b, reinterpret_cast<uint16_t*>(ref.data()));
-          AttentionLowpConvertKvAvx512(a, h, b, reinterpret_cast<uint16_t*>(fast.data()));
+          path.convert(a, h, b, reinterpret_cast<uint16_t*>(fast.data()));
         }
         // Compare the fields (the alignment gaps between them are not written).
         for (int b = 0; b < blocks; ++b) {
           const size_t o = b * L.block_bytes;
           EXPECT_EQ(0, std::memcmp(ref.data() + o, fast.data() + o, static_cast<size_t>(kLowpKeys) * L.dp))
-              << Name(s) << " keys, block " << b;
+              << path.name << " " << Name(s) << " keys, block " << b;
           EXPECT_EQ(0, std::memcmp(ref.data() + o + L.corr, fast.data() + o + L.corr, 8 * kLowpKeys))
-              << Name(s) << " corr/scales, block " << b;
+              << path.name << " " << Name(s) << " corr/scales, block " << b;
           EXPECT_EQ(0, std::memcmp(ref.data() + o + L.vb, fast.data() + o + L.vb, 2 * kLowpKeys * s.head_dim))
-              << Name(s) << " values, block " << b;
+              << path.name << " " << Name(s) << " values, block " << b;
         }
       }
     }
   }
-#endif
+  }
 }
 
-TEST(AttentionLowp, Avx512MatchesReference) {
+TEST(AttentionLowp, X86MatchesReference) {
   SEED_TRACE();
-  const KernelTable* kt = Avx512Table();
-  if (kt == nullptr) GTEST_SKIP() << "no AVX-512 here";
-  uint32_t salt = 100;
-  for (const Shape& s : AwkwardShapes()) {
-    const bool outliers = salt % 3 == 0;
-    const Problem p(s, salt++, outliers);
-    const std::vector<float> ref = RefRows(p, 0, s.n_tokens);
-    const std::vector<float> out = RunLowp(*kt, p);
-    Check(p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
-          [&](int h, int t) { return TightTol(p, h, t); }, "avx512 vs ref");
-    // Uneven direct calls: one head over 29 rows, whole GQA groups over 150 rows.
-    const size_t bytes = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens);
-    AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 * s.n_head_kv + 32);
-    std::vector<float> out2 = p.Poisoned();
-    const AttentionArgs a = p.Args(out2.data());
-    const int blocks = (s.n_tokens + kLowpKeys - 1) / kLowpKeys;
-    for (int h = 0; h < s.n_head_kv; ++h)
-      for (int b = 0; b < blocks; ++b) kt->attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
-    const int rep = s.n_head / s.n_head_kv;
-    for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
-      std::fill(out2.begin(), out2.end(), kNaN);
-      for (int h = 0; h < s.n_head; h += heads)
-        for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
-          kt->attention_block_bf16(a, kv.get() + (h / rep) * (bytes / 2), h, h + heads, t0,
-                                   std::min(s.n_tokens, t0 + rows));
-      Check(p, out2, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
-            [&](int h, int t) { return TightTol(p, h, t); },
-            "avx512 calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows");
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX-512 or AVX-VNNI here";
+  for (const X86Path& path : X86Paths()) {
+    const KernelTable* kt = path.kt;
+    uint32_t salt = 100;
+    for (const Shape& s : AwkwardShapes()) {
+      const bool outliers = salt % 3 == 0;
+      const Problem p(s, salt++, outliers);
+      auto tol = [&](int h, int t) { return path.bit_exact ? 0.0 : TightTol(p, h, t); };
+      const std::vector<float> ref = RefRows(p, 0, s.n_tokens);
+      const std::vector<float> out = RunLowp(*kt, p);
+      Check(p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); }, tol, path.name + " vs ref");
+      // Uneven direct calls: one head over 29 rows, whole GQA groups over 150 rows.
+      const size_t bytes = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens);
+      AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 * s.n_head_kv + 32);
+      std::vector<float> out2 = p.Poisoned();
+      const AttentionArgs a = p.Args(out2.data());
+      const int blocks = (s.n_tokens + kLowpKeys - 1) / kLowpKeys;
+      for (int h = 0; h < s.n_head_kv; ++h)
+        for (int b = 0; b < blocks; ++b) kt->attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
+      const int rep = s.n_head / s.n_head_kv;
+      for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
+        std::fill(out2.begin(), out2.end(), kNaN);
+        for (int h = 0; h < s.n_head; h += heads)
+          for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
+            kt->attention_block_bf16(a, kv.get() + (h / rep) * (bytes / 2), h, h + heads, t0,
+                                     std::min(s.n_tokens, t0 + rows));
+        Check(p, out2, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); }, tol,
+              path.name + " calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows");
+      }
     }
   }
 }
@@ -388,7 +428,8 @@ TEST(AttentionLowp, MatchesFp64WithinStatedBound) {
       auto tol = [&](int h, int t) { return want[t][h].tol; };
       const std::string tag = outliers ? " (key outliers)" : "";
       Check(p, RefRows(p, 0, s.n_tokens), 0, s.n_tokens, w, tol, "ref vs fp64" + tag);
-      if (const KernelTable* kt = Avx512Table()) Check(p, RunLowp(*kt, p), 0, s.n_tokens, w, tol, "avx512 vs fp64" + tag);
+      for (const X86Path& path : X86Paths())
+        Check(p, RunLowp(*path.kt, p), 0, s.n_tokens, w, tol, path.name + " vs fp64" + tag);
     }
   }
 }
@@ -443,9 +484,11 @@ TEST(AttentionLowp, KeyChannelOffsetsKeepTheErrorSmall) {
   Problem offset = plain;
   for (int c : {1, 40, 126})
     for (int t = 0; t < s.n_tokens; ++t) offset.k[t * offset.ldk + c] += (c % 2 ? 40.0f : -40.0f);
-  const KernelTable& kt = Avx512Table() ? *Avx512Table() : RefTable();
+  std::vector<const KernelTable*> tables = {&RefTable()};
+  for (const X86Path& path : X86Paths()) tables.push_back(path.kt);
+  for (const KernelTable* kt : tables) {
   auto worst_error = [&](const Problem& p) {
-    const std::vector<float> out = RunLowp(kt, p);
+    const std::vector<float> out = RunLowp(*kt, p);
     double worst = 0;
     for (int t = 0; t < s.n_tokens; t += 4)
       for (int h = 0; h < s.n_head; ++h) {
@@ -456,39 +499,49 @@ TEST(AttentionLowp, KeyChannelOffsetsKeepTheErrorSmall) {
     return worst;
   };
   const double e_plain = worst_error(plain), e_offset = worst_error(offset);
-  EXPECT_LT(e_offset, 2 * e_plain + 1e-3) << "plain heads " << e_plain;
-  EXPECT_LT(e_plain, 0.03) << "largest error vs fp64 (max|v| <= 1)";
+  EXPECT_LT(e_offset, 2 * e_plain + 1e-3) << "plain heads " << e_plain << " isa " << static_cast<int>(kt->isa);
+  EXPECT_LT(e_plain, 0.03) << "largest error vs fp64 (max|v| <= 1), isa " << static_cast<int>(kt->isa);
+  }
 }
 
 // T = 4096: the last rows (most keys) and an early block against the reference and fp64.
 TEST(AttentionLowp, LongSequence) {
   SEED_TRACE();
-  const KernelTable* kt = Avx512Table();
-  if (kt == nullptr) GTEST_SKIP() << "no AVX-512 here";
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX-512 or AVX-VNNI here";
   const Shape s{4096, 2, 1, 128};
   const Problem p(s, 11, /*outliers=*/true);
-  const std::vector<float> out = RunLowp(*kt, p);
-  for (const auto& [t0, t1] : {std::pair{4096 - 24, 4096}, std::pair{100, 120}}) {
-    const std::vector<float> ref = RefRows(p, t0, t1);
-    Check(p, out, t0, t1, [&](int h, int t) { return RowOf(p, ref, h, t); },
-          [&](int h, int t) { return TightTol(p, h, t); }, "long vs ref");
-  }
-  for (int t : {4095, 2049, 130}) {
-    std::vector<std::vector<Fp64Row>> want(s.n_head);
-    for (int h = 0; h < s.n_head; ++h) want[h].push_back(Fp64RowAndBound(p, h, t));
-    Check(p, out, t, t + 1, [&](int h, int) { return want[h][0].o; }, [&](int h, int) { return want[h][0].tol; },
-          "long vs fp64");
+  std::vector<std::vector<float>> refs;
+  for (const auto& [t0, t1] : {std::pair{4096 - 24, 4096}, std::pair{100, 120}}) refs.push_back(RefRows(p, t0, t1));
+  std::vector<std::vector<Fp64Row>> want(s.n_head);
+  for (int h = 0; h < s.n_head; ++h)
+    for (int t : {4095, 2049, 130}) want[h].push_back(Fp64RowAndBound(p, h, t));
+  for (const X86Path& path : X86Paths()) {
+    const std::vector<float> out = RunLowp(*path.kt, p);
+    int i = 0;
+    for (const auto& [t0, t1] : {std::pair{4096 - 24, 4096}, std::pair{100, 120}}) {
+      const std::vector<float>& ref = refs[i++];
+      Check(p, out, t0, t1, [&](int h, int t) { return RowOf(p, ref, h, t); },
+            [&](int h, int t) { return path.bit_exact ? 0.0 : TightTol(p, h, t); }, path.name + " long vs ref");
+    }
+    int k = 0;
+    for (int t : {4095, 2049, 130}) {
+      Check(p, out, t, t + 1, [&](int h, int) { return want[h][k].o; }, [&](int h, int) { return want[h][k].tol; },
+            path.name + " long vs fp64");
+      ++k;
+    }
   }
 }
 
 // Through AttentionPrefill, whatever follows a row cannot change it: the rows of a prefix equal
 // those of the whole sequence bit for bit, and so do rows computed from q_begin (a continuation
-// after its context); the first kLowpKeys rows are the fp32 kernel's. Ref table and, on AVX-512
-// hosts, the fast one; T on both sides of the first key block, GQA 2.
+// after its context); the first kLowpKeys rows are the fp32 kernel's. Ref table and the fast ones
+// of this host (AVX-512, AVX2 with AVX-VNNI, AArch64 bf16); T on both sides of the first key block,
+// GQA 2.
 TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
   std::vector<KernelTable> tables = {LowpRefTable(true)};
 #if defined(__x86_64__)
   if (HostIsa() == Isa::kAvx512) tables.push_back(LowpAvx512Table(true));
+  if (AttentionLowpAvx2Usable()) tables.push_back(LowpAvx2Table(true));
 #endif
   if (const KernelTable* kt = NeonBf16Table()) tables.push_back(*kt);
   omp_set_num_threads(2);
@@ -557,15 +610,22 @@ TEST(AttentionLowp, Wiring) {
 #elif !defined(__x86_64__)
   EXPECT_EQ(Kernels().attention_block_bf16, nullptr) << "the low-precision attention is x86-64 and AArch64 only";
 #else
+  // The AVX-512 kernel at the AVX-512 level without AMX; the AVX2 one at the AVX2 level
+  // (ESTREAM_ISA=avx2 on an AVX-512 host) where the host has AVX-VNNI; none at the scalar level.
   const KernelTable& kt = Kernels();
-  const bool want = HostIsa() == Isa::kAvx512 && !AttentionAmxSelected() && AttentionLowpSelected();
-  EXPECT_EQ(want, kt.attention_block_bf16 == AttentionBlockLowpAvx512);
-  if (want) {
+  const bool avx512 = ActiveIsa() == Isa::kAvx512 && !AttentionAmxSelected() && AttentionLowpSelected();
+  const bool avx2 = ActiveIsa() == Isa::kAvx2 && AttentionLowpAvx2Usable() && AttentionLowpSelected();
+  EXPECT_EQ(avx512, kt.attention_block_bf16 == AttentionBlockLowpAvx512);
+  EXPECT_EQ(avx2, kt.attention_block_bf16 == AttentionBlockLowpAvx2);
+  if (ActiveIsa() == Isa::kScalar) {
+    EXPECT_EQ(kt.attention_block_bf16, nullptr);
+  }
+  if (avx512 || avx2) {
     EXPECT_GE(AttentionKvBytes(128, 32, 4, 1024, 2), AttentionLowpKvBytes(128, 1024));
-    EXPECT_GE(AttentionScratchBytes(128), AttentionLowpScratchBytes(128, 32));
+    EXPECT_GE(AttentionScratchBytes(128), kt.attention_scratch_bytes_bf16(128, 32));
     const Problem p({70, 4, 2, 64}, 21);
-    KernelTable fp32_only = KernelsFor(Isa::kAvx512);
-    FillAvx512OpsWith(&fp32_only, /*use_amx=*/false);
+    KernelTable fp32_only = kt;
+    fp32_only.attention_block_bf16 = nullptr;
     std::vector<float> fp32 = p.Poisoned(), not_allowed = p.Poisoned();
     omp_set_num_threads(2);
     AttentionPrefillWith(fp32_only, p.Args(fp32.data()));

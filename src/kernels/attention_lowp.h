@@ -1,15 +1,22 @@
 // Low-precision causal attention for prefill on hosts without AMX: Q.K^T in int8 (vpdpbusd),
 // P.V in bf16 (vdpbf16ps), fp32 online softmax. It fills the table's bf16 attention entries
 // (KernelTable::attention_convert_bf16 / attention_block_bf16 / ..., dispatch.h) of the AVX-512
-// level where the AMX-BF16 kernel is not selected, unless ESTREAM_ATTN_LOWP is "0", so it runs for
-// AttentionArgs::allow_bf16 (layers whose Q/K/V/O projections are quantised) exactly where the AMX
-// kernel would. A row's result depends only on the keys it attends to (keys 0..t): K is smoothed
+// level where the AMX-BF16 kernel is not selected, and of the AVX2 level where the host has
+// AVX-VNNI, unless ESTREAM_ATTN_LOWP is "0", so it runs for AttentionArgs::allow_bf16 (layers whose
+// Q/K/V/O projections are quantised) exactly where the AMX kernel would. A row's result depends
+// only on the keys it attends to (keys 0..t): K is smoothed
 // with the mean of the first kLowpKeys keys, and the rows before them take the fp32 kernel
 // (KernelTable::attention_exact_rows_bf16), so a prompt's outputs do not depend on what follows it
 // and a shared-prefix continuation (AttentionArgs::q_begin > 0) gives what the same tokens give as
 // one sequence (tests/model_batch_test.cc). The scalar reference of the same algorithm
-// (quantisation included) is ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc is the fast
-// path. Internal to src/kernels and its tests.
+// (quantisation included) is ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc and
+// x86_avx2/attention_lowp_avx2.cc are the fast paths. The AVX2 one (AVX-VNNI's VEX vpdpbusd on
+// ymm; AVX2 has no bf16 dot product) computes P.V with fp32 FMAs on the same bf16-rounded P and V,
+// in the reference's order, so it equals the reference bit for bit and the bound below holds for
+// it unchanged (P.V in int8 would have put an absolute error of ~1/510 on every weight P instead
+// of bf16's relative 2^-9, a bound growing with the number of keys). AVX2 hosts without AVX-VNNI
+// keep the fp32 kernel (vpmaddubsw + vpmaddwd do no more multiply-adds per instruction than FMA).
+// Internal to src/kernels and its tests.
 //
 // Algorithm. K and V are converted once per AttentionPrefill call, per kv head and key block of
 // kLowpKeys = 64 keys (AttentionLowpConvertKv*, in parallel before the work items):
@@ -80,6 +87,7 @@ size_t AttentionLowpKvBytes(int head_dim, int n_tokens);
 void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
 #if defined(__x86_64__)
 void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
+void AttentionLowpConvertKvAvx2(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
 #endif
 
 // Contract of KernelTable::attention_block_bf16: query heads [head_begin, head_end) sharing one kv
@@ -90,17 +98,27 @@ void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_
 #if defined(__x86_64__)
 void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
                               int t_begin, int t_end);
+void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                            int t_end);
 #endif
 
-// Per-thread scratch of the AVX-512 block after calls of at most `tiles` tiles
+// Per-thread scratch of the AVX-512 / AVX2 block after calls of at most `tiles` tiles
 // (KernelTable::attention_scratch_bytes_bf16).
 size_t AttentionLowpScratchBytes(int head_dim, int tiles);
+#if defined(__x86_64__)
+size_t AttentionLowpScratchBytesAvx2(int head_dim, int tiles);
+#endif
 
-// Set the table's bf16 attention entries to this kernel: the scalar reference (tests) or the
-// AVX-512 one (REQUIRES HostIsa() == kAvx512).
+// Set the table's bf16 attention entries to this kernel: the scalar reference (tests), the
+// AVX-512 one (REQUIRES HostIsa() == kAvx512) or the AVX2 one (REQUIRES AVX2 and
+// HostCpuFeatures().avx_vnni; FillAvx2Ops calls it where AttentionLowpAvx2Usable()).
 void FillAttentionLowpRef(KernelTable* t);
 #if defined(__x86_64__)
 void FillAttentionLowpAvx512(KernelTable* t);
+void FillAttentionLowpAvx2(KernelTable* t);
+// The host has AVX2 and AVX-VNNI (the AVX2 kernel's vpdpbusd; without it the AVX2 level keeps the
+// fp32 kernel).
+bool AttentionLowpAvx2Usable();
 #endif
 
 // The scalar 2^x of the kernels (x <= 0 or -inf; below 2^-125 exactly 0), the same operations as

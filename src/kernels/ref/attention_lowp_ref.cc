@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/cpu.h"
 #include "kernels/attention_lowp.h"
 #include "kernels/dispatch.h"
 
@@ -48,6 +49,10 @@ bool AttentionLowpSelected() {
   }();
   return selected;
 }
+
+#if defined(__x86_64__)
+bool AttentionLowpAvx2Usable() { return IsaAtLeast(HostIsa(), Isa::kAvx2) && HostCpuFeatures().avx_vnni; }
+#endif
 
 size_t AttentionLowpKvBytes(int head_dim, int n_tokens) {
   const size_t blocks = (static_cast<size_t>(std::max(n_tokens, 0)) + kLowpKeys - 1) / kLowpKeys;
