@@ -237,6 +237,67 @@ TEST(Scheduler, OrdersTheQueueShortestFirstWhileABatchRuns) {
   EXPECT_EQ(fake.batches[3], (std::vector<int64_t>{90}));
 }
 
+// Linger: clients answered together come back together. After a batch of 3 jobs, 3 jobs that
+// arrive one by one within the linger window form one batch; a lone client (batches of 1) never
+// waits for the (here very long) linger.
+TEST(Scheduler, JobsArrivingJustAfterABatchOfManyAreBatchedTogether) {
+  FakeRunner fake;
+  fake.Set(false);
+  Scheduler s(fake.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 60});
+  auto first = MakeJob(5);
+  ASSERT_EQ(s.Submit(first), Scheduler::Admit::kOk);
+  while (fake.running.load() == 0) std::this_thread::yield();
+  std::vector<std::shared_ptr<Job>> three = {MakeJob(10), MakeJob(10), MakeJob(10)};
+  for (auto& j : three) ASSERT_EQ(s.Submit(j), Scheduler::Admit::kOk);
+  fake.Set(true);
+  for (auto& j : three) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+  std::vector<std::shared_ptr<Job>> back;
+  for (int64_t n : {13, 11, 12}) {
+    back.push_back(MakeJob(n));
+    ASSERT_EQ(s.Submit(back.back()), Scheduler::Admit::kOk);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  for (auto& j : back) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+  ASSERT_EQ(fake.batches.size(), 3u);
+  EXPECT_EQ(fake.batches[1], (std::vector<int64_t>{10, 10, 10}));
+  EXPECT_EQ(fake.batches[2], (std::vector<int64_t>{13, 11, 12}));  // aging 0: arrival order
+  EXPECT_EQ(back[0]->batch_jobs, 3);
+}
+
+TEST(Scheduler, ALoneClientIsNeverDelayedByTheLinger) {
+  FakeRunner fake;
+  Scheduler s(fake.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 60});
+  for (int i = 0; i < 5; ++i) {
+    auto j = MakeJob(8 + i);
+    ASSERT_EQ(s.Submit(j), Scheduler::Admit::kOk);
+    ASSERT_TRUE(j->WaitFor(std::chrono::seconds(30))) << "job " << i << " waited for the linger";
+  }
+  EXPECT_EQ(fake.batches.size(), 5u);
+}
+
+// Jobs cancelled while the worker lingers leave nothing to run; later jobs still run.
+TEST(Scheduler, CancellingEveryQueuedJobDuringTheLingerKeepsTheWorkerServing) {
+  FakeRunner fake;
+  fake.Set(false);
+  Scheduler s(fake.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 2});
+  auto a = MakeJob(5), b = MakeJob(6);
+  ASSERT_EQ(s.Submit(a), Scheduler::Admit::kOk);
+  while (fake.running.load() == 0) std::this_thread::yield();
+  auto c = MakeJob(7);
+  ASSERT_EQ(s.Submit(b), Scheduler::Admit::kOk);
+  ASSERT_EQ(s.Submit(c), Scheduler::Admit::kOk);
+  fake.Set(true);
+  ASSERT_TRUE(c->WaitFor(std::chrono::seconds(10)));  // batches [5], [6, 7]: the last had 2 jobs
+  auto d = MakeJob(9);
+  ASSERT_EQ(s.Submit(d), Scheduler::Admit::kOk);  // the worker lingers for a second job
+  s.Cancel(d);
+  EXPECT_TRUE(d->dropped);
+  auto e = MakeJob(4);
+  ASSERT_EQ(s.Submit(e), Scheduler::Admit::kOk);
+  ASSERT_TRUE(e->WaitFor(std::chrono::seconds(10)));
+  ASSERT_TRUE(e->results.size() == 1 && e->results[0].ok());
+}
+
 TEST(Scheduler, AdmissionAndCancellation) {
   FakeRunner fake;
   fake.Set(false);

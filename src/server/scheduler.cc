@@ -164,12 +164,24 @@ void Scheduler::Stop(double grace_seconds) {
 }
 
 void Scheduler::WorkerLoop() {
+  std::chrono::steady_clock::time_point last_end{};
+  size_t last_jobs = 0;  // jobs of the last batch (0: none yet)
   for (;;) {
     std::vector<std::shared_ptr<Job>> batch;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return quit_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // quit_
+      for (;;) {
+        cv_.wait(l, [&] { return quit_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // quit_
+        if (last_jobs > 1 && options_.linger_seconds > 0) {
+          const auto until = last_end + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                            std::chrono::duration<double>(options_.linger_seconds));
+          cv_.wait_until(l, until, [&] {
+            return quit_ || queue_.size() >= last_jobs || queue_.queued_tokens() >= options_.max_batch_tokens;
+          });
+        }
+        if (!queue_.empty()) break;  // else every queued job was cancelled while lingering
+      }
       batch = queue_.PopBatch();
     }
     cv_.notify_all();  // Stop waits for the queue to drain
@@ -212,6 +224,8 @@ void Scheduler::WorkerLoop() {
       if (metrics_) metrics_->ObserveJob(j->queue_seconds, seconds);
       j->Finish();
     }
+    last_end = std::chrono::steady_clock::now();
+    last_jobs = batch.size();
     {
       std::lock_guard<std::mutex> l(mu_);
       const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;

@@ -30,6 +30,13 @@
 // sees one batch at a time. While a batch runs, new jobs queue up (their parsing and tokenization
 // happened on the HTTP threads); when it returns the worker forms the next batch at once (a
 // queue walk under the mutex, microseconds), so the engine never idles with work queued.
+// Linger (convoys): clients that send their next request when the last one is answered all come
+// back just after a batch ends, and the first of them would otherwise start a batch alone (under a
+// budget a 1-job pass re-reads every expert, seconds, while the others queue behind it). So after
+// a batch of n jobs the worker waits, up to linger_seconds after that batch's end, until n jobs are
+// queued (or max_batch_tokens are): the same clients coming back form one batch again. A server
+// that was idle for linger_seconds, or one whose clients are all back, starts at once: one client
+// sending requests one after another is never delayed.
 // Completion is signalled per job (Job::Wait*); a handler that gives up (client gone, timeout)
 // calls Cancel: a queued job is removed at once, a running one finishes and its result is dropped.
 #pragma once
@@ -125,6 +132,7 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = 4096;  // most tokens of one batch (and of one job)
   int max_queue = 64;               // most jobs waiting (the running batch not counted)
   double aging_seconds = 2.0;       // see the file comment
+  double linger_seconds = 0.02;     // see "Linger" in the file comment; 0: never wait
 };
 
 class Scheduler {
