@@ -343,6 +343,29 @@ std::vector<Shape> AwkwardShapes() {
   return shapes;
 }
 
+// Direct calls of the table's conversion and block entries, split as one head x 29 rows and whole
+// GQA groups x 150 rows (a row's result must not depend on its tile), checked against want/tol.
+template <typename Want, typename Tol>
+void CheckUnevenDirectCalls(const KernelTable& kt, const Problem& p, Want want, Tol tol, const std::string& name) {
+  const Shape& s = p.s;
+  const size_t bytes = kt.attention_kv_bytes_bf16(s.head_dim, s.n_tokens);
+  AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 * s.n_head_kv + 32);
+  std::vector<float> out = p.Poisoned();
+  const AttentionArgs a = p.Args(out.data());
+  const int blocks = (s.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
+  for (int h = 0; h < s.n_head_kv; ++h)
+    for (int b = 0; b < blocks; ++b) kt.attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
+  const int rep = s.n_head / s.n_head_kv;
+  for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
+    std::fill(out.begin(), out.end(), kNaN);
+    for (int h = 0; h < s.n_head; h += heads)
+      for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
+        kt.attention_block_bf16(a, kv.get() + (h / rep) * (bytes / 2), h, h + heads, t0, std::min(s.n_tokens, t0 + rows));
+    Check(p, out, 0, s.n_tokens, want, tol,
+          name + " calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows");
+  }
+}
+
 TEST(AttentionLowp, ConvertX86WritesTheReferenceBytes) {
   SEED_TRACE();
   if (X86Paths().empty()) GTEST_SKIP() << "no AVX-512 or AVX-VNNI here";
@@ -391,24 +414,7 @@ TEST(AttentionLowp, X86MatchesReference) {
       const std::vector<float> ref = RefRows(p, 0, s.n_tokens);
       const std::vector<float> out = RunLowp(*kt, p);
       Check(p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); }, tol, path.name + " vs ref");
-      // Uneven direct calls: one head over 29 rows, whole GQA groups over 150 rows.
-      const size_t bytes = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens);
-      AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 * s.n_head_kv + 32);
-      std::vector<float> out2 = p.Poisoned();
-      const AttentionArgs a = p.Args(out2.data());
-      const int blocks = (s.n_tokens + kLowpKeys - 1) / kLowpKeys;
-      for (int h = 0; h < s.n_head_kv; ++h)
-        for (int b = 0; b < blocks; ++b) kt->attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
-      const int rep = s.n_head / s.n_head_kv;
-      for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
-        std::fill(out2.begin(), out2.end(), kNaN);
-        for (int h = 0; h < s.n_head; h += heads)
-          for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
-            kt->attention_block_bf16(a, kv.get() + (h / rep) * (bytes / 2), h, h + heads, t0,
-                                     std::min(s.n_tokens, t0 + rows));
-        Check(p, out2, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); }, tol,
-              path.name + " calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows");
-      }
+      CheckUnevenDirectCalls(*kt, p, [&](int h, int t) { return RowOf(p, ref, h, t); }, tol, path.name);
     }
   }
 }
@@ -453,23 +459,8 @@ TEST(AttentionLowp, NeonBf16MatchesFp64WithinStatedBound) {
       Check(p, out, 0, s.n_tokens, [&](int h, int t) { return want[t][h].o; }, [&](int h, int t) { return want[t][h].tol; },
             "neon bf16 vs fp64" + tag);
       if (outliers) continue;
-      const size_t bytes = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens);
-      AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(bytes / 2 * s.n_head_kv + 32);
-      std::vector<float> out2 = p.Poisoned();
-      const AttentionArgs a = p.Args(out2.data());
-      const int blocks = (s.n_tokens + kt->attention_kv_block_bf16 - 1) / kt->attention_kv_block_bf16;
-      for (int h = 0; h < s.n_head_kv; ++h)
-        for (int b = 0; b < blocks; ++b) kt->attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
-      const int rep = s.n_head / s.n_head_kv;
-      for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
-        std::fill(out2.begin(), out2.end(), kNaN);
-        for (int h = 0; h < s.n_head; h += heads)
-          for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
-            kt->attention_block_bf16(a, kv.get() + (h / rep) * (bytes / 2), h, h + heads, t0,
-                                     std::min(s.n_tokens, t0 + rows));
-        Check(p, out2, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, out, h, t); }, [](int, int) { return 0.0; },
-              "neon bf16 calls of " + std::to_string(heads) + " heads x " + std::to_string(rows) + " rows");
-      }
+      CheckUnevenDirectCalls(*kt, p, [&](int h, int t) { return RowOf(p, out, h, t); }, [](int, int) { return 0.0; },
+                             "neon bf16");
     }
   }
 }

@@ -113,6 +113,11 @@ size_t AttentionLowpScratchBytesAvx2(int head_dim, int tiles);
 // AVX-512 one (REQUIRES HostIsa() == kAvx512) or the AVX2 one (REQUIRES AVX2 and
 // HostCpuFeatures().avx_vnni; FillAvx2Ops calls it where AttentionLowpAvx2Usable()).
 void FillAttentionLowpRef(KernelTable* t);
+// What the three Fill functions share: the format's constants (kLowpKeys, kLowpRows, the exact
+// first key block, AttentionLowpKvBytes) and the kernel's own conversion, block and scratch size.
+void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, uint16_t*),
+                      void (*block)(const AttentionArgs&, const uint16_t*, int, int, int, int),
+                      size_t (*scratch_bytes)(int, int));
 #if defined(__x86_64__)
 void FillAttentionLowpAvx512(KernelTable* t);
 void FillAttentionLowpAvx2(KernelTable* t);

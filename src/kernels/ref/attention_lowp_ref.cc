@@ -196,14 +196,20 @@ void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_
     for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows) LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows));
 }
 
-void FillAttentionLowpRef(KernelTable* t) {
-  t->attention_convert_bf16 = AttentionLowpConvertKvRef;
+void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, uint16_t*),
+                      void (*block)(const AttentionArgs&, const uint16_t*, int, int, int, int),
+                      size_t (*scratch_bytes)(int, int)) {
+  t->attention_convert_bf16 = convert;
   t->attention_kv_bytes_bf16 = AttentionLowpKvBytes;
   t->attention_kv_block_bf16 = kLowpKeys;
-  t->attention_block_bf16 = AttentionBlockLowpRef;
+  t->attention_block_bf16 = block;
   t->attention_rows_bf16 = kLowpRows;
   t->attention_exact_rows_bf16 = kLowpKeys;
-  t->attention_scratch_bytes_bf16 = nullptr;
+  t->attention_scratch_bytes_bf16 = scratch_bytes;
+}
+
+void FillAttentionLowpRef(KernelTable* t) {
+  SetAttentionLowp(t, AttentionLowpConvertKvRef, AttentionBlockLowpRef, nullptr);
 }
 
 }  // namespace estream::kernels

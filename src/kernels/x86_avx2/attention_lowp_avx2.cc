@@ -399,15 +399,7 @@ void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head
   }
 }
 
-void FillAttentionLowpAvx2(KernelTable* t) {
-  t->attention_convert_bf16 = AttentionLowpConvertKvAvx2;
-  t->attention_kv_bytes_bf16 = AttentionLowpKvBytes;
-  t->attention_kv_block_bf16 = kLowpKeys;
-  t->attention_block_bf16 = AttentionBlockLowpAvx2;
-  t->attention_rows_bf16 = kLowpRows;
-  t->attention_exact_rows_bf16 = kLowpKeys;
-  t->attention_scratch_bytes_bf16 = AttentionLowpScratchBytesAvx2;
-}
+void FillAttentionLowpAvx2(KernelTable* t) { SetAttentionLowp(t, AttentionLowpConvertKvAvx2, AttentionBlockLowpAvx2, AttentionLowpScratchBytesAvx2); }
 
 }  // namespace estream::kernels
 

@@ -419,15 +419,7 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
   }
 }
 
-void FillAttentionLowpAvx512(KernelTable* t) {
-  t->attention_convert_bf16 = AttentionLowpConvertKvAvx512;
-  t->attention_kv_bytes_bf16 = AttentionLowpKvBytes;
-  t->attention_kv_block_bf16 = kLowpKeys;
-  t->attention_block_bf16 = AttentionBlockLowpAvx512;
-  t->attention_rows_bf16 = kLowpRows;
-  t->attention_exact_rows_bf16 = kLowpKeys;
-  t->attention_scratch_bytes_bf16 = AttentionLowpScratchBytes;
-}
+void FillAttentionLowpAvx512(KernelTable* t) { SetAttentionLowp(t, AttentionLowpConvertKvAvx512, AttentionBlockLowpAvx512, AttentionLowpScratchBytes); }
 
 }  // namespace estream::kernels
 
