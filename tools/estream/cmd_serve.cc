@@ -51,18 +51,18 @@ class ServeCommand : public Command {
         ->check(CLI::PositiveNumber);
     sub->add_option("--aging", o_.scheduler.aging_seconds, "seconds of waiting that make up for the largest "
                     "request's size in the shortest-first queue (default 2): a request is never overtaken by one that "
-                    "arrived more than this later")->check(CLI::NonNegativeNumber);
+                    "arrived more than this later")->check(SecondsCheck());
     sub->add_option("--batch-linger", o_.scheduler.linger_seconds, "after a batch of N requests, seconds to wait "
                     "(from its end) for N requests to queue again before the next batch starts, so that clients "
                     "answered together are batched together (default 0.02; 0: never wait; one client is never delayed)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(SecondsCheck());
     sub->add_option("--timeout", o_.timeout_seconds, "seconds a request may take before it gets 504 (default 0: none)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(SecondsCheck());
     sub->add_option("--max-body", max_body_, "largest request body (default 256K); larger: 413");
     sub->add_option("--http-threads", o_.http_threads, "HTTP worker threads (default --max-queue + 8)")
         ->check(CLI::NonNegativeNumber);
     sub->add_option("--shutdown-grace", o_.shutdown_grace_seconds, "on SIGTERM/SIGINT, seconds queued work may "
-                    "still run (default 10)")->check(CLI::NonNegativeNumber);
+                    "still run (default 10)")->check(SecondsCheck());
     sub->add_option("--alias", alias_, "model id in replies and /v1/models (default: the file name)");
     sub->add_option("--rerank-template", o_.rerank_template, "rerank prompt with {query} and {document}; the "
                     "answer scored is \" yes\" vs \" no\"");

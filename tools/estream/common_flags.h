@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "estream/options.h"
@@ -16,6 +18,20 @@ namespace estream::cli {
 inline CLI::Option* AddThreadsFlag(CLI::App* sub, int* threads,
                                    const std::string& help = "compute threads (default: one per CPU)") {
   return sub->add_option("-t,--threads", *threads, help)->check(CLI::NonNegativeNumber);
+}
+
+// A duration flag's check: a finite number of seconds >= 0, with an error that says so (CLI11's
+// NonNegativeNumber prints its range up to DBL_MAX in full).
+inline CLI::Validator SecondsCheck() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x < 0)
+          return "expected a number of seconds >= 0 (e.g. 0.5), got '" + v + "'";
+        return {};
+      },
+      "SECONDS");
 }
 
 inline CLI::Option* AddBudgetFlag(CLI::App* sub, std::string* budget, const std::string& help) {
