@@ -15,6 +15,7 @@
 #include "base/memory.h"
 #include "gguf/gguf.h"
 #include "server/server.h"
+#include "tests/cli_test_util.h"
 #include "tests/server_test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -262,6 +263,20 @@ TEST_F(ServerEngine, LoadTestNoErrorAndFlatRss) {
   EXPECT_LE(static_cast<double>(rss_end), 1.05 * static_cast<double>(rss_after_warmup.load()))
       << "RSS after warm-up " << rss_after_warmup.load() << ", at the end " << rss_end;
   EXPECT_GE(server_->metrics().requests("/v1/completions", 200), 1000u);
+}
+
+// `estream serve`'s duration flags (--aging, --batch-linger, --timeout, --shutdown-grace): a
+// negative, non-numeric or infinite value is refused before anything starts, naming the flag.
+TEST(ServeCli, BadDurationFlagsGetAClearError) {
+  const std::string err = ::testing::TempDir() + "serve_cli_stderr.txt";
+  for (const char* flag : {"--aging", "--batch-linger", "--timeout", "--shutdown-grace"})
+    for (const char* value : {"-1", "abc", "inf"}) {
+      const cli_test::CliResult r =
+          cli_test::RunCli(std::string("serve -m /nonexistent.gguf --port 0 ") + flag + "=" + value, err);
+      EXPECT_NE(r.exit_code, 0) << flag << "=" << value;
+      EXPECT_NE(r.err.find(std::string(flag) + ": expected a number of seconds >= 0"), std::string::npos)
+          << flag << "=" << value << ": " << r.err;
+    }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 # `estream serve` (issue 20). server_scheduler_test and server_http_test use a fake engine (no
 # OpenMP), so they also run under ThreadSanitizer (label tsan) and ASan+UBSan (sanitize);
 # server_engine_test runs the real engine on the tiny shared model behind a real HTTP client
-# (results equal the library's; concurrent == sequential; a bounded load test).
+# (results equal the library's; concurrent == sequential; a bounded load test), and `estream serve`'s
+# flag checks in a child process (ServeCli.*: needs the estream binary, so not in the sanitizer builds).
 estream_add_test(server_scheduler_test SOURCES ${CMAKE_SOURCE_DIR}/tests/server_scheduler_test.cc
   LIBS estream_server LABELS server tsan sanitize)
 estream_add_test(server_http_test SOURCES ${CMAKE_SOURCE_DIR}/tests/server_http_test.cc
@@ -13,6 +14,7 @@ estream_add_test(server_engine_test SOURCES ${CMAKE_SOURCE_DIR}/tests/server_eng
   LIBS estream_server estream_gguf LABELS server load)
 if(TARGET server_engine_test)
   target_include_directories(server_engine_test PRIVATE ${CMAKE_SOURCE_DIR})
+  add_dependencies(server_engine_test estream)  # ServeCli.* runs the CLI
 endif()
 # The official OpenAI Node client (npm `openai`, installed by scripts/setup.sh into tests/node)
 # against the `estream serve` binary, then SIGTERM -> exit 0. Skipped where node is missing.
