@@ -129,9 +129,14 @@ struct LowpScratch {
   }
 };
 
-// ST rows j .. j + R of the block against the tile's 64 queries.
+// ST rows j .. j + R of the block against the tile's 64 queries. Not inlined, and vpdpbusd as
+// inline asm with the accumulator tied ("+v"): GCC 12 emits the intrinsic with an untied
+// accumulator and, inlined into the block's loop, copied each accumulator through another register
+// (about two vmovdqa per vpdpbusd) and spilled one; as asm inside the inlined loop it kept all 16
+// accumulators on the stack (the cause of the slow asm attempt in docs/PERFORMANCE.md). Out of line,
+// the asm loop holds them in registers (the result is the same integer sum).
 template <int R>
-inline void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk, const uint8_t* q4,
+__attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk, const uint8_t* q4,
                    const __m512* sq, float* st) {
   __m512i acc[R][kVecs];
   ESTREAM_UNROLL
@@ -148,7 +153,7 @@ inline void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* s
       std::memcpy(&w, ki + r * dp + 4 * d4, 4);
       const __m512i kb = _mm512_set1_epi32(w);
       ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], q[c], kb);
+      for (int c = 0; c < kVecs; ++c) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc[r][c]) : "v"(q[c]), "v"(kb));
     }
   }
   ESTREAM_UNROLL
@@ -162,14 +167,19 @@ inline void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* s
   }
 }
 
-// OT rows c0 .. c0 + R (head dims) = OT alpha + sum over np key pairs of P2 . VB.
-template <int R>
-inline void PvTile(const uint32_t* vb, int d, const uint32_t* p2, int np, const __m512* alpha, float* ot) {
+// OT rows c0 .. c0 + R (head dims) = OT alpha + sum over np key pairs of P2 . VB. kFirst: the
+// tile's first key block, OT taken as 0 (not read: the scratch is never cleared); kLast: its last
+// block, the sums stored times inv_l (1 / l) instead, the normalisation of finish_tile without a
+// pass of its own. Both give the bits of the plain step (0 alpha = 0, as alpha is finite).
+template <int R, bool kFirst, bool kLast>
+inline void PvTile(const uint32_t* vb, int d, const uint32_t* p2, int np, const __m512* alpha, const __m512* inv_l,
+                   float* ot) {
   __m512 acc[R][kVecs];
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(ot + r * kLowpRows + c * 16), alpha[c]);
+    for (int c = 0; c < kVecs; ++c)
+      acc[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_mul_ps(_mm512_loadu_ps(ot + r * kLowpRows + c * 16), alpha[c]);
   for (int p = 0; p < np; ++p) {
     __m512bh pv[kVecs];
     ESTREAM_UNROLL
@@ -184,7 +194,8 @@ inline void PvTile(const uint32_t* vb, int d, const uint32_t* p2, int np, const 
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c) _mm512_storeu_ps(ot + r * kLowpRows + c * 16, acc[r][c]);
+    for (int c = 0; c < kVecs; ++c)
+      _mm512_storeu_ps(ot + r * kLowpRows + c * 16, kLast ? _mm512_mul_ps(acc[r][c], inv_l[c]) : acc[r][c]);
 }
 
 }  // namespace
@@ -332,21 +343,14 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
         for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(q1 + c), _MM_HINT_T1);
       }
     }
-    std::memset(tile_ot(x), 0, sizeof(float) * d * kQ);
     std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
     std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
   };
+  // out[q0 + i][c] = OT[c][i], OT already divided by l (the last block's PvTile).
   auto finish_tile = [&](int x) {
     const int q0 = tile_q0(x);
     const int nq = std::min(kQ, t_end - q0);
     float* ot = tile_ot(x);
-    __m512 inv_l[kVecs];
-    ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c) inv_l[c] = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(tile_l(x) + c * 16));
-    for (int r = 0; r < d; ++r)
-      ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c)
-        _mm512_storeu_ps(ot + r * kQ + c * 16, _mm512_mul_ps(_mm512_loadu_ps(ot + r * kQ + c * 16), inv_l[c]));
     float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
     TransposeBlock<TransposeTraits>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
   };
@@ -409,12 +413,25 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
           _mm512_storeu_si512(p2 + p * kQ + c * 16, packed);
         }
       }
+      const bool first = kb == 0, last = kb + kLowpKeys >= q1;
+      __m512 inv_l[kVecs];
       ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c)
-        _mm512_storeu_ps(tile_l(x) + c * 16, _mm512_fmadd_ps(_mm512_loadu_ps(tile_l(x) + c * 16), alpha[c], sum[c]));
+      for (int c = 0; c < kVecs; ++c) {
+        const __m512 l = _mm512_fmadd_ps(_mm512_loadu_ps(tile_l(x) + c * 16), alpha[c], sum[c]);
+        _mm512_storeu_ps(tile_l(x) + c * 16, l);
+        inv_l[c] = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
+      }
       float* ot = tile_ot(x);
-      ForTiles<kPvDims>(d, [&]<int R>(int c0) { PvTile<R>(vb + c0, d, p2, np, alpha, ot + c0 * kQ); });
-      if (kb + kLowpKeys >= q1) finish_tile(x);
+      auto pv = [&]<bool kFirst, bool kLast>() {
+        ForTiles<kPvDims>(d, [&]<int R>(int c0) {
+          PvTile<R, kFirst, kLast>(vb + c0, d, p2, np, alpha, inv_l, ot + c0 * kQ);
+        });
+      };
+      if (first && last) pv.template operator()<true, true>();
+      else if (first) pv.template operator()<true, false>();
+      else if (last) pv.template operator()<false, true>();
+      else pv.template operator()<false, false>();
+      if (last) finish_tile(x);
     }
   }
 }
