@@ -305,46 +305,55 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
                                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i interleave = _mm512_load_si512(kInterleave);
 
-  auto start_tile = [&](int x) {
-    const int q0 = tile_q0(x);
-    const int nq = std::min(kQ, t_end - q0);
+  const int chunks = (d + 15) / 16;
+  auto q_row = [&](int x, int i) {
+    return a.q + static_cast<int64_t>(tile_q0(x) + i) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
+  };
+  // Row i of tile x: qi + 128 as u8 into Q4 (lane i of each 4-dim group) and sq_i.
+  auto quantise_row = [&](int x, int i) {
     uint32_t* q4 = reinterpret_cast<uint32_t*>(tile_q4(x));
     float* sq = tile_sq(x);
-    const int chunks = (d + 15) / 16;
+    if (tile_q0(x) + i >= t_end) {
+      for (int d4 = 0; d4 < dp / 4; ++d4) q4[d4 * kQ + i] = 0x80808080u;
+      sq[i] = 0.0f;
+      return;
+    }
+    const float* q = q_row(x, i);
     alignas(64) uint8_t row[512 + 64];
+    __m512 qs[512 / 16];
+    __m512 amax = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; ++c) {
+      qs[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), q + 16 * c), _mm512_set1_ps(q_scale));
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(qs[c]));
+    }
+    const float am = _mm512_reduce_max_ps(amax);
+    const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+    for (int c = 0; c < chunks; ++c) {
+      const __m512i x8 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(qs[c], inv)), _mm512_set1_epi32(128));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), _mm512_cvtepi32_epi8(x8));
+    }
+    for (int d4 = 0; d4 < dp / 4; ++d4) std::memcpy(q4 + d4 * kQ + i, row + 4 * d4, 4);
+    sq[i] = am / 127.0f;
+  };
+  // Every tile's Q quantised before the first key block, row by row across the tiles (a GQA
+  // group's heads of one row are adjacent in memory), the rows kAhead further on prefetched: the
+  // strided Q rows are usually not cached, and loading them on demand tile by tile stalled (~13%
+  // of the kernel at T = 1024, Qwen3 shape, 1 thread, with a one-tile-ahead prefetch).
+  auto start_tiles = [&]() {
+    constexpr int kAhead = 4;
     for (int i = 0; i < kQ; ++i) {
-      if (i >= nq) {
-        for (int d4 = 0; d4 < dp / 4; ++d4) q4[d4 * kQ + i] = 0x80808080u;
-        sq[i] = 0.0f;
-        continue;
-      }
-      const float* q = a.q + static_cast<int64_t>(q0 + i) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
-      __m512 qs[512 / 16];
-      __m512 amax = _mm512_setzero_ps();
-      for (int c = 0; c < chunks; ++c) {
-        qs[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), q + 16 * c), _mm512_set1_ps(q_scale));
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(qs[c]));
-      }
-      const float am = _mm512_reduce_max_ps(amax);
-      const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
-      for (int c = 0; c < chunks; ++c) {
-        const __m512i x8 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(qs[c], inv)), _mm512_set1_epi32(128));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), _mm512_cvtepi32_epi8(x8));
-      }
-      for (int d4 = 0; d4 < dp / 4; ++d4) std::memcpy(q4 + d4 * kQ + i, row + 4 * d4, 4);
-      sq[i] = am / 127.0f;
-    }
-    // The next tile's Q rows (strided rows, usually not cached) arrive while this tile computes
-    // its first key block: loading them on demand cost ~13% of the kernel at T = 1024.
-    if (x + 1 < n_tiles) {
-      const int nq1 = std::min(kQ, t_end - tile_q0(x + 1));
-      for (int i = 0; i < nq1; ++i) {
-        const float* q1 = a.q + static_cast<int64_t>(tile_q0(x + 1) + i) * a.ldq + static_cast<int64_t>(tile_head(x + 1)) * d;
-        for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(q1 + c), _MM_HINT_T1);
+      for (int x = 0; x < n_tiles; ++x) {
+        if (i + kAhead < kQ && tile_q0(x) + i + kAhead < t_end) {
+          const float* qa = q_row(x, i + kAhead);
+          for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(qa + c), _MM_HINT_T0);
+        }
+        quantise_row(x, i);
       }
     }
-    std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
-    std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
+    for (int x = 0; x < n_tiles; ++x) {
+      std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
+      std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
+    }
   };
   // out[q0 + i][c] = OT[c][i], OT already divided by l (the last block's PvTile).
   auto finish_tile = [&](int x) {
@@ -357,6 +366,7 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
 
   const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  start_tiles();
   for (int kb = 0; kb < t_end; kb += kLowpKeys) {
     const uint8_t* blk = reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(kb / kLowpKeys) * L.block_bytes;
     const int8_t* ki = reinterpret_cast<const int8_t*>(blk);
@@ -368,7 +378,6 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
       const int q1 = std::min(t_end, q0 + kQ);
       if (kb >= q1) continue;
       const int nk = std::min(kLowpKeys, q1 - kb);
-      if (kb == 0) start_tile(x);
       const uint8_t* q4 = tile_q4(x);
       __m512 sq[kVecs];
       ESTREAM_UNROLL
