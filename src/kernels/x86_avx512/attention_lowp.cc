@@ -1,10 +1,14 @@
 // AVX-512 VNNI + BF16 low-precision attention (kernels/attention_lowp.h): Q.K^T with vpdpbusd on
 // int8 operands, P.V with vdpbf16ps on bf16 operands, fp32 online softmax. Same loop structure as
 // the fp32 x86 kernel (attention_x86_impl.h): queries in the vector lanes (16 per vector, 4
-// vectors = 64 per tile), every tile of a call walks the key blocks in lockstep so that each
-// converted block is read from memory once per call.
+// vectors = 64 per tile), every tile of a group (at most 8 tiles of a call) walks the key blocks
+// in lockstep so that each converted block is read from memory once per group. Per group: every
+// tile's Q quantised first (row by row across the tiles, prefetched ahead; the next group's Q rows
+// are prefetched to L2 during this group's last steps), then per key block and tile the QK step,
+// the online softmax and the PV step (the first block's starting from O = 0, the last one's
+// storing O / l), then O transposed into the output.
 //   QK step, per 4 keys x 4 query vectors: 16 int32 accumulators; per 4 head dims one vpdpbusd
-//     each, Q as u8 (qi + 128, 4 dims per lane) and the key's 4 int8 dims broadcast.
+//     each, Q as u8 (qi + 128, 4 dims per lane) and the key's 4 int8 dims broadcast (QkTile).
 //   PV step, per 6 head dims x 4 query vectors: 24 fp32 accumulators; per 2 keys one vdpbf16ps
 //     each, P as bf16 pairs (keys 2p, 2p + 1 per lane) and V's pair for the dim broadcast.
 // Compiled with the AVX-512 flags only; the table carries it where the host has AVX-512 (with
@@ -268,20 +272,18 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
 
 size_t AttentionLowpScratchBytes(int head_dim, int tiles) { return LowpScratch::Bytes(head_dim, tiles); }
 
-void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
-                              int t_end) {
+namespace {
+
+// Query rows [t_begin, t_end) of heads [head_begin, head_end): a group of one call.
+struct LowpGroup {
+  int head_begin, head_end, t_begin, t_end;
+};
+
+// One group of at most 8 tiles (AttentionBlockLowpAvx512); `next` (or nullptr) is the group the
+// same call runs after it, whose Q rows it prefetches during its last key blocks.
+void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup& g, const LowpGroup* next) {
   constexpr int kQ = kLowpRows;
-  // At most kMaxTiles tiles walk the key blocks together, so that their O (d x 64 fp32 each) stays
-  // in L2; larger calls (the bf16 path's items hold up to 32 tiles) run as several such groups.
-  constexpr int kMaxTiles = 8;
-  if (static_cast<int64_t>(head_end - head_begin) * ((t_end - t_begin + kQ - 1) / kQ) > kMaxTiles) {
-    const int hs = std::min(head_end - head_begin, kMaxTiles);
-    const int rs = std::max(1, kMaxTiles / hs) * kQ;
-    for (int h = head_begin; h < head_end; h += hs)
-      for (int t = t_begin; t < t_end; t += rs)
-        AttentionBlockLowpAvx512(a, kv, h, std::min(head_end, h + hs), t, std::min(t_end, t + rs));
-    return;
-  }
+  const int head_begin = g.head_begin, head_end = g.head_end, t_begin = g.t_begin, t_end = g.t_end;
   const LowpLayout L(a.head_dim);
   const int d = a.head_dim, dp = L.dp;
   const int row_tiles = (t_end - t_begin + kQ - 1) / kQ;
@@ -367,6 +369,27 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
   const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   start_tiles();
+  // The next group's Q rows (contiguous heads of each row) go to L2 during this group's last
+  // (tile, key block) steps, kPrefetchLines lines per step, so that its start_tiles finds them
+  // there: without it the strided Q loads were ~7% of the kernel at T = 1024 (perf, 1 thread).
+  constexpr int kPrefetchLines = 64;
+  int64_t steps = 0, step = 0, next_row = 0, prefetch_from = 0;
+  const int64_t next_row_bytes = next ? static_cast<int64_t>(next->head_end - next->head_begin) * d * 4 : 0;
+  const int64_t next_rows = next ? next->t_end - next->t_begin : 0;
+  const int lines_per_row = static_cast<int>((next_row_bytes + 63) / 64);
+  if (next != nullptr) {
+    for (int x = 0; x < n_tiles; ++x) steps += (std::min(t_end, tile_q0(x) + kQ) + kLowpKeys - 1) / kLowpKeys;
+    const int64_t need = (next_rows * lines_per_row + kPrefetchLines - 1) / kPrefetchLines;
+    prefetch_from = std::max<int64_t>(0, steps - need - 1);
+  }
+  auto prefetch_next = [&]() {
+    if (next == nullptr || step++ < prefetch_from) return;
+    for (int lines = 0; lines < kPrefetchLines && next_row < next_rows; ++next_row, lines += lines_per_row) {
+      const char* r = reinterpret_cast<const char*>(a.q + (next->t_begin + next_row) * a.ldq +
+                                                    static_cast<int64_t>(next->head_begin) * d);
+      for (int64_t o = 0; o < next_row_bytes; o += 64) _mm_prefetch(r + o, _MM_HINT_T1);
+    }
+  };
   for (int kb = 0; kb < t_end; kb += kLowpKeys) {
     const uint8_t* blk = reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(kb / kLowpKeys) * L.block_bytes;
     const int8_t* ki = reinterpret_cast<const int8_t*>(blk);
@@ -378,6 +401,7 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
       const int q1 = std::min(t_end, q0 + kQ);
       if (kb >= q1) continue;
       const int nk = std::min(kLowpKeys, q1 - kb);
+      prefetch_next();
       const uint8_t* q4 = tile_q4(x);
       __m512 sq[kVecs];
       ESTREAM_UNROLL
@@ -443,6 +467,27 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
       if (last) finish_tile(x);
     }
   }
+}
+
+}  // namespace
+
+void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                              int t_end) {
+  constexpr int kQ = kLowpRows;
+  // At most kMaxTiles tiles walk the key blocks together, so that their O (d x 64 fp32 each) stays
+  // in L2; larger calls (the bf16 path's items hold up to 32 tiles) run as several such groups.
+  constexpr int kMaxTiles = 8;
+  const int hs = std::min(head_end - head_begin, kMaxTiles);
+  const int rs = std::max(1, kMaxTiles / hs) * kQ;
+  LowpGroup groups[2];
+  int n = 0;
+  for (int h = head_begin; h < head_end; h += hs)
+    for (int t = t_begin; t < t_end; t += rs) {
+      groups[n % 2] = LowpGroup{h, std::min(head_end, h + hs), t, std::min(t_end, t + rs)};
+      if (n > 0) LowpGroupAvx512(a, kv, groups[(n - 1) % 2], &groups[n % 2]);
+      ++n;
+    }
+  if (n > 0) LowpGroupAvx512(a, kv, groups[(n - 1) % 2], nullptr);
 }
 
 void FillAttentionLowpAvx512(KernelTable* t) { SetAttentionLowp(t, AttentionLowpConvertKvAvx512, AttentionBlockLowpAvx512, AttentionLowpScratchBytes); }
