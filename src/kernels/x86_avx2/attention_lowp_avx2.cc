@@ -105,9 +105,12 @@ struct LowpScratchAvx2 {
   }
 };
 
-// ST rows j .. j + R of the block against the tile's 64 queries (sq: their 64 scales).
+// ST rows j .. j + R of the block against the tile's 64 queries (sq: their 64 scales). Out of line
+// with the VEX vpdpbusd as inline asm, accumulator tied ("+x": VEX encodes ymm0-15 only): GCC 12
+// compiled the intrinsic's loop with every accumulator copied through another register and stored
+// to the stack on each iteration (the same integer sums either way).
 template <int R>
-inline void LowpQkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk, const uint8_t* q4,
+__attribute__((noinline)) void LowpQkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk, const uint8_t* q4,
                    const float* sq, float* st) {
   for (int g = 0; g < kVecs; g += kGroup) {
     __m256i acc[R][kGroup];
@@ -126,7 +129,7 @@ inline void LowpQkTile(const int8_t* ki, int dp, const int32_t* corr, const floa
         std::memcpy(&w, ki + r * dp + 4 * d4, 4);
         const __m256i kb = _mm256_set1_epi32(w);
         ESTREAM_UNROLL
-        for (int c = 0; c < kGroup; ++c) acc[r][c] = _mm256_dpbusd_avx_epi32(acc[r][c], q[c], kb);
+        for (int c = 0; c < kGroup; ++c) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc[r][c]) : "x"(q[c]), "x"(kb));
       }
     }
     ESTREAM_UNROLL
