@@ -110,8 +110,8 @@ struct LowpScratchAvx2 {
 // compiled the intrinsic's loop with every accumulator copied through another register and stored
 // to the stack on each iteration (the same integer sums either way).
 template <int R>
-__attribute__((noinline)) void LowpQkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk, const uint8_t* q4,
-                   const float* sq, float* st) {
+__attribute__((noinline)) void LowpQkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk,
+                                          const uint8_t* q4, const float* sq, float* st) {
   for (int g = 0; g < kVecs; g += kGroup) {
     __m256i acc[R][kGroup];
     ESTREAM_UNROLL

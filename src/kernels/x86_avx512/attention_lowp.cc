@@ -140,8 +140,8 @@ struct LowpScratch {
 // accumulators on the stack (the cause of the slow asm attempt in docs/PERFORMANCE.md). Out of line,
 // the asm loop holds them in registers (the result is the same integer sum).
 template <int R>
-__attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk, const uint8_t* q4,
-                   const __m512* sq, float* st) {
+__attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk,
+                                      const uint8_t* q4, const __m512* sq, float* st) {
   __m512i acc[R][kVecs];
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
