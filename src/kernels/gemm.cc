@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/memory.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/repack.h"
@@ -92,13 +93,20 @@ void RunPiece(const KernelTable& kt, const GemmOut& o, const BlockQ8A* xq, const
     GemmColumns(kt, w, xq_at(m0), x_at(m0), ldx, m1 - m0, n0, n1, o.y + m0 * o.ldy + n0, o.ldy);
     return;
   }
+  // 64-byte aligned, as the engine's buffers are: the kernels' row stores would straddle cache
+  // lines otherwise (measured 15% slower with a std::vector's 16-byte alignment).
   const int64_t cols = n1 - n0, rows = std::min(m1 - m0, AddTileRows(cols));
-  thread_local std::vector<float> tile;
-  if (tile.size() < static_cast<size_t>(rows * cols)) tile.resize(static_cast<size_t>(rows * cols));
+  thread_local AlignedPtr<float> tile;
+  thread_local int64_t tile_floats = 0;
+  if (tile_floats < rows * cols) {
+    tile = AllocAligned<float>(static_cast<size_t>(rows * cols));
+    ESTREAM_CHECK(tile != nullptr, "Gemm: out of memory for the add tile");
+    tile_floats = rows * cols;
+  }
   for (int64_t r0 = m0; r0 < m1; r0 += rows) {
     const int64_t r1 = std::min(m1, r0 + rows);
-    GemmColumns(kt, w, xq_at(r0), x_at(r0), ldx, r1 - r0, n0, n1, tile.data(), cols);
-    for (int64_t i = r0; i < r1; ++i) kt.add(o.y + i * o.ldy + n0, tile.data() + (i - r0) * cols, cols);
+    GemmColumns(kt, w, xq_at(r0), x_at(r0), ldx, r1 - r0, n0, n1, tile.get(), cols);
+    for (int64_t i = r0; i < r1; ++i) kt.add(o.y + i * o.ldy + n0, tile.get() + (i - r0) * cols, cols);
   }
 }
 
