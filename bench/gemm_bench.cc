@@ -12,12 +12,14 @@
 // docs/PERFORMANCE.md).
 // Weights are random (scales kept small and normal: no inf/NaN/denormal slow paths) and 64-byte
 // aligned.
+// proj/...: the attention block's projections, separate calls against Gemm's fused forms.
 // Filter with --benchmark_filter, e.g. 'gemm/q4_0_packed/.*/M(64|256)/' ; see docs/PERFORMANCE.md.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -194,6 +196,85 @@ void Register(QuantType t, bool packed, Mode mode, const char* label) {
       }
 }
 
+// The attention block's projections as the engine runs them (Q4_0 packed, k = n_embd = 2048,
+// 2 threads): Q/K/V as three GemmQ8A calls against one Gemm call, and the output projection as
+// MatMul into a buffer plus a row-parallel Add against Gemm's add epilogue (GemmOut::add).
+// Same work, same bits; names: proj/<model>/<qkv|o>/<variant>/M<m>.
+enum class ProjVariant { kSeparate, kFused };
+
+void BM_Projections(benchmark::State& state, bool qkv, ProjVariant v, int64_t m, int64_t q_dim, int64_t kv_dim) {
+  constexpr int64_t d = 2048;
+  const QuantType t = QuantType::kQ4_0;
+  auto packed = [&](int64_t n, int64_t k) {
+    std::vector<uint8_t> gguf = RandomWeights(t, n, k);
+    AlignedPtr<uint8_t> p = AllocAligned<uint8_t>(PackedWeightBytes(t, n, k));
+    RepackWeights(t, gguf.data(), n, k, p.get());
+    return p;
+  };
+  const int64_t k = qkv ? d : q_dim;
+  AlignedPtr<uint8_t> wq = packed(qkv ? q_dim : d, k), wk = packed(qkv ? kv_dim : 16, k),
+                      wv = packed(qkv ? kv_dim : 16, k);
+  const WeightView vq{t, WeightLayout::kPacked, qkv ? q_dim : d, k, wq.get()};
+  const WeightView vk{t, WeightLayout::kPacked, qkv ? kv_dim : 16, k, wk.get()};
+  const WeightView vv{t, WeightLayout::kPacked, qkv ? kv_dim : 16, k, wv.get()};
+  AlignedPtr<float> x = AllocAligned<float>(static_cast<size_t>(m * k));
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < m * k; ++i) x[i] = static_cast<float>(static_cast<int64_t>(Next(&s) % 2001) - 1000) * 1e-3f;
+  std::vector<BlockQ8A> xq(ActivationBytes(m, k) / sizeof(BlockQ8A));
+  QuantizeActivations(x.get(), k, m, k, xq.data());
+  AlignedPtr<float> yq = AllocAligned<float>(static_cast<size_t>(m * std::max(q_dim, d)));
+  AlignedPtr<float> yk = AllocAligned<float>(static_cast<size_t>(m * std::max(kv_dim, d)));
+  AlignedPtr<float> yv = AllocAligned<float>(static_cast<size_t>(m * kv_dim));
+  for (int64_t i = 0; i < m * d; ++i) yk[i] = 1.0f;  // the residual stream of the O variants
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (auto _ : state) {
+    if (qkv && v == ProjVariant::kSeparate) {
+      GemmQ8A(vq, xq.data(), m, yq.get(), q_dim);
+      GemmQ8A(vk, xq.data(), m, yk.get(), kv_dim);
+      GemmQ8A(vv, xq.data(), m, yv.get(), kv_dim);
+    } else if (qkv) {
+      const GemmOut outs[] = {{.w = &vq, .y = yq.get(), .ldy = q_dim},
+                              {.w = &vk, .y = yk.get(), .ldy = kv_dim},
+                              {.w = &vv, .y = yv.get(), .ldy = kv_dim}};
+      Gemm(outs, nullptr, 0, xq.data(), m);
+    } else if (v == ProjVariant::kSeparate) {
+      MatMul(vq, x.get(), k, m, yq.get(), d);
+      float* res = yk.get();
+      const float* p = yq.get();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m; ++i) Add(res + i * d, p + i * d, d);
+    } else {
+      const GemmOut out{.w = &vq, .y = yk.get(), .ldy = d, .add = true};
+      Gemm(std::span(&out, 1), x.get(), k, nullptr, m);
+    }
+    benchmark::DoNotOptimize(yq.get());
+    benchmark::ClobberMemory();
+  }
+  omp_set_num_threads(saved);
+  const double ops = 2.0 * m * k * (qkv ? q_dim + 2 * kv_dim : d);
+  state.counters["Gops"] = benchmark::Counter(ops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void RegisterProjections() {
+  struct Model {
+    const char* name;
+    int64_t q_dim, kv_dim;
+  };
+  for (const Model& md : {Model{"olmoe", 2048, 2048}, Model{"qwen3", 4096, 512}})
+    for (bool qkv : {true, false})
+      for (ProjVariant v : {ProjVariant::kSeparate, ProjVariant::kFused})
+        for (int64_t m : {512, 1024}) {
+          const std::string name = std::string("proj/") + md.name + (qkv ? "/qkv/" : "/o/") +
+                                   (v == ProjVariant::kSeparate ? (qkv ? "three_calls" : "matmul_then_add")
+                                                                : (qkv ? "one_gemm" : "add_epilogue")) +
+                                   "/M" + std::to_string(m);
+          benchmark::RegisterBenchmark(name.c_str(), BM_Projections, qkv, v, m, md.q_dim, md.kv_dim)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
+}
+
 }  // namespace
 }  // namespace estream::kernels
 
@@ -221,6 +302,7 @@ int main(int argc, char** argv) {
   Register(QuantType::kF32, false, Mode::kMatMul, "f32");
   Register(QuantType::kF16, false, Mode::kMatMul, "f16");
   Register(QuantType::kBF16, false, Mode::kMatMul, "bf16");
+  RegisterProjections();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -502,6 +503,137 @@ TEST(GemmQuant, AmxPathBitIdenticalToVnni) {
       }
     }
 #endif
+}
+
+// ---- Gemm: several outputs on shared activations, and the residual add -----------------------
+
+// One weight of a multi-output case: GGUF rows and, where the type repacks, the packed rows.
+struct Part {
+  QuantType t;
+  int64_t n;
+  std::vector<uint8_t> w, packed;
+  WeightView View(int64_t k, bool use_packed) const {
+    const bool p = use_packed && !packed.empty();
+    return {t, p ? WeightLayout::kPacked : WeightLayout::kGguf, n, k, p ? packed.data() : w.data()};
+  }
+};
+
+std::vector<Part> MakeParts(const std::vector<std::pair<QuantType, int64_t>>& spec, int64_t k) {
+  std::vector<Part> parts;
+  for (const auto& [t, n] : spec) {
+    Part p{t, n, RandomWeights(t, n, k), {}};
+    if (CanRepack(t)) {
+      p.packed.resize(PackedWeightBytes(t, n, k));
+      RepackWeights(t, p.w.data(), n, k, p.packed.data());
+    }
+    parts.push_back(std::move(p));
+  }
+  return parts;
+}
+
+// GemmWith over `parts` (in one call, 1 and 2 threads, xq given or quantised inside, plain and
+// `add`) against each weight alone through the table's kernel on one thread over all its columns
+// (the entries the tests above check against fp64), then for `add` kt.add of that into the
+// residual rows: bit for bit, padding columns (NaN) untouched.
+void CheckGemmParts(const std::vector<Part>& parts, int64_t m, int64_t k, const std::string& what) {
+  const std::vector<float> x = RandomX(m, k);
+  std::vector<BlockQ8A> xq(static_cast<size_t>(m * (k / 32)));
+  for (int64_t i = 0; i < m; ++i) QuantizeRowQ8A(x.data() + i * k, xq.data() + i * (k / 32), k);
+  const size_t np = parts.size();
+  std::vector<int64_t> ldy(np);
+  std::vector<std::vector<float>> residual(np);
+  for (size_t i = 0; i < np; ++i) {
+    ldy[i] = parts[i].n + 3;
+    residual[i] = RandomX(m, ldy[i]);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = parts[i].n; c < ldy[i]; ++c) residual[i][r * ldy[i] + c] = std::nanf("");
+  }
+  const int saved = omp_get_max_threads();
+  for (const Path& path : PathsToTest()) {
+    const KernelTable& kt = *path.table;
+    for (bool packed : {false, true}) {
+      std::vector<WeightView> views;
+      for (const Part& p : parts) views.push_back(p.View(k, packed));
+      // Each weight alone.
+      std::vector<std::vector<float>> alone(np), alone_add(np);
+      for (size_t i = 0; i < np; ++i) {
+        alone[i].assign(static_cast<size_t>(m * ldy[i]), std::nanf(""));
+        GemmColumns(kt, views[i], xq.data(), x.data(), k, m, 0, parts[i].n, alone[i].data(), ldy[i]);
+        int nonzero = 0;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < parts[i].n; ++c) nonzero += alone[i][r * ldy[i] + c] != 0.0f;
+        ASSERT_GT(nonzero, 0) << what;
+        alone_add[i] = residual[i];
+        for (int64_t r = 0; r < m; ++r) kt.add(alone_add[i].data() + r * ldy[i], alone[i].data() + r * ldy[i], parts[i].n);
+      }
+      for (int threads : {1, 2})
+        for (bool add : {false, true}) {
+          std::vector<std::vector<float>> y(np);
+          std::vector<GemmOut> outs;
+          for (size_t i = 0; i < np; ++i) {
+            y[i] = add ? residual[i] : std::vector<float>(static_cast<size_t>(m * ldy[i]), std::nanf(""));
+            outs.push_back({.w = &views[i], .y = y[i].data(), .ldy = ldy[i], .add = add});
+          }
+          omp_set_num_threads(threads);
+          GemmWith(kt, outs, x.data(), k, threads == 1 ? xq.data() : nullptr, m);
+          omp_set_num_threads(saved);
+          for (size_t i = 0; i < np; ++i) {
+            const std::vector<float>& want = add ? alone_add[i] : alone[i];
+            EXPECT_EQ(std::memcmp(y[i].data(), want.data(), want.size() * sizeof(float)), 0)
+                << what << " " << path.name << (packed ? " packed" : " gguf") << " part " << i << " threads "
+                << threads << (add ? " add" : "");
+          }
+        }
+    }
+  }
+}
+
+// Q/K/V of the shapes the engine runs (4096 / 512 / 512; M off every tile; with `add`, 4096
+// columns on one thread make two row chunks of the add tile) and awkward ones: odd panel counts
+// (each output starts at an even unit of the split), a case the split cuts by rows (3 panels, 70
+// rows), one row.
+TEST(GemmParts, QkvMatchSeparateCallsBitForBit) {
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ4_K}) {
+    const int64_t k = BlockOf(t) == 32 ? 32 * 7 : 512;
+    CheckGemmParts(MakeParts({{t, 4096}, {t, 512}, {t, 512}}, k), 37, k, std::string(TypeName(t)) + " 4096/512/512");
+    if (test::QuickTests()) break;
+  }
+}
+
+TEST(GemmParts, EveryTypeAwkwardSizesMatchSeparateCalls) {
+  for (QuantType t : kGemmQuantTypes) {
+    if (test::QuickTests() && t != QuantType::kQ8_0) continue;
+    const int64_t k = BlockOf(t) == 32 ? 32 * 5 : 256;
+    const std::string name = TypeName(t);
+    CheckGemmParts(MakeParts({{t, 97}, {t, 33}, {t, 161}}, k), 70, k, name + " 97/33/161 m 70");
+    CheckGemmParts(MakeParts({{t, 17}, {t, 5}}, k), 70, k, name + " 17/5 m 70 (by rows)");
+    CheckGemmParts(MakeParts({{t, 31}, {t, 1}, {t, 47}}, k), 1, k, name + " 31/1/47 m 1");
+  }
+}
+
+// Mixed types (one region per type, float weights on the float rows) and float weights alone.
+TEST(GemmParts, MixedAndFloatTypesMatchSeparateCalls) {
+  const int64_t k = 32 * 6;
+  CheckGemmParts(MakeParts({{QuantType::kQ4_0, 97}, {QuantType::kQ8_0, 33}, {QuantType::kF32, 40},
+                            {QuantType::kQ4_0, 19}},
+                           k),
+                 37, k, "Q4_0/Q8_0/F32/Q4_0");
+  CheckGemmParts(MakeParts({{QuantType::kF16, 300}, {QuantType::kBF16, 17}}, k), 21, k, "F16/BF16");
+}
+
+// The public entry points as the engine calls them: Gemm's `add` output equals MatMul into a
+// buffer followed by Add row by row.
+TEST(GemmParts, AddEqualsMatMulThenAdd) {
+  const int64_t m = 45, n = 200, k = 32 * 9;
+  const std::vector<Part> parts = MakeParts({{QuantType::kQ4_0, n}}, k);
+  const WeightView w = parts[0].View(k, true);
+  const std::vector<float> x = RandomX(m, k);
+  std::vector<float> y_ref = RandomX(m, n), y = y_ref, buf(static_cast<size_t>(m * n));
+  MatMul(w, x.data(), k, m, buf.data(), n);
+  for (int64_t r = 0; r < m; ++r) Add(y_ref.data() + r * n, buf.data() + r * n, n);
+  const GemmOut out{.w = &w, .y = y.data(), .ldy = n, .add = true};
+  Gemm(std::span(&out, 1), x.data(), k, nullptr, m);
+  EXPECT_EQ(std::memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)), 0);
 }
 
 // Float weights: each output is summed in k order by one thread, whatever the split: m = 37 and

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "base/cpu.h"
 #include "kernels/kernels.h"
@@ -103,6 +104,10 @@ struct KernelTable {
 // address y by absolute column; this shifts the base). REQUIRES: GemmSupports(w.type).
 void GemmColumns(const KernelTable& kt, const WeightView& w, const BlockQ8A* xq, const float* x, int64_t ldx,
                  int64_t m, int64_t n_begin, int64_t n_end, float* tile, int64_t ld_tile);
+
+// Gemm (kernels.h) through `kt` instead of the active table (the tests run every ISA's table).
+void GemmWith(const KernelTable& kt, std::span<const GemmOut> outs, const float* x, int64_t ldx, const BlockQ8A* xq,
+              int64_t m);
 
 // The table for `isa` (clamped to HostIsa()).
 const KernelTable& KernelsFor(Isa isa);

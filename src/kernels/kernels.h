@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "quant/packed_format.h"
 #include "quant/types.h"
@@ -61,6 +62,30 @@ void GemmQ8A(const WeightView& w, const BlockQ8A* xq, int64_t m, float* y, int64
 // y[m x n] = x[m x k] * W^T for any GemmSupports type: float types are multiplied in fp32,
 // quantised types quantise x to Q8A internally (per-thread scratch, grown once). [parallel]
 void MatMul(const WeightView& w, const float* x, int64_t ldx, int64_t m, float* y, int64_t ldy);
+
+// One product of a multi-output GEMM: y[m x w->n] (row i at y + i * ldy) = X W^T, or with `add`
+// y += X W^T (each element y + p, p the product exactly as the plain call computes it: the result
+// is bit-identical to the product into a buffer followed by Add, without the buffer's pass over
+// memory). Not owned.
+struct GemmOut {
+  const WeightView* w = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  bool add = false;
+};
+// The products of several weights of the same k with the same activations (Q/K/V, gate/up), or
+// one product added into a residual stream. Quantised weights multiply xq, the Q8A rows of x
+// (quantised here into per-thread scratch when xq is null); float weights multiply x (REQUIRES: x
+// non-null then). Outputs of the same type and layout run in one parallel region: their columns
+// form one range that ParallelSplit cuts (one fork/join, both threads busy to the end, the
+// activations quantised once); outputs of another type get a region of their own. Every output
+// element is bit-identical to what GemmQ8A / MatMul give for its weight alone, whatever the
+// grouping and thread count. `add` outputs pass through a per-thread tile of at most
+// GemmAddTileBytes(n) bytes (grown once) that the thread adds into y while it is in cache.
+// REQUIRES: all w->k equal; no y overlaps another y, x or xq. [parallel]
+void Gemm(std::span<const GemmOut> outs, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m);
+// Bytes of the per-thread tile of Gemm's `add` outputs of up to n columns.
+size_t GemmAddTileBytes(int64_t n);
 
 // ---- attention ------------------------------------------------------------------------------
 

@@ -136,7 +136,7 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
                   Grow(&w.route_w, T * k) && Grow(&w.gx, C * d) && Grow(&w.gxq, C * (d / kQK8A)) &&
                   Grow(&w.gate, C * ffw) && Grow(&w.up, C * ffw) && Grow(&w.hq, C * (ffw / kQK8A)) &&
                   Grow(&w.mla, std::max<int64_t>(1, T * MlaScratchFloats(c))) &&
-                  Grow(&w.down, C * d) && Grow(&w.wxq, W * (d / kQK8A)) && Grow(&w.wx, float_in ? W * d : 1) &&
+                  Grow(&w.wxq, W * (d / kQK8A)) && Grow(&w.wx, float_in ? W * d : 1) &&
                   Grow(&w.whq, W * (ff / kQK8A)) && Grow(&w.whf, float_down ? W * ff : 1) &&
                   Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock)) &&
                   Grow(&w.tree_k, T * c.kv_dim()) && Grow(&w.tree_v, T * c.kv_dim());
@@ -157,11 +157,14 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
 
 void Linear(const kernels::WeightView& w, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m, float* y,
             int64_t ldy) {
-  if (xq && IsQuantized(w.type)) {
-    kernels::GemmQ8A(w, xq, m, y, ldy);
-  } else {
-    kernels::MatMul(w, x, ldx, m, y, ldy);
-  }
+  const kernels::GemmOut out{.w = &w, .y = y, .ldy = ldy};
+  kernels::Gemm(std::span(&out, 1), x, ldx, xq, m);
+}
+
+void LinearAdd(const kernels::WeightView& w, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m, float* y,
+               int64_t ldy) {
+  const kernels::GemmOut out{.w = &w, .y = y, .ldy = ldy, .add = true};
+  kernels::Gemm(std::span(&out, 1), x, ldx, xq, m);
 }
 
 void EmbedTokens(const Model& model, const int32_t* tokens, int64_t n_tokens, float* x) {
@@ -176,14 +179,14 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
   const LayerWeights& L = model.layers()[il];
   const int64_t T = n_tokens, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
 
-  // The normed rows, quantised once for the three projections (MatMul would do it three times).
+  // The normed rows, quantised once for the three projections, which run as one GEMM (one
+  // parallel region over the columns of all three when their types match; kernels.h Gemm).
   const BlockQ8A* xq = NormAndQuantize(ws->x.get(), L.attn_norm, T, d, c.rms_eps,
                                        AnyQuantized({&L.wq, &L.wk, &L.wv}), ws);
-  AddTime(&ws->attention_time.projections, [&] {
-    Linear(L.wq, ws->xn.get(), d, xq, T, ws->q.get(), qd);
-    Linear(L.wk, ws->xn.get(), d, xq, T, ws->k.get(), kvd);
-    Linear(L.wv, ws->xn.get(), d, xq, T, ws->v.get(), kvd);
-  });
+  const kernels::GemmOut qkv[] = {{.w = &L.wq, .y = ws->q.get(), .ldy = qd},
+                                  {.w = &L.wk, .y = ws->k.get(), .ldy = kvd},
+                                  {.w = &L.wv, .y = ws->v.get(), .ldy = kvd}};
+  AddTime(&ws->attention_time.projections, [&] { kernels::Gemm(qkv, ws->xn.get(), d, xq, T); });
 
   // Quantised projections already round the activations to 8 bits: bf16 attention where the host
   // has it (kernels.h, AttentionArgs::allow_bf16).
@@ -192,12 +195,8 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
   const SeqSpan whole{.row = 0, .len = T};
   NormRopeAndAttend(model, L, T, seqs.empty() ? std::span<const SeqSpan>(&whole, 1) : seqs, allow_bf16, ws);
 
-  // Output projection into xn (free now), then the residual add.
-  AddTime(&ws->attention_time.projections, [&] { Linear(L.wo, ws->att.get(), qd, nullptr, T, ws->xn.get(), d); });
-  float* x = ws->x.get();
-  const float* y = ws->xn.get();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) kernels::Add(x + t * d, y + t * d, d);
+  // Output projection with the residual add in its epilogue: x += att W_o^T.
+  AddTime(&ws->attention_time.projections, [&] { LinearAdd(L.wo, ws->att.get(), qd, nullptr, T, ws->x.get(), d); });
 }
 
 void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {

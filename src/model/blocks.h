@@ -67,7 +67,6 @@ class Workspace {
   AlignedPtr<float> gate;           // [C x n_ff] gate, then SwiGLU output
   AlignedPtr<float> up;             // [C x n_ff]
   AlignedPtr<BlockQ8A> hq;          // [C x n_ff/32]
-  AlignedPtr<float> down;           // [C x d]
   // The batched expert path (W = kRouteWindow routes):
   AlignedPtr<BlockQ8A> wxq;         // [W x d/32] gathered Q8A rows
   AlignedPtr<float> wx;             // [W x d] gathered float rows (only if some gate/up is float)
@@ -134,8 +133,13 @@ void FinalNorm(const Model& model, const float* x, int64_t n_rows, float* y);
 
 // y = W x for either representation: GemmQ8A on xq when W is quantised and xq is given,
 // otherwise MatMul on the float rows x (which quantises internally for quantised W).
+// Several weights on the same rows (Q/K/V, gate/up): kernels::Gemm with one GemmOut each.
 void Linear(const kernels::WeightView& w, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m, float* y,
             int64_t ldy);
+// y += W x (the residual adds after an output projection): as Linear into a buffer followed by
+// kernels::Add per row, bit for bit, but added by the GEMM's threads while each tile is in cache.
+void LinearAdd(const kernels::WeightView& w, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m, float* y,
+               int64_t ldy);
 
 // True for weight types the GEMM multiplies against Q8A activations (not F32/F16/BF16).
 bool IsQuantized(QuantType t);

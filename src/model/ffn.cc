@@ -58,8 +58,8 @@ void FfnAdd(const DenseFfn& f, const ModelConfig& c, int64_t n_tokens, const Blo
     const BlockQ8A* xqr = xq ? xq + r0 * (d / kQK8A) : nullptr;
     float* g = ws->gate.get();
     float* u = ws->up.get();
-    Linear(f.gate, xn, d, xqr, m, g, n);
-    Linear(f.up, xn, d, xqr, m, u, n);
+    const kernels::GemmOut gate_up[] = {{.w = &f.gate, .y = g, .ldy = n}, {.w = &f.up, .y = u, .ldy = n}};
+    kernels::Gemm(gate_up, xn, d, xqr, m);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m; ++i) kernels::SwiGlu(g + i * n, u + i * n, g + i * n, n);
     const BlockQ8A* hq = nullptr;
@@ -67,10 +67,7 @@ void FfnAdd(const DenseFfn& f, const ModelConfig& c, int64_t n_tokens, const Blo
       kernels::QuantizeActivations(g, n, m, n, ws->hq.get());
       hq = ws->hq.get();
     }
-    float* y = ws->down.get();
-    Linear(f.down, g, n, hq, m, y, d);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < m; ++i) kernels::Add(x + (r0 + i) * d, y + i * d, d);
+    LinearAdd(f.down, g, n, hq, m, x + r0 * d, d);
   }
 }
 

@@ -75,14 +75,15 @@ void MlaAttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* 
   float* q = ws->q.get();
   // Projections (q, compressed kv).
   AddTime(&ws->attention_time.projections, [&] {
+    // The two projections of the normed rows in one GEMM (q's, or q's low-rank half, and kv's).
+    const kernels::GemmOut in[] = {
+        {.w = &wq_in, .y = c.q_lora_rank > 0 ? qa : q, .ldy = c.q_lora_rank > 0 ? c.q_lora_rank : qd},
+        {.w = &w.wkv_a, .y = ckv, .ldy = ckv_ld}};
+    kernels::Gemm(in, ws->xn.get(), d, xq, T);
     if (c.q_lora_rank > 0) {
-      Linear(w.wq_a, ws->xn.get(), d, xq, T, qa, c.q_lora_rank);
       kernels::RmsNorm(qa, c.q_lora_rank, w.q_a_norm, qa, c.q_lora_rank, T, c.q_lora_rank, c.rms_eps);
       Linear(w.wq_b, qa, c.q_lora_rank, nullptr, T, q, qd);
-    } else {
-      Linear(w.wq, ws->xn.get(), d, xq, T, q, qd);
     }
-    Linear(w.wkv_a, ws->xn.get(), d, xq, T, ckv, ckv_ld);
   });
   kernels::RmsNorm(ckv, ckv_ld, w.kv_a_norm, ckv, ckv_ld, T, r, c.rms_eps);
   // Decompression: per head, k_nope then v (ld_kv floats per token, head stride nope + vd), or
@@ -93,10 +94,8 @@ void MlaAttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* 
   if (c.kv_b_split) {
     float* kn = kvb;
     float* vv = kvb + T * H * nope;
-    AddTime(&ws->attention_time.projections, [&] {
-      Linear(w.wk_b, ckv, ckv_ld, nullptr, T, kn, H * nope);
-      Linear(w.wv_b, ckv, ckv_ld, nullptr, T, vv, H * vd);
-    });
+    const kernels::GemmOut kv[] = {{.w = &w.wk_b, .y = kn, .ldy = H * nope}, {.w = &w.wv_b, .y = vv, .ldy = H * vd}};
+    AddTime(&ws->attention_time.projections, [&] { kernels::Gemm(kv, ckv, ckv_ld, nullptr, T); });
     k_nope = kn, k_ld = H * nope, k_hs = nope;
     v_src = vv, v_ld = H * vd, v_hs = vd;
   } else {
@@ -158,11 +157,7 @@ void MlaAttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* 
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 1; h < H; ++h) std::memmove(att + t * qd + h * vd, att + t * qd + h * hd, vd * sizeof(float));
   }
-  AddTime(&ws->attention_time.projections, [&] { Linear(L.wo, att, qd, nullptr, T, ws->xn.get(), d); });
-  float* x = ws->x.get();
-  const float* y = ws->xn.get();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) kernels::Add(x + t * d, y + t * d, d);
+  AddTime(&ws->attention_time.projections, [&] { LinearAdd(L.wo, att, qd, nullptr, T, ws->x.get(), d); });
 }
 
 }  // namespace estream::model

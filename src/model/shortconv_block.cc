@@ -33,12 +33,8 @@ void ShortConvBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
     kernels::ShortConv(in.data(), ld, w.kernel, static_cast<int>(taps), d, h + m, out.data(), d);
     std::copy(out.begin() + h * d, out.end(), conv + s.row * d);
   }
-  // Output projection into xn (its input is consumed), then the residual add.
-  Linear(w.out_proj, ws->q.get(), d, nullptr, T, ws->xn.get(), d);
-  float* x = ws->x.get();
-  const float* y = ws->xn.get();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) kernels::Add(x + t * d, y + t * d, d);
+  // Output projection with the residual add in its epilogue: x += conv W_out^T.
+  LinearAdd(w.out_proj, ws->q.get(), d, nullptr, T, ws->x.get(), d);
 }
 
 }  // namespace estream::model

@@ -38,7 +38,7 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   const uint64_t q8 = sizeof(BlockQ8A);
   // Workspace::Reserve (blocks.cc), every buffer (x and xn fp32, acc fp64, ...):
   uint64_t b = T * d * 4 * 2 + T * d * 8 + T * (d / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
-               T * c.n_expert * 4 + T * k * 4 * 4 + C * d * 4 * 2 + C * (d / 32) * q8 + C * ff * 4 * 2 +
+               T * c.n_expert * 4 + T * k * 4 * 4 + C * d * 4 + C * (d / 32) * q8 + C * ff * 4 * 2 +
                C * (ff / 32) * q8 + W * (d / 32) * q8 + W * (ff / 32) * q8 +
                static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4 +
                T * c.kv_dim() * 4 * 2;  // tree_k, tree_v (shared-prefix candidates)
@@ -56,6 +56,8 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   // Attention scratch inside the kernels, per thread: the fast paths' tiles (kernels.h) and the
   // scalar reference's rows of T scores.
   b += static_cast<uint64_t>(n_threads) * (kernels::AttentionScratchBytes(c.head_dim) + T * 4 * 4);
+  // The output projections' residual-add tile (kernels.h Gemm, GemmOut::add), per thread.
+  b += static_cast<uint64_t>(n_threads) * kernels::GemmAddTileBytes(d);
   // The bf16 attention's K and V, converted for a few kv heads at a time (kernels.h).
   b += kernels::AttentionKvBytes(c.head_dim, c.n_head, c.n_head_kv, n_tokens, n_threads);
   // The fused operator's plan (expert_op.h): gathered Q8A rows and SwiGLU output of a pass of

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -29,6 +30,7 @@ void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t 
   const BlockQ8A* xq = ws->xq.get();
   double* acc = ws->acc.get();
   moe::BeginExpertSum(ws->x.get(), n_tokens, d, acc);
+  std::vector<float> down(static_cast<size_t>(std::min(kExpertChunkRows, n_tokens) * d));  // [chunk x d]
 
   for (int e = 0; e < c.n_expert; ++e) {
     const kernels::WeightView& wg = experts.gate[e];
@@ -44,7 +46,7 @@ void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t 
       const float* aw = ws->route_w.get() + r0;
       float* g = ws->gate.get();
       float* u = ws->up.get();
-      float* dn = ws->down.get();
+      float* dn = down.data();
       BlockQ8A* gxq = ws->gxq.get();
       float* gx = ws->gx.get();
       BlockQ8A* hq = ws->hq.get();
