@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <span>
 #include <vector>
 
@@ -110,12 +111,16 @@ void RunPiece(const KernelTable& kt, const GemmOut& o, const BlockQ8A* xq, const
   }
 }
 
+// Most outputs of one Gemm call (Q/K/V is three): the grouping below works on the stack, without
+// an allocation per call.
+constexpr size_t kMaxGemmOuts = 8;
+
 // Outputs of one type and layout in one ParallelSplit: output i's panels are units
 // [first[i], first[i] + panels), each output starting at an even unit so that the 2-panel cuts
 // stay 2-panel aligned within it (a single output splits exactly as a plain call did).
 void RunGroup(const KernelTable& kt, std::span<const GemmOut> outs, const BlockQ8A* xq, const float* x, int64_t ldx,
               int64_t m) {
-  std::vector<int64_t> first(outs.size());
+  std::array<int64_t, kMaxGemmOuts> first;
   int64_t panels = 0, units = 0;
   for (size_t i = 0; i < outs.size(); ++i) {
     const int64_t p = PackedPanels(outs[i].w->n);
@@ -153,6 +158,7 @@ size_t GemmAddTileBytes(int64_t n) { return static_cast<size_t>(AddTileRows(n) *
 void GemmWith(const KernelTable& kt, std::span<const GemmOut> outs, const float* x, int64_t ldx, const BlockQ8A* xq,
               int64_t m) {
   if (outs.empty() || m <= 0) return;
+  ESTREAM_CHECK(outs.size() <= kMaxGemmOuts, "Gemm: more outputs than kMaxGemmOuts in one call");
   const int64_t k = outs[0].w->k;
   bool any_quant = false;
   for (const GemmOut& o : outs) {
@@ -176,17 +182,18 @@ void GemmWith(const KernelTable& kt, std::span<const GemmOut> outs, const float*
   }
   // One region per type and layout, in order of first appearance (a region's pieces are equal in
   // panels, which are equal in cost only within one type).
-  std::vector<GemmOut> group;
-  std::vector<bool> done(outs.size(), false);
+  auto same_kind = [](const GemmOut& a, const GemmOut& b) { return a.w->type == b.w->type && a.w->layout == b.w->layout; };
+  std::array<GemmOut, kMaxGemmOuts> group;
+  std::array<bool, kMaxGemmOuts> done{};
   for (size_t i = 0; i < outs.size(); ++i) {
     if (done[i]) continue;
-    group.clear();
+    size_t n = 0;
     for (size_t j = i; j < outs.size(); ++j)
-      if (!done[j] && outs[j].w->type == outs[i].w->type && outs[j].w->layout == outs[i].w->layout) {
-        group.push_back(outs[j]);
+      if (!done[j] && same_kind(outs[j], outs[i])) {
+        group[n++] = outs[j];
         done[j] = true;
       }
-    RunGroup(kt, group, xq, x, ldx, m);
+    RunGroup(kt, std::span<const GemmOut>(group.data(), n), xq, x, ldx, m);
   }
 }
 

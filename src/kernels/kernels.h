@@ -82,7 +82,7 @@ struct GemmOut {
 // element is bit-identical to what GemmQ8A / MatMul give for its weight alone, whatever the
 // grouping and thread count. `add` outputs pass through a per-thread tile of at most
 // GemmAddTileBytes(n) bytes (grown once) that the thread adds into y while it is in cache.
-// REQUIRES: all w->k equal; no y overlaps another y, x or xq. [parallel]
+// REQUIRES: at most 8 outputs; all w->k equal; no y overlaps another y, x or xq. [parallel]
 void Gemm(std::span<const GemmOut> outs, const float* x, int64_t ldx, const BlockQ8A* xq, int64_t m);
 // Bytes of the per-thread tile of Gemm's `add` outputs of up to n columns.
 size_t GemmAddTileBytes(int64_t n);
