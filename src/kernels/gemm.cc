@@ -3,8 +3,8 @@
 //
 // Work split (ParallelSplit): one rectangle of the output per thread of the team (the outputs of
 // one Gemm call that share a type: one range of columns). Every output element is computed by
-// exactly one thread with the same arithmetic in the same order whatever the split (the kernels' reductions depend only on k), so results are bit-identical
-// for every thread count.
+// exactly one thread with the same arithmetic in the same order whatever the split (the kernels'
+// reductions depend only on k), so results are bit-identical for every thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -182,7 +182,9 @@ void GemmWith(const KernelTable& kt, std::span<const GemmOut> outs, const float*
   }
   // One region per type and layout, in order of first appearance (a region's pieces are equal in
   // panels, which are equal in cost only within one type).
-  auto same_kind = [](const GemmOut& a, const GemmOut& b) { return a.w->type == b.w->type && a.w->layout == b.w->layout; };
+  auto same_kind = [](const GemmOut& a, const GemmOut& b) {
+    return a.w->type == b.w->type && a.w->layout == b.w->layout;
+  };
   std::array<GemmOut, kMaxGemmOuts> group;
   std::array<bool, kMaxGemmOuts> done{};
   for (size_t i = 0; i < outs.size(); ++i) {

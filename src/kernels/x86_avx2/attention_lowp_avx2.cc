@@ -402,7 +402,9 @@ void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head
   }
 }
 
-void FillAttentionLowpAvx2(KernelTable* t) { SetAttentionLowp(t, AttentionLowpConvertKvAvx2, AttentionBlockLowpAvx2, AttentionLowpScratchBytesAvx2); }
+void FillAttentionLowpAvx2(KernelTable* t) {
+  SetAttentionLowp(t, AttentionLowpConvertKvAvx2, AttentionBlockLowpAvx2, AttentionLowpScratchBytesAvx2);
+}
 
 }  // namespace estream::kernels
 

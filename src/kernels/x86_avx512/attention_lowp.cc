@@ -447,12 +447,12 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         }
       }
       const bool first = kb == 0, last = kb + kLowpKeys >= q1;
-      __m512 inv_l[kVecs];
+      __m512 inv_l[kVecs];  // 1 / l, needed (and computed) in the tile's last key block only
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) {
         const __m512 l = _mm512_fmadd_ps(_mm512_loadu_ps(tile_l(x) + c * 16), alpha[c], sum[c]);
         _mm512_storeu_ps(tile_l(x) + c * 16, l);
-        inv_l[c] = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
+        inv_l[c] = last ? _mm512_div_ps(_mm512_set1_ps(1.0f), l) : l;
       }
       float* ot = tile_ot(x);
       auto pv = [&]<bool kFirst, bool kLast>() {
@@ -490,7 +490,9 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
   if (n > 0) LowpGroupAvx512(a, kv, groups[(n - 1) % 2], nullptr);
 }
 
-void FillAttentionLowpAvx512(KernelTable* t) { SetAttentionLowp(t, AttentionLowpConvertKvAvx512, AttentionBlockLowpAvx512, AttentionLowpScratchBytes); }
+void FillAttentionLowpAvx512(KernelTable* t) {
+  SetAttentionLowp(t, AttentionLowpConvertKvAvx512, AttentionBlockLowpAvx512, AttentionLowpScratchBytes);
+}
 
 }  // namespace estream::kernels
 
