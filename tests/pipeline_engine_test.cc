@@ -474,9 +474,10 @@ TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
   EXPECT_GT(std::strtol(out.c_str() + hits + 17, nullptr, 10), 0) << out;
 }
 
-// The default pass length (virtual_experts.h, "Pass length"): min(context, 8192) when the budget
-// holds the full streaming arena beside its activations, an explicit budget_tokens as given, and
-// a model whose context is at most 4096 keeps min(context, 4096).
+// The default pass length (virtual_experts.h, "Pass length"): the longest of 16384, 12288 and 8192
+// (at most the context) whose activations the budget holds beside the full streaming arena, an
+// explicit budget_tokens as given, and a model whose context is at most 4096 keeps
+// min(context, 4096).
 TEST(PipelineEngine, DefaultPassLengthFollowsTheBudget) {
   ScratchDir dir;
   synth::SynthOptions so = pipeline_test::TinyOptions(11);
@@ -491,7 +492,7 @@ TEST(PipelineEngine, DefaultPassLengthFollowsTheBudget) {
   const uint64_t roomy = uint64_t{4} << 30;
   auto e = Engine::Load(packed, {.n_threads = 2, .budget_bytes = roomy});
   ASSERT_TRUE(e.ok()) << e.status().ToString();
-  EXPECT_EQ((*e)->pass_tokens(), 8192);
+  EXPECT_EQ((*e)->pass_tokens(), 16384);
   auto given = Engine::Load(packed, {.n_threads = 2, .budget_bytes = roomy, .budget_tokens = 1000});
   ASSERT_TRUE(given.ok()) << given.status().ToString();
   EXPECT_EQ((*given)->pass_tokens(), 1000);

@@ -73,8 +73,9 @@ struct EngineOptions {
   using Io = estream::IoBackend;       // options.h
   Schedule schedule = Schedule::kEarly;
   Io io = Io::kAuto;  // kAuto: io_uring, else pread
-  // Longest prompt (batch pass) the budget plans for; 0: min(context, 8192) when the budget holds
-  // the default rule's full streaming arena beside those activations, else min(context, 4096).
+  // Longest prompt (batch pass) the budget plans for; 0: the longest of 16384, 12288 and 8192 (at
+  // most the context) whose activations the budget holds beside the default rule's full streaming
+  // arena, else min(context, 4096).
   int64_t budget_tokens = 0;
   // Expert cache (streamed only; docs/DESIGN.md section 4, "Expert cache"): extra arena banks
   // that keep the most-routed expert groups resident from one request (or RunBatch pass) to the

@@ -103,7 +103,7 @@ typedef struct estream_load_options {
   int n_threads;          /* compute threads; 0 = one per CPU */
   uint64_t budget_bytes;  /* packed models: peak-memory budget (experts streamed); 0 = none */
   int schedule;           /* estream_schedule (streamed runs) */
-  int64_t budget_tokens;  /* longest prompt the budget plans for; 0 = min(context, 8192) if the budget holds the full streaming arena beside it, else min(context, 4096) */
+  int64_t budget_tokens;  /* longest prompt the budget plans for; 0 = the longest of 16384, 12288, 8192 (at most the context) the budget holds beside the full streaming arena, else min(context, 4096) */
   int64_t batch_tokens;   /* most tokens of one forward pass; 0 = the engine's default */
 } estream_load_options;
 

@@ -666,7 +666,7 @@ budget: None, bytes, or a size such as "4G": a packed model then streams its exp
 threads: compute threads (0 = one per CPU).
 schedule: "early" (default), "after-routing" or "on-demand" (streamed runs).
 batch_tokens: most tokens of one forward pass (0 = the engine's default).
-budget_tokens: longest prompt the budget plans activations for (0 = min(context, 8192) when the budget holds the full streaming arena beside them, else min(context, 4096)).
+budget_tokens: longest prompt the budget plans activations for (0 = the longest of 16384, 12288 and 8192, at most the context, whose activations the budget holds beside the full streaming arena, else min(context, 4096)).
 
 Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option),
 MemoryError (budget too small).)doc")

@@ -234,14 +234,19 @@ Status VirtualExperts::SolveBanks() {
   const auto other = [&](int64_t tokens) {
     return rss + ActivationBytes(c, tokens, options_.n_threads, float_experts) + kBudgetMargin;
   };
-  // Default pass length (see the header, "Pass length"): the long pass when the budget still
-  // holds the default rule's full arena with its activations, else the short one.
+  // Default pass length (see the header, "Pass length"): the longest long pass for which the
+  // budget still holds the default rule's full arena with its activations, else the short one.
   k.budget_tokens = options_.budget_tokens > 0 ? options_.budget_tokens : std::min<int64_t>(c.n_ctx, kShortPassTokens);
   if (options_.budget_tokens <= 0 && k.budget_bytes > 0 && c.n_ctx > kShortPassTokens) {
     const int g = std::min(8, c.n_expert);
-    const int64_t long_tokens = std::min<int64_t>(c.n_ctx, kLongPassTokens);
-    if (other(long_tokens) + static_cast<uint64_t>(2 * groups(g)) * g * stride <= k.budget_bytes)
-      k.budget_tokens = long_tokens;
+    const uint64_t arena = static_cast<uint64_t>(2 * groups(g)) * g * stride;
+    for (int64_t pass : kLongPassTokens) {
+      const int64_t long_tokens = std::min<int64_t>(c.n_ctx, pass);
+      if (other(long_tokens) + arena <= k.budget_bytes) {
+        k.budget_tokens = std::max(k.budget_tokens, long_tokens);
+        break;
+      }
+    }
   }
   k.other_bytes = other(k.budget_tokens);
   k.source = ConfigSource::kExplicit;

@@ -72,10 +72,15 @@ namespace estream::model {
 // budget, so a longer pass leaves a smaller arena, but every pass reads each active expert once:
 // a batch of 64 prompts of 128 tokens in one pass of 8192 tokens reads the experts half as often
 // as in two passes of 4096 (docs/PERFORMANCE.md, "Budgeted batch: one pass of 8192 tokens").
-// Default: min(context, kLongPassTokens) when the budget still holds, beside those activations,
-// the default rule's largest arena (2 MoE layers' worth of groups of min(8, experts) experts),
-// else min(context, kShortPassTokens).
-constexpr int64_t kShortPassTokens = 4096, kLongPassTokens = 8192;
+// Default: the longest of min(context, kLongPassTokens[i]) for which the budget still holds,
+// beside those activations, the default rule's largest arena (2 MoE layers' worth of groups of
+// min(8, experts) experts), else min(context, kShortPassTokens). Longer than 8192 where the budget
+// allows: 64 prompts of 128 tokens and their BOS are 8256 tokens, so a pass of 8192 split them
+// 63 + 1 and the last prompt read every expert again on its own (a server's 64 clients: one of
+// them waited a pass each round). The activations beyond 8192 tokens come out of the expert cache
+// (the budget's leftover), which keeps the few experts a short request routes to twice.
+constexpr int64_t kShortPassTokens = 4096;
+constexpr int64_t kLongPassTokens[] = {16384, 12288, 8192};
 
 // Margin on top of the measured and estimated memory: allocator slack, thread stacks touched,
 // the response's vectors.

@@ -27,8 +27,9 @@ struct BatchEngineFlags {
                   "streamed and each pass reads every active expert once for all the requests in it");
     sub->add_option("--budget-tokens", budget_tokens,
                     "packed models with --budget: tokens of one pass the budget plans activations for (default: "
-                    "min(context, 8192) when the budget holds the full streaming arena beside them, else "
-                    "min(context, 4096)); with a budget it bounds --batch-tokens")
+                    "the longest of 16384, 12288 and 8192, at most the context, whose activations the budget "
+                    "holds beside the full streaming arena, else min(context, 4096)); with a budget it bounds "
+                    "--batch-tokens")
         ->check(CLI::PositiveNumber);
     sub->add_option("--batch-tokens", batch_tokens,
                     "most tokens of one forward pass, all packed requests together (default: the budget's "

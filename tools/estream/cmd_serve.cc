@@ -43,8 +43,9 @@ class ServeCommand : public Command {
     sub->add_option("--budget", budget_, "memory budget of the whole process (packed models: experts are streamed): 3G");
     AddExpertCacheFlag(sub, &expert_cache_, "auto");
     sub->add_option("--budget-tokens", budget_tokens_, "packed models with --budget: tokens of one batch the budget "
-                    "plans activations for (default min(context, 8192) when the budget holds the full streaming arena "
-                    "beside them, else min(context, 4096); a smaller value leaves more for the expert cache)")->check(CLI::PositiveNumber);
+                    "plans activations for (default the longest of 16384, 12288 and 8192, at most the context, whose "
+                    "activations the budget holds beside the full streaming arena, else min(context, 4096); a smaller "
+                    "value leaves more for the expert cache)")->check(CLI::PositiveNumber);
     sub->add_option("--max-batch-tokens", max_batch_tokens_, "most tokens of one batch (all requests packed "
                     "together); a request over it gets 413 (default: the engine's pass length)")->check(CLI::PositiveNumber);
     sub->add_option("--max-queue", o_.scheduler.max_queue, "most requests waiting; more get 429 (default 64)")
