@@ -78,7 +78,7 @@ namespace estream::model {
 // allows: 64 prompts of 128 tokens and their BOS are 8256 tokens, so a pass of 8192 split them
 // 63 + 1 and the last prompt read every expert again on its own (a server's 64 clients: one of
 // them waited a pass each round). The activations beyond 8192 tokens come out of the expert cache
-// (the budget's leftover), which keeps the few experts a short request routes to twice.
+// (the budget's leftover; on Qwen3-30B-A3B at 3G it held 3% of a 128-token request's experts).
 constexpr int64_t kShortPassTokens = 4096;
 constexpr int64_t kLongPassTokens[] = {16384, 12288, 8192};
 
