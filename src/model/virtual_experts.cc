@@ -243,7 +243,7 @@ Status VirtualExperts::SolveBanks() {
     for (int64_t pass : kLongPassTokens) {
       const int64_t long_tokens = std::min<int64_t>(c.n_ctx, pass);
       if (other(long_tokens) + arena <= k.budget_bytes) {
-        k.budget_tokens = long_tokens;  // > 4096: the context is
+        k.budget_tokens = long_tokens;  // > kShortPassTokens, as the context is
         break;
       }
     }
