@@ -264,6 +264,66 @@ TEST(Scheduler, JobsArrivingJustAfterABatchOfManyAreBatchedTogether) {
   EXPECT_EQ(back[0]->batch_jobs, 3);
 }
 
+// Two halves of closed-loop clients merge: while batch [a1, a2] runs, b1..b3 queue; when it
+// returns, the worker waits for a1 and a2 to come back (2 answered + 3 waiting) instead of running
+// the b's alone, so the next batch has all five. (Waiting only for as many jobs as the last batch
+// had, 2, would start [b1, b2, b3] at once and the halves would alternate for ever.)
+TEST(Scheduler, ClientsThatWaitedAndClientsComingBackFormOneBatch) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int released = 0, started = 0;  // batches let through / begun
+  std::vector<std::vector<int64_t>> batches;
+  BatchRunner runner = [&](std::span<const Request> reqs) {
+    std::vector<int64_t> sizes;
+    for (const Request& r : reqs) sizes.push_back(static_cast<int64_t>(r.tokens.size()));
+    {
+      std::unique_lock<std::mutex> l(mu);
+      const int index = started++;
+      batches.push_back(sizes);
+      cv.notify_all();
+      cv.wait(l, [&] { return released > index; });
+    }
+    std::vector<Result<Response>> out;
+    for (size_t i = 0; i < reqs.size(); ++i) out.push_back(Response{});
+    return out;
+  };
+  const auto wait_started = [&](int n) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return started >= n; });
+  };
+  const auto release = [&] {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      ++released;
+    }
+    cv.notify_all();
+  };
+  Scheduler s(runner, {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 60});
+  ASSERT_EQ(s.Submit(MakeJob(5)), Scheduler::Admit::kOk);
+  wait_started(1);
+  std::vector<std::shared_ptr<Job>> a = {MakeJob(10), MakeJob(11)};
+  for (auto& j : a) ASSERT_EQ(s.Submit(j), Scheduler::Admit::kOk);
+  release();      // [5] ends; a batch of 1 never lingers: [10, 11] starts
+  wait_started(2);
+  for (int64_t n : {20, 21, 22}) ASSERT_EQ(s.Submit(MakeJob(n)), Scheduler::Admit::kOk);
+  release();      // [10, 11] ends with 3 jobs queued
+  for (auto& j : a) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker lingers, not runs
+  {
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_EQ(started, 2);
+  }
+  std::vector<std::shared_ptr<Job>> back = {MakeJob(12), MakeJob(13)};
+  for (auto& j : back) ASSERT_EQ(s.Submit(j), Scheduler::Admit::kOk);
+  wait_started(3);
+  release();
+  for (auto& j : back) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[1], (std::vector<int64_t>{10, 11}));
+  EXPECT_EQ(batches[2], (std::vector<int64_t>{20, 21, 22, 12, 13}));  // aging 0: arrival order
+}
+
 TEST(Scheduler, ALoneClientIsNeverDelayedByTheLinger) {
   FakeRunner fake;
   Scheduler s(fake.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 60});

@@ -165,7 +165,8 @@ void Scheduler::Stop(double grace_seconds) {
 
 void Scheduler::WorkerLoop() {
   std::chrono::steady_clock::time_point last_end{};
-  size_t last_jobs = 0;  // jobs of the last batch (0: none yet)
+  size_t last_jobs = 0;      // jobs of the last batch (0: none yet)
+  size_t queued_at_end = 0;  // jobs that were queued when the last batch's engine run returned
   for (;;) {
     std::vector<std::shared_ptr<Job>> batch;
     {
@@ -177,7 +178,8 @@ void Scheduler::WorkerLoop() {
           const auto until = last_end + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                             std::chrono::duration<double>(options_.linger_seconds));
           cv_.wait_until(l, until, [&] {
-            return quit_ || queue_.size() >= last_jobs || queue_.queued_tokens() >= options_.max_batch_tokens;
+            return quit_ || queue_.size() >= last_jobs + queued_at_end ||
+                   queue_.queued_tokens() >= options_.max_batch_tokens;
           });
         }
         if (!queue_.empty()) break;  // else every queued job was cancelled while lingering
@@ -197,6 +199,11 @@ void Scheduler::WorkerLoop() {
     std::vector<Result<Response>> results = runner_(requests);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ESTREAM_CHECK(results.size() == requests.size(), "BatchRunner returned the wrong number of results");
+    {
+      // Before any of this batch's jobs is answered (see "Linger" in scheduler.h).
+      std::lock_guard<std::mutex> l(mu_);
+      queued_at_end = queue_.size();
+    }
 
     // Streaming figures are per pass and shared by the requests of a pass: count each pass once.
     BatchObservation ob{.jobs = static_cast<int>(batch.size()), .tokens = tokens, .seconds = seconds};

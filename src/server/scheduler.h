@@ -33,10 +33,14 @@
 // Linger (convoys): clients that send their next request when the last one is answered all come
 // back just after a batch ends, and the first of them would otherwise start a batch alone (under a
 // budget a 1-job pass re-reads every expert, seconds, while the others queue behind it). So after
-// a batch of n jobs the worker waits, up to linger_seconds after that batch's end, until n jobs are
-// queued (or max_batch_tokens are): the same clients coming back form one batch again. A server
-// that was idle for linger_seconds, or one whose clients are all back, starts at once: one client
-// sending requests one after another is never delayed.
+// a batch of n jobs, with m jobs queued when it returned (they arrived while it ran), the worker
+// waits, up to linger_seconds after that batch's end, until n + m jobs are queued (or
+// max_batch_tokens are): the clients coming back join those that waited, and the batch is whole
+// again. Without the m, closed-loop clients that split once into two halves (the first batch
+// takes whoever arrived first, the rest queue behind it) stay split for ever: each half's batch
+// starts as soon as the other's ends, and under a budget every half re-reads every expert. A
+// server that was idle for linger_seconds, or one whose clients are all back, starts at once: one
+// client sending requests one after another is never delayed.
 // Completion is signalled per job (Job::Wait*); a handler that gives up (client gone, timeout)
 // calls Cancel: a queued job is removed at once, a running one finishes and its result is dropped.
 #pragma once
