@@ -306,6 +306,16 @@ void BM_SwiGlu(benchmark::State& state) {
 }
 BENCHMARK(BM_SwiGlu)->ArgNames({"n", "isa"})->ArgsProduct({{768 * 64}, ESTREAM_BENCH_ISAS});
 
+// The LM head's log-softmax normaliser over one row of logits (vocabularies of OLMoE and Qwen3).
+void BM_LogSumExp(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const KernelTable& kt = KernelsFor(static_cast<Isa>(state.range(1)));
+  std::vector<float> row = Random(n, -20, 5, 9);
+  for (auto _ : state) benchmark::DoNotOptimize(kt.log_sum_exp(row.data(), n));
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_LogSumExp)->ArgNames({"n", "isa"})->ArgsProduct({{50304, 151936}, ESTREAM_BENCH_ISAS});
+
 // LFM2's short convolution over 256 tokens of LFM2-8B-A1B's width (d 2048, L 3), one thread: reads
 // 3 x 2048 floats and writes 2048 per token (the L - 1 earlier rows stay in cache).
 void BM_ShortConv(benchmark::State& state) {

@@ -874,6 +874,54 @@ TEST(SoftmaxTopK, EveryIsaMatchesReference) {
   }
 }
 
+// ---- log-sum-exp (the LM head's log-softmax) -----------------------------------------------------
+
+// Every ISA against the double reference. Bound: each e^(x - max) within 3u plus the rounding of
+// x - max (|x - max| u, whose softmax-weighted mean is at most log n), 8 fp32 additions per lane,
+// log2(16) horizontal ones: (15 + log n) u of the sum, the same absolute on its log; 2u of slack.
+TEST(LogSumExp, EveryIsaWithinTheBound) {
+  SEED_TRACE();
+  Rng rng(27);
+  for (int64_t n : {1, 2, 7, 15, 16, 17, 31, 33, 127, 129, 1000, 50257, 151936}) {
+    for (float range : {1.0f, 30.0f, 200.0f}) {
+      std::vector<float> row(static_cast<size_t>(n));
+      rng.Fill(row, -range, range / 4);
+      const double ref = KernelsFor(Isa::kScalar).log_sum_exp(row.data(), n);
+      const double bound = (17 + std::log(static_cast<double>(n))) * kU;
+      for (Isa isa : IsasToTest())
+        ASSERT_NEAR(KernelsFor(isa).log_sum_exp(row.data(), n), ref, bound)
+            << IsaName(isa) << " n=" << n << " range=" << range;
+    }
+  }
+  // Equal values: log n + x.
+  std::vector<float> flat(1000, 2.5f);
+  for (Isa isa : IsasToTest())
+    EXPECT_NEAR(KernelsFor(isa).log_sum_exp(flat.data(), 1000), 2.5 + std::log(1000.0), 20 * kU) << IsaName(isa);
+}
+
+// A row with NaN, +inf or -inf anywhere (also in a tail lane): the reference's result on every ISA
+// (NaN stays NaN; -inf terms count 0).
+TEST(LogSumExp, NonFiniteValuesGiveTheReferenceResult) {
+  SEED_TRACE();
+  Rng rng(28);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 5, 16, 37, 300}) {
+    for (float bad : {kNaN, inf, -inf}) {
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        std::vector<float> row(static_cast<size_t>(n));
+        rng.Fill(row, -5, 5);
+        row[static_cast<size_t>(at)] = bad;
+        const double ref = KernelsFor(Isa::kScalar).log_sum_exp(row.data(), n);
+        for (Isa isa : IsasToTest()) {
+          const double got = KernelsFor(isa).log_sum_exp(row.data(), n);
+          if (std::isnan(ref)) EXPECT_TRUE(std::isnan(got)) << IsaName(isa) << " n=" << n << " at=" << at;
+          else EXPECT_EQ(got, ref) << IsaName(isa) << " n=" << n << " at=" << at << " bad=" << bad;
+        }
+      }
+    }
+  }
+}
+
 // ---- residual add ---------------------------------------------------------------------------
 
 TEST(Add, EveryIsaIsExact) {

@@ -92,6 +92,7 @@ struct KernelTable {
   void (*swiglu)(const float* g, const float* u, float* h, int64_t n) = nullptr;
   void (*softmax_topk)(const float* logits, int n_expert, int k, bool renormalize, int32_t* idx,
                        float* w) = nullptr;
+  double (*log_sum_exp)(const float* row, int64_t n) = nullptr;
   void (*add)(float* y, const float* x, int64_t n) = nullptr;
   // ShortConv (kernels.h) for tokens [t_begin, t_end) (each reads the L - 1 rows before it).
   void (*short_conv_rows)(const float* bcx, int64_t ldb, const float* w, int L, int64_t d, int64_t t_begin,

@@ -231,6 +231,8 @@ void SoftmaxTopK(const float* logits, int n_expert, int k, bool renormalize, int
   Kernels().softmax_topk(logits, n_expert, k, renormalize, idx, w);
 }
 
+double LogSumExp(const float* row, int64_t n) { return Kernels().log_sum_exp(row, n); }
+
 void Add(float* y, const float* x, int64_t n) { Kernels().add(y, x, n); }
 
 }  // namespace estream::kernels

@@ -14,6 +14,10 @@ namespace estream::kernels {
 // REQUIRES: 1 <= k <= n_expert.
 void SelectTopK(const float* logits, int n_expert, int k, int32_t* idx);
 
+// The log-sum-exp reference (the scalar table's log_sum_exp): the max in fp32, then
+// sum e^(x - max) in double. The vector paths fall back to it for rows with NaN or +-inf.
+double LogSumExpRef(const float* row, int64_t n);
+
 struct KernelTable;
 // AttentionPrefill through an explicit table (AttentionPrefill uses Kernels()); tests run every
 // ISA's kernel through the same multithreaded work split. [parallel]

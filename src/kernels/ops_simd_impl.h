@@ -220,6 +220,45 @@ void SoftmaxTopKT(const float* logits, int n_expert, int k, bool renormalize, in
   for (int r = 0; r < k; ++r) w[r] *= inv;
 }
 
+// log(sum_i e^row[i]) (kernels.h LogSumExp). Pass 1: the max, and whether every value is finite
+// (x - x is 0 for a finite x, NaN for NaN or +-inf); a row with a non-finite value goes to the
+// reference, whose NaN / inf results are then the same on every ISA. Pass 2: blocks of 8 vectors,
+// e^(x - max) by Exp (<= 3u each) summed in fp32 per lane (<= 8 roundings), each block's lanes
+// added horizontally (log2 kLanes roundings) into a double: the sum is within
+// (11 + log2 kLanes) u relative of the exact one, so the result within ~1e-6 absolute.
+template <class S>
+double LogSumExpT(const float* row, int64_t n) {
+  using V = typename S::V;
+  constexpr int L = S::kLanes;
+  const V ninf = S::Set1(-std::numeric_limits<float>::infinity());
+  V vmax[2] = {ninf, ninf}, chk[2] = {S::Zero(), S::Zero()};
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L)
+    for (int c = 0; c < 2; ++c) {
+      const V v = S::Load(row + i + c * L);
+      vmax[c] = S::Max(vmax[c], v);
+      chk[c] = S::Add(chk[c], S::Sub(v, v));
+    }
+  for (; i < n; i += L) {
+    const V v = S::LoadN(row + i, n - i);  // lanes past n: 0, finite and ignored below
+    vmax[0] = S::Max(vmax[0], S::LoadN(row + i, n - i, ninf));
+    chk[0] = S::Add(chk[0], S::Sub(v, v));
+  }
+  if (S::ReduceAdd(S::Add(chk[0], chk[1])) != 0.0f) return LogSumExpRef(row, n);
+  const float mx = S::ReduceMax(S::Max(vmax[0], vmax[1]));
+  const V vm = S::Set1(mx);
+  double sum = 0;
+  for (i = 0; i < n;) {
+    V acc = S::Zero();
+    for (int s = 0; s < 8 && i < n; ++s, i += L) {
+      const int64_t rest = n - i;
+      acc = S::Add(acc, S::ZeroFrom(Exp<S>(S::Sub(S::LoadN(row + i, rest), vm)), static_cast<int>(std::min<int64_t>(rest, L))));
+    }
+    sum += S::ReduceAdd(acc);
+  }
+  return mx + std::log(sum);
+}
+
 // y += x.
 template <class S>
 void AddT(float* y, const float* x, int64_t n) {
@@ -235,6 +274,7 @@ void FillRowOps(KernelTable* t) {
   t->rope_row = RopeRowT<S>;
   t->swiglu = SwiGluT<S>;
   t->softmax_topk = SoftmaxTopKT<S>;
+  t->log_sum_exp = LogSumExpT<S>;
   t->add = AddT<S>;
 }
 

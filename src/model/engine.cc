@@ -31,15 +31,6 @@
 namespace estream {
 namespace {
 
-// log(sum(exp(row))) in double, with the max subtracted first.
-double LogSumExp(const float* row, int64_t n) {
-  float mx = row[0];
-  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i]) - mx);
-  return mx + std::log(s);
-}
-
 // Index of the largest value (ties: the lowest index), as torch.argmax.
 int32_t Argmax(const float* row, int64_t n) {
   int64_t best = 0;
@@ -466,7 +457,7 @@ Status Engine::Impl::RequestOutputs(const Request& req, const float* h, Response
     }
     if (req.prompt_logprobs) {
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) lse[i] = LogSumExp(lg + i * V, V);
+      for (int64_t i = 0; i < n; ++i) lse[i] = kernels::LogSumExp(lg + i * V, V);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = r0 + i;
         if (t + 1 < T) resp->prompt_logprobs[t] = static_cast<float>(lg[i * V + req.tokens[t + 1]] - lse[i]);
@@ -475,7 +466,7 @@ Status Engine::Impl::RequestOutputs(const Request& req, const float* h, Response
     if (r0 + n == T) {  // the chunk with the last position
       const float* last = lg + (n - 1) * V;
       if (req.logits == Request::Logits::kLast) resp->logits.assign(last, last + V);
-      const double l = req.top_k > 0 || conts ? LogSumExp(last, V) : 0;
+      const double l = req.top_k > 0 || conts ? kernels::LogSumExp(last, V) : 0;
       if (req.top_k > 0) {
         std::vector<int32_t> ids(V);
         std::iota(ids.begin(), ids.end(), 0);
@@ -521,7 +512,7 @@ Status Engine::Impl::RequestOutputs(const Request& req, const float* h, Response
     cs.logprobs.resize(L);
     auto continuation_rows = [&](int64_t first, int64_t n, const float* lg) -> Status {
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) lse[i] = LogSumExp(lg + i * V, V);
+      for (int64_t i = 0; i < n; ++i) lse[i] = kernels::LogSumExp(lg + i * V, V);
       for (int64_t i = 0; i < n; ++i) {
         const int32_t tok = cont[first + i + 1];
         cs.logprobs[first + i + 1] = static_cast<float>(lg[i * V + tok] - lse[i]);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "batch/candidates.h"
+#include "kernels/kernels.h"
 #include "tokenizer/tokenizer.h"
 
 namespace estream::server {
@@ -120,16 +121,6 @@ std::string Decode(const ApiContext& ctx, std::span<const int32_t> ids) {
   return ctx.tokenizer->Decode(ids);
 }
 
-// Engine::Run's log-sum-exp (src/model/engine.cc), so that top alternatives agree bit for bit
-// with the engine's prompt_logprobs and top.
-double LogSumExp(const float* row, int64_t n) {
-  float mx = row[0];
-  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i]) - mx);
-  return mx + std::log(s);
-}
-
 // Top-n (token, logprob) of one logits row, most likely first, ties: lower id (the order of
 // std::partial_sort with that comparison, which this replaces). One pass over the row keeping the
 // n best so far in order: ids come in ascending order, so a value equal to the n-th best never
@@ -138,7 +129,7 @@ double LogSumExp(const float* row, int64_t n) {
 // vocabulary before). scratch: unused, kept for the callers' per-thread buffers.
 std::vector<TokenLogprob> TopOf(const float* row, int64_t V, int n, std::vector<int32_t>* scratch) {
   (void)scratch;
-  const double l = LogSumExp(row, V);
+  const double l = kernels::LogSumExp(row, V);  // Engine::Run's: top agrees bit for bit with prompt_logprobs
   n = static_cast<int>(std::min<int64_t>(n, V));
   std::vector<int32_t> best;  // ids, best first
   best.reserve(n + 1);

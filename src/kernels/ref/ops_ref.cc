@@ -117,12 +117,21 @@ void SelectTopK(const float* logits, int n_expert, int k, int32_t* idx) {
   }
 }
 
+double LogSumExpRef(const float* row, int64_t n) {
+  float mx = row[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i]) - mx);
+  return mx + std::log(s);
+}
+
 void FillScalarOps(KernelTable* t) {
   t->attention_block = AttentionBlockRef;
   t->rms_norm_row = RmsNormRowRef;
   t->rope_row = RopeRowRef;
   t->swiglu = SwiGluRef;
   t->softmax_topk = SoftmaxTopKRef;
+  t->log_sum_exp = LogSumExpRef;
   t->add = AddRef;
 }
 
