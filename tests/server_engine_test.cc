@@ -11,10 +11,13 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
 #include <thread>
 
 #include "base/memory.h"
 #include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "server/api.h"
 #include "server/server.h"
 #include "tests/cli_test_util.h"
 #include "tests/server_test_util.h"
@@ -71,6 +74,37 @@ class ServerEngine : public ::testing::Test {
 Tokenizer* ServerEngine::tok_ = nullptr;
 Engine* ServerEngine::engine_ = nullptr;
 Server* ServerEngine::server_ = nullptr;
+
+// The top alternatives of a row equal std::partial_sort's (best first, ties: lower id) on rows
+// with many ties, rising and falling runs (insertions in every position), and V not a multiple
+// of the 8-logit skip.
+TEST(TopLogprobs, EqualPartialSortWithTies) {
+  std::mt19937 rng(31);
+  for (int64_t V : {1, 5, 8, 9, 17, 100, 1001, 50257}) {
+    for (int shape = 0; shape < 3; ++shape) {
+      std::vector<float> row(static_cast<size_t>(V));
+      for (int64_t v = 0; v < V; ++v) {
+        const float r = static_cast<float>(rng() % 64) / 8.0f - 4.0f;  // 64 levels: ties
+        row[v] = shape == 0 ? r : shape == 1 ? r + 0.001f * static_cast<float>(v) : r - 0.001f * static_cast<float>(v);
+      }
+      const double lse = kernels::LogSumExp(row.data(), V);
+      for (int n : {1, 2, 5, 20, static_cast<int>(V) + 3}) {
+        std::vector<int32_t> ids(static_cast<size_t>(V));
+        std::iota(ids.begin(), ids.end(), 0);
+        const size_t k = static_cast<size_t>(std::min<int64_t>(n, V));
+        std::partial_sort(ids.begin(), ids.begin() + static_cast<int64_t>(k), ids.end(), [&](int32_t a, int32_t b) {
+          return row[a] > row[b] || (row[a] == row[b] && a < b);
+        });
+        const std::vector<TokenLogprob> top = server::TopLogprobs(row.data(), V, n);
+        ASSERT_EQ(top.size(), k) << "V=" << V << " n=" << n;
+        for (size_t i = 0; i < k; ++i) {
+          ASSERT_EQ(top[i].token, ids[i]) << "V=" << V << " n=" << n << " shape=" << shape << " i=" << i;
+          EXPECT_EQ(top[i].logprob, static_cast<float>(row[ids[i]] - lse));
+        }
+      }
+    }
+  }
+}
 
 TEST_F(ServerEngine, CompletionEchoLogprobsEqualTheLibrary) {
   const std::string text = "The quick brown fox jumps over the lazy dog";

@@ -1,7 +1,7 @@
 // The server's JSON API without sockets: each route's request body is parsed and validated into
 // engine Requests (Prepared), and the engine's Responses are turned into the route's JSON reply.
 // Everything here is a pure function of its inputs (plus the tokenizer, which is immutable and
-// thread-safe), so the routes are unit-testable without HTTP (tests/server_api_test.cc).
+// thread-safe), so the routes are unit-testable without HTTP.
 //
 // Conventions (OpenAI / llama-server):
 //   errors      {"error": {"message": "...", "type": "invalid_request_error", "param": null,
@@ -71,6 +71,11 @@ struct ApiError {
 std::string ErrorBody(const ApiError& e);
 // An HTTP status for an engine Status that failed one request.
 ApiError ErrorFromStatus(const Status& s);
+
+// The n most likely tokens of one row of V logits with their logprobs (logit - kernels::LogSumExp,
+// so they agree bit for bit with the engine's prompt_logprobs), best first, ties: lower id (the
+// order of std::partial_sort with that comparison); min(n, V) of them.
+std::vector<TokenLogprob> TopLogprobs(const float* row, int64_t V, int n);
 
 // What the routes need to know about the model. Not owned; must outlive the calls.
 struct ApiContext {
