@@ -53,9 +53,10 @@ class ServeCommand : public Command {
     sub->add_option("--aging", o_.scheduler.aging_seconds, "seconds of waiting that make up for the largest "
                     "request's size in the shortest-first queue (default 2): a request is never overtaken by one that "
                     "arrived more than this later")->check(SecondsCheck());
-    sub->add_option("--batch-linger", o_.scheduler.linger_seconds, "after a batch of N requests, seconds to wait "
-                    "(from its end) for N requests to queue again before the next batch starts, so that clients "
-                    "answered together are batched together (default 0.02; 0: never wait; one client is never delayed)")
+    sub->add_option("--batch-linger", o_.scheduler.linger_seconds, "after a batch of N requests, with M waiting when "
+                    "it ended, seconds to wait (from its end) for N + M requests to be queued before the next batch "
+                    "starts, so that clients answered together are batched together and with those that waited "
+                    "(default 0.02; 0: never wait; one client is never delayed)")
         ->check(SecondsCheck());
     sub->add_option("--timeout", o_.timeout_seconds, "seconds a request may take before it gets 504 (default 0: none)")
         ->check(SecondsCheck());
