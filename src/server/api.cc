@@ -140,6 +140,7 @@ ojson TopJson(const ApiContext& ctx, const std::vector<TokenLogprob>& top) {
 std::vector<TokenLogprob> TopLogprobs(const float* row, int64_t V, int n) {
   const double l = kernels::LogSumExp(row, V);  // Engine::Run's: top agrees bit for bit with prompt_logprobs
   n = static_cast<int>(std::min<int64_t>(n, V));
+  if (n <= 0) return {};
   std::vector<int32_t> best;  // ids, best first
   best.reserve(n + 1);
   float thr = 0;  // row[best.back()] once n are kept
