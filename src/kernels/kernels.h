@@ -163,8 +163,8 @@ void SoftmaxTopK(const float* logits, int n_expert, int k, bool renormalize, int
 
 // log(sum_i e^row[i]) over n >= 1 values, the max subtracted first (the LM head's log-softmax
 // normaliser: prompt logprobs, top alternatives). The reference sums e^(x - max) in double; the
-// vector paths are within (15 + ln n) u absolute of it (ops_simd_impl.h LogSumExpT); a row holding NaN
-// or +-inf gets the reference's result on every ISA.
+// vector paths are within (15 + ln n) u absolute of it (ops_simd_impl.h LogSumExpT); a row
+// holding NaN or +-inf gets the reference's result on every ISA.
 double LogSumExp(const float* row, int64_t n);
 
 // y += x, n values.

@@ -251,10 +251,8 @@ double LogSumExpT(const float* row, int64_t n) {
   double sum = 0;
   for (i = 0; i < n;) {
     V acc = S::Zero();
-    for (int s = 0; s < 8 && i < n; ++s, i += L) {
-      const int64_t rest = n - i;
-      acc = S::Add(acc, S::ZeroFrom(Exp<S>(S::Sub(S::LoadN(row + i, rest), vm)), static_cast<int>(std::min<int64_t>(rest, L))));
-    }
+    for (int s = 0; s < 8 && i < n; ++s, i += L)
+      acc = S::Add(acc, S::ZeroFrom(Exp<S>(S::Sub(S::LoadN(row + i, n - i), vm)), n - i));
     sum += S::ReduceAdd(acc);
   }
   return mx + std::log(sum);
