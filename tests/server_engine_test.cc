@@ -306,7 +306,8 @@ TEST_F(ServerEngine, LoadTestNoErrorAndFlatRss) {
 }
 
 // `estream serve`'s duration flags (--aging, --batch-linger, --timeout, --shutdown-grace): a
-// negative, non-numeric or infinite value is refused before anything starts, naming the flag.
+// negative, non-numeric or infinite value is refused before anything starts, naming the flag;
+// likewise --batch-linger-share outside [0, 1].
 TEST(ServeCli, BadDurationFlagsGetAClearError) {
   const std::string err = ::testing::TempDir() + "serve_cli_stderr.txt";
   for (const char* flag : {"--aging", "--batch-linger", "--timeout", "--shutdown-grace"})
@@ -317,6 +318,13 @@ TEST(ServeCli, BadDurationFlagsGetAClearError) {
       EXPECT_NE(r.err.find(std::string(flag) + ": expected a number of seconds >= 0"), std::string::npos)
           << flag << "=" << value << ": " << r.err;
     }
+  for (const char* value : {"-0.1", "1.5", "abc", "nan", "inf"}) {
+    const cli_test::CliResult r =
+        cli_test::RunCli(std::string("serve -m /nonexistent.gguf --port 0 --batch-linger-share=") + value, err);
+    EXPECT_NE(r.exit_code, 0) << value;
+    EXPECT_NE(r.err.find("--batch-linger-share: expected a share between 0 and 1"), std::string::npos)
+        << value << ": " << r.err;
+  }
 }
 
 }  // namespace

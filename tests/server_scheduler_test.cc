@@ -264,64 +264,122 @@ TEST(Scheduler, JobsArrivingJustAfterABatchOfManyAreBatchedTogether) {
   EXPECT_EQ(back[0]->batch_jobs, 3);
 }
 
+// A runner whose batches each wait for the test's release (one release per batch, in order).
+struct GatedRunner {
+  std::mutex mu;
+  std::condition_variable cv;
+  int released = 0, started = 0;  // batches let through / begun
+  std::vector<std::vector<int64_t>> batches;
+
+  BatchRunner Runner() {
+    return [this](std::span<const Request> reqs) {
+      std::vector<int64_t> sizes;
+      for (const Request& r : reqs) sizes.push_back(static_cast<int64_t>(r.tokens.size()));
+      {
+        std::unique_lock<std::mutex> l(mu);
+        const int index = started++;
+        batches.push_back(sizes);
+        cv.notify_all();
+        cv.wait(l, [&] { return released > index; });
+      }
+      std::vector<Result<Response>> out;
+      for (size_t i = 0; i < reqs.size(); ++i) out.push_back(Response{});
+      return out;
+    };
+  }
+  void WaitStarted(int n) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return started >= n; });
+  }
+  int Started() {
+    std::lock_guard<std::mutex> l(mu);
+    return started;
+  }
+  void Release(int n = 1) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      released += n;
+    }
+    cv.notify_all();
+  }
+  // Declared after the Scheduler: lets every batch through before the Scheduler is destroyed, so
+  // that a failed assertion ends the test instead of leaving the worker blocked in the runner.
+  struct OpenOnExit {
+    GatedRunner* g;
+    ~OpenOnExit() { g->Release(1 << 20); }
+  };
+};
+
 // Two halves of closed-loop clients merge: while batch [a1, a2] runs, b1..b3 queue; when it
 // returns, the worker waits for a1 and a2 to come back (2 answered + 3 waiting) instead of running
 // the b's alone, so the next batch has all five. (Waiting only for as many jobs as the last batch
 // had, 2, would start [b1, b2, b3] at once and the halves would alternate for ever.)
 TEST(Scheduler, ClientsThatWaitedAndClientsComingBackFormOneBatch) {
-  std::mutex mu;
-  std::condition_variable cv;
-  int released = 0, started = 0;  // batches let through / begun
-  std::vector<std::vector<int64_t>> batches;
-  BatchRunner runner = [&](std::span<const Request> reqs) {
-    std::vector<int64_t> sizes;
-    for (const Request& r : reqs) sizes.push_back(static_cast<int64_t>(r.tokens.size()));
-    {
-      std::unique_lock<std::mutex> l(mu);
-      const int index = started++;
-      batches.push_back(sizes);
-      cv.notify_all();
-      cv.wait(l, [&] { return released > index; });
-    }
-    std::vector<Result<Response>> out;
-    for (size_t i = 0; i < reqs.size(); ++i) out.push_back(Response{});
-    return out;
-  };
-  const auto wait_started = [&](int n) {
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return started >= n; });
-  };
-  const auto release = [&] {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      ++released;
-    }
-    cv.notify_all();
-  };
-  Scheduler s(runner, {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 60});
+  GatedRunner g;
+  Scheduler s(g.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 60});
+  GatedRunner::OpenOnExit open{&g};
   ASSERT_EQ(s.Submit(MakeJob(5)), Scheduler::Admit::kOk);
-  wait_started(1);
+  g.WaitStarted(1);
   std::vector<std::shared_ptr<Job>> a = {MakeJob(10), MakeJob(11)};
   for (auto& j : a) ASSERT_EQ(s.Submit(j), Scheduler::Admit::kOk);
-  release();      // [5] ends; a batch of 1 never lingers: [10, 11] starts
-  wait_started(2);
+  g.Release();      // [5] ends; a batch of 1 never lingers: [10, 11] starts
+  g.WaitStarted(2);
   for (int64_t n : {20, 21, 22}) ASSERT_EQ(s.Submit(MakeJob(n)), Scheduler::Admit::kOk);
-  release();      // [10, 11] ends with 3 jobs queued
+  g.Release();      // [10, 11] ends with 3 jobs queued
   for (auto& j : a) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker lingers, not runs
-  {
-    std::lock_guard<std::mutex> l(mu);
-    EXPECT_EQ(started, 2);
-  }
+  EXPECT_EQ(g.Started(), 2);
   std::vector<std::shared_ptr<Job>> back = {MakeJob(12), MakeJob(13)};
   for (auto& j : back) ASSERT_EQ(s.Submit(j), Scheduler::Admit::kOk);
-  wait_started(3);
-  release();
+  g.WaitStarted(3);
+  g.Release();
   for (auto& j : back) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
-  std::lock_guard<std::mutex> l(mu);
-  ASSERT_EQ(batches.size(), 3u);
-  EXPECT_EQ(batches[1], (std::vector<int64_t>{10, 11}));
-  EXPECT_EQ(batches[2], (std::vector<int64_t>{20, 21, 22, 12, 13}));  // aging 0: arrival order
+  std::lock_guard<std::mutex> l(g.mu);
+  ASSERT_EQ(g.batches.size(), 3u);
+  EXPECT_EQ(g.batches[1], (std::vector<int64_t>{10, 11}));
+  EXPECT_EQ(g.batches[2], (std::vector<int64_t>{20, 21, 22, 12, 13}));  // aging 0: arrival order
+}
+
+// The linger grows with the batch: after a batch that ran ~1 s, with a share of 0.5 the worker
+// waits (up to ~0.5 s) for both clients it answered, though the fixed linger (1 ms) has long
+// passed when they come back 50 ms later; with a share of 0 the first to come back runs alone.
+TEST(Scheduler, ALongBatchWaitsLongerForTheClientsItAnswered) {
+  for (const double share : {0.5, 0.0}) {
+    SCOPED_TRACE(share);
+    GatedRunner g;
+    Scheduler s(g.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 0.001,
+                             .linger_share = share});
+    GatedRunner::OpenOnExit open{&g};
+    ASSERT_EQ(s.Submit(MakeJob(5)), Scheduler::Admit::kOk);
+    g.WaitStarted(1);
+    std::vector<std::shared_ptr<Job>> a = {MakeJob(10), MakeJob(11)};
+    for (auto& j : a) ASSERT_EQ(s.Submit(j), Scheduler::Admit::kOk);
+    g.Release();  // [5] ends; [10, 11] starts and runs for a second
+    g.WaitStarted(2);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    g.Release();
+    for (auto& j : a) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::vector<std::shared_ptr<Job>> back = {MakeJob(12), MakeJob(13)};
+    ASSERT_EQ(s.Submit(back[0]), Scheduler::Admit::kOk);
+    if (share == 0) g.WaitStarted(3);  // [12] alone
+    ASSERT_EQ(s.Submit(back[1]), Scheduler::Admit::kOk);
+    g.WaitStarted(3);
+    g.Release();
+    if (share == 0) {
+      g.WaitStarted(4);
+      g.Release();
+    }
+    for (auto& j : back) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+    std::lock_guard<std::mutex> l(g.mu);
+    if (share > 0) {
+      ASSERT_EQ(g.batches.size(), 3u);
+      EXPECT_EQ(g.batches[2], (std::vector<int64_t>{12, 13}));
+    } else {
+      ASSERT_EQ(g.batches.size(), 4u);
+      EXPECT_EQ(g.batches[2], (std::vector<int64_t>{12}));
+    }
+  }
 }
 
 TEST(Scheduler, ALoneClientIsNeverDelayedByTheLinger) {

@@ -167,6 +167,7 @@ void Scheduler::WorkerLoop() {
   std::chrono::steady_clock::time_point last_end{};
   size_t last_jobs = 0;      // jobs of the last batch (0: none yet)
   size_t queued_at_end = 0;  // jobs that were queued when the last batch's engine run returned
+  double last_seconds = 0;   // the last batch's engine run time
   for (;;) {
     std::vector<std::shared_ptr<Job>> batch;
     {
@@ -174,9 +175,10 @@ void Scheduler::WorkerLoop() {
       for (;;) {
         cv_.wait(l, [&] { return quit_ || !queue_.empty(); });
         if (queue_.empty()) return;  // quit_
-        if (last_jobs > 1 && options_.linger_seconds > 0) {
+        const double linger = std::max(options_.linger_seconds, options_.linger_share * last_seconds);
+        if (last_jobs > 1 && linger > 0) {
           const auto until = last_end + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                            std::chrono::duration<double>(options_.linger_seconds));
+                                            std::chrono::duration<double>(linger));
           cv_.wait_until(l, until, [&] {
             return quit_ || queue_.size() >= last_jobs + queued_at_end ||
                    queue_.queued_tokens() >= options_.max_batch_tokens;
@@ -233,6 +235,7 @@ void Scheduler::WorkerLoop() {
     }
     last_end = std::chrono::steady_clock::now();
     last_jobs = batch.size();
+    last_seconds = seconds;
     {
       std::lock_guard<std::mutex> l(mu_);
       const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;

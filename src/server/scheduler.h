@@ -34,9 +34,12 @@
 // back just after a batch ends, and the first of them would otherwise start a batch alone (under a
 // budget a 1-job pass re-reads every expert, seconds, while the others queue behind it). So after
 // a batch of n jobs, with m jobs queued when it returned (they arrived while it ran), the worker
-// waits, up to linger_seconds after that batch's end, until n + m jobs are queued (or
-// max_batch_tokens are): the clients coming back join those that waited, and the batch is whole
-// again. Without the m, closed-loop clients that split once into two halves (the first batch
+// waits, up to max(linger_seconds, linger_share x that batch's run time) after its end, until
+// n + m jobs are queued (or max_batch_tokens are): the clients coming back join those that
+// waited, and the batch is whole again. The share: n clients answered together need time to
+// read their answers and send again (64 echo-logprob answers on 2 cores: more than 0.02 s), and
+// one that misses the batch costs a pass of its own later (under a budget, every active expert
+// read again), so a long batch waits longer for its stragglers, at most that share of it. Without the m, closed-loop clients that split once into two halves (the first batch
 // takes whoever arrived first, the rest queue behind it) stay split for ever: each half's batch
 // starts as soon as the other's ends, and under a budget every half re-reads every expert. A
 // server that was idle for linger_seconds, or one whose clients are all back, starts at once: one
@@ -136,7 +139,8 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = 4096;  // most tokens of one batch (and of one job)
   int max_queue = 64;               // most jobs waiting (the running batch not counted)
   double aging_seconds = 2.0;       // see the file comment
-  double linger_seconds = 0.02;     // see "Linger" in the file comment; 0: never wait
+  double linger_seconds = 0.02;     // see "Linger" in the file comment
+  double linger_share = 0.01;       // of the last batch's run time (ditto); both 0: never wait
 };
 
 class Scheduler {

@@ -34,6 +34,19 @@ inline CLI::Validator SecondsCheck() {
       "SECONDS");
 }
 
+// A share in [0, 1] (e.g. 0.01), finite.
+inline CLI::Validator ShareCheck() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || end != v.c_str() + v.size() || !(x >= 0 && x <= 1))
+          return "expected a share between 0 and 1 (e.g. 0.01), got '" + v + "'";
+        return {};
+      },
+      "SHARE");
+}
+
 inline CLI::Option* AddBudgetFlag(CLI::App* sub, std::string* budget, const std::string& help) {
   return sub->add_option("--budget", *budget, help);
 }
