@@ -39,10 +39,11 @@
 // waited, and the batch is whole again. The share: n clients answered together need time to
 // read their answers and send again (64 echo-logprob answers on 2 cores: more than 0.02 s), and
 // one that misses the batch costs a pass of its own later (under a budget, every active expert
-// read again), so a long batch waits longer for its stragglers, at most that share of it. Without the m, closed-loop clients that split once into two halves (the first batch
-// takes whoever arrived first, the rest queue behind it) stay split for ever: each half's batch
-// starts as soon as the other's ends, and under a budget every half re-reads every expert. A
-// server that was idle for linger_seconds, or one whose clients are all back, starts at once: one
+// read again), so a long batch waits longer for its stragglers, at most that share of it.
+// Without the m, closed-loop clients that split once into two halves (the first batch takes
+// whoever arrived first, the rest queue behind it) stay split for ever: each half's batch starts
+// as soon as the other's ends, and under a budget every half re-reads every expert. A
+// server that was idle for the linger, or one whose clients are all back, starts at once: one
 // client sending requests one after another is never delayed.
 // Completion is signalled per job (Job::Wait*); a handler that gives up (client gone, timeout)
 // calls Cancel: a queued job is removed at once, a running one finishes and its result is dropped.
