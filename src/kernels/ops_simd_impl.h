@@ -2,8 +2,9 @@
 // `S`: RMSNorm, RoPE (with its fp64 sin/cos), SwiGLU, the router's softmax + top-k, the LM head's
 // log-sum-exp, residual add, and the exp / exp2 they and the attention kernels use. Instantiated
 // by x86_avx2/ops_avx2.cc (8 lanes), x86_avx512/ops_avx512.cc (16 lanes) and arm_neon/ops_neon.cc
-// (4 lanes), each compiled with its own ISA flags. Everything here has internal linkage (anonymous namespace), so the
-// instantiations of different ISAs can never be merged by the linker. Internal to src/kernels.
+// (4 lanes), each compiled with its own ISA flags. Everything here has internal linkage
+// (anonymous namespace), so the instantiations of different ISAs can never be merged by the
+// linker. Internal to src/kernels.
 //
 // Traits S provide, for fp32 vectors V of kLanes lanes (every operation rounds once, as IEEE):
 //   Zero(), Set1(x), Load(p), Store(p, v)          unaligned, kLanes values

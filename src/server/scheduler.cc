@@ -167,7 +167,7 @@ void Scheduler::WorkerLoop() {
   std::chrono::steady_clock::time_point last_end{};
   size_t last_jobs = 0;      // jobs of the last batch (0: none yet)
   size_t queued_at_end = 0;  // jobs that were queued when the last batch's engine run returned
-  double last_seconds = 0;   // the last batch's engine run time
+  double linger = 0;         // how long to wait after the last batch (see "Linger" in scheduler.h)
   for (;;) {
     std::vector<std::shared_ptr<Job>> batch;
     {
@@ -175,7 +175,6 @@ void Scheduler::WorkerLoop() {
       for (;;) {
         cv_.wait(l, [&] { return quit_ || !queue_.empty(); });
         if (queue_.empty()) return;  // quit_
-        const double linger = std::max(options_.linger_seconds, options_.linger_share * last_seconds);
         if (last_jobs > 1 && linger > 0) {
           const auto until = last_end + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                             std::chrono::duration<double>(linger));
@@ -235,7 +234,7 @@ void Scheduler::WorkerLoop() {
     }
     last_end = std::chrono::steady_clock::now();
     last_jobs = batch.size();
-    last_seconds = seconds;
+    linger = std::max(options_.linger_seconds, options_.linger_share * seconds);
     {
       std::lock_guard<std::mutex> l(mu_);
       const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;

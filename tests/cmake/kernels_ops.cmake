@@ -1,6 +1,6 @@
 # Label arm: the tests of the ARM64 stage of scripts/test.sh (run under qemu-aarch64).
-# Non-GEMM kernels (attention, RMSNorm, RoPE, SwiGLU, router softmax/top-k, log-sum-exp, add): every ISA path
-# against the scalar reference, the reference against fp64.
+# Non-GEMM kernels (attention, RMSNorm, RoPE, SwiGLU, router softmax/top-k, log-sum-exp, add):
+# every ISA path against the scalar reference, the reference against fp64.
 estream_add_test(kernels_ops_test SOURCES ${CMAKE_SOURCE_DIR}/tests/kernels_ops_test.cc
   LIBS estream_kernels estream_base LABELS kernels arm)
 # LFM2's short convolution: every ISA against the scalar reference, the reference against fp64.

@@ -22,25 +22,30 @@ inline CLI::Option* AddThreadsFlag(CLI::App* sub, int* threads,
 
 // A duration flag's check: a finite number of seconds >= 0, with an error that says so (CLI11's
 // NonNegativeNumber prints its range up to DBL_MAX in full).
+// The whole of v parsed as a double into *x (false: empty, trailing characters, not a number).
+inline bool ParseWholeDouble(const std::string& v, double* x) {
+  char* end = nullptr;
+  *x = std::strtod(v.c_str(), &end);
+  return !v.empty() && end == v.c_str() + v.size();
+}
+
 inline CLI::Validator SecondsCheck() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x < 0)
+        double x;
+        if (!ParseWholeDouble(v, &x) || !std::isfinite(x) || x < 0)
           return "expected a number of seconds >= 0 (e.g. 0.5), got '" + v + "'";
         return {};
       },
       "SECONDS");
 }
 
-// A share in [0, 1] (e.g. 0.01), finite.
+// A share in [0, 1] (e.g. 0.01).
 inline CLI::Validator ShareCheck() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (v.empty() || end != v.c_str() + v.size() || !(x >= 0 && x <= 1))
+        double x;
+        if (!ParseWholeDouble(v, &x) || !(x >= 0 && x <= 1))
           return "expected a share between 0 and 1 (e.g. 0.01), got '" + v + "'";
         return {};
       },
