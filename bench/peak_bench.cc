@@ -1,15 +1,22 @@
 // This CPU's compute peaks, the yardsticks of the kernel benchmarks (issue 3).
 //
-// Each loop body issues 24 independent instructions (one per accumulator register zmm0..23,
-// sources in zmm24..25, no memory operands), enough to cover the 4-5 cycle latency at two
+// Each loop body issues many independent instructions (one per accumulator register, sources in
+// registers of their own, no memory operands), enough to cover the 4-5 cycle latency at two
 // instructions per cycle; a loop with few accumulators is latency-bound and reads ~3x too low.
-// Op counts (1 op = one multiply or one add): vpdpbusd zmm = 64 u8 x s8 products + 64 adds
-// = 128 ops; vdpbf16ps zmm = 32 bf16 products + 32 adds = 64 flops; vfmadd231ps zmm = 32 flops.
+// x86 with AVX-512: 24 accumulators zmm0..23, sources zmm24..25. Op counts (1 op = one multiply or
+// one add): vpdpbusd zmm = 64 u8 x s8 products + 64 adds = 128 ops; vdpbf16ps zmm = 32 bf16
+// products + 32 adds = 64 flops; vfmadd231ps zmm = 32 flops.
+// x86 without AVX-512 (16 ymm registers, VEX): 14 accumulators ymm0..13, sources ymm14..15.
+// vpdpbusd ymm (AVX-VNNI) = 64 ops; vfmadd231ps ymm = 16 flops; and on AVX2 hosts without
+// AVX-VNNI the int8 dot product that the AVX2 kernels use instead (kernels/x86_avx2/gemm_avx2.cc):
+// vpmaddubsw (32 u8 x s8 products, 16 pair adds to int16), vpmaddwd by ones (8 adds to int32),
+// vpaddd into the accumulator (8 adds) = 64 ops per three instructions; 6 such chains per
+// body (6 accumulators, 6 temporaries, sources and the ones in ymm12..15).
 // Run with 1 and 2 threads (one per core); the counter `ops` is the total rate over threads.
 // On AArch64 the same loops time sdot, smmla and fmla on 128-bit vectors (24 accumulators
 // v0..v23, sources v24, v25): sdot v.4s = 16 s8 x s8 products + 16 adds = 32 ops; smmla v.4s
 // (2x8 by 8x2 int8 matrices) = 32 products + 32 adds = 64 ops; fmla v.4s = 8 flops. A loop whose
-// extension the CPU lacks (HWCAP) reports an error instead of running.
+// extension the CPU lacks (CPUID, HWCAP) reports an error instead of running.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -55,6 +62,50 @@ ES_PEAK_FN(LoopDpbusd, ES_DPBUSD)
 ES_PEAK_FN(LoopDpbf16, ES_DPBF16)
 ES_PEAK_FN(LoopFma, ES_FMA)
 
+#define ES_REP14(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13)
+#define ES_REP6(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5)
+#define ES_DPBUSD_Y(i) "%{vex%} vpdpbusd %%ymm14, %%ymm15, %%ymm" #i "\n\t"
+#define ES_FMA_Y(i) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #i "\n\t"
+#define ES_ZERO_Y(i) "vpxor %%ymm" #i ", %%ymm" #i ", %%ymm" #i "\n\t"
+// Chain i: ymm(6 + i) = maddubs(ymm12 u8, ymm13 s8); ymm(6 + i) = maddwd(ymm(6 + i), ymm15 ones);
+// ymm i += ymm(6 + i). All six vpmaddubsw first, then the vpmaddwd, then the adds.
+#define ES_MADDUBS_Y(i) "vpmaddubsw %%ymm13, %%ymm12, %%ymm" ES_T(i) "\n\t"
+#define ES_MADDWD_Y(i) "vpmaddwd %%ymm15, %%ymm" ES_T(i) ", %%ymm" ES_T(i) "\n\t"
+#define ES_ADD_Y(i) "vpaddd %%ymm" ES_T(i) ", %%ymm" #i ", %%ymm" #i "\n\t"
+#define ES_T(i) ES_T_##i
+#define ES_T_0 "6"
+#define ES_T_1 "7"
+#define ES_T_2 "8"
+#define ES_T_3 "9"
+#define ES_T_4 "10"
+#define ES_T_5 "11"
+
+#define ES_CLOBBERS_Y                                                                                  \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
+      "xmm13", "xmm14", "xmm15", "cc"
+
+// As ES_PEAK_FN on ymm: every source register (ymm12..15) holds `src` (in the vpmaddubsw chain
+// ymm15 stands for the int16 ones; integer instructions take the same time whatever the values).
+#define ES_PEAK_FN_Y(NAME, TARGET, BODY)                                            \
+  __attribute__((target(TARGET))) void NAME(int64_t iters, uint32_t src) {          \
+    __asm__ volatile(                                                               \
+        ES_REP14(ES_ZERO_Y)                                                         \
+        "vmovd %1, %%xmm14\n\t"                                                     \
+        "vpbroadcastd %%xmm14, %%ymm14\n\t"                                         \
+        "vmovdqa %%ymm14, %%ymm15\n\t"                                              \
+        "vmovdqa %%ymm14, %%ymm12\n\t"                                              \
+        "vmovdqa %%ymm14, %%ymm13\n\t"                                              \
+        "1:\n\t" BODY "dec %0\n\t"                                                \
+        "jnz 1b\n\t"                                                                \
+        : "+r"(iters)                                                               \
+        : "r"(src)                                                                  \
+        : ES_CLOBBERS_Y);                                                           \
+  }
+
+ES_PEAK_FN_Y(LoopDpbusdYmm, "avx2,avxvnni", ES_REP14(ES_DPBUSD_Y))
+ES_PEAK_FN_Y(LoopFmaYmm, "avx2,fma", ES_REP14(ES_FMA_Y))
+ES_PEAK_FN_Y(LoopMaddubsYmm, "avx2", ES_REP6(ES_MADDUBS_Y) ES_REP6(ES_MADDWD_Y) ES_REP6(ES_ADD_Y))
+
 #elif defined(__aarch64__)
 #define ES_SDOT(i) "sdot v" #i ".4s, v24.16b, v25.16b\n\t"
 #define ES_SMMLA(i) "smmla v" #i ".4s, v24.16b, v25.16b\n\t"
@@ -86,10 +137,19 @@ ES_PEAK_FN(LoopSmmla, ES_SMMLA)
 ES_PEAK_FN(LoopFmla, ES_FMLA)
 #endif
 
-// True if the CPU runs kLoop (HWCAP_ASIMDDP for sdot, HWCAP2_I8MM for smmla).
+// True if the CPU runs kLoop (CPUID with the OS's register-state check on x86; HWCAP_ASIMDDP for
+// sdot, HWCAP2_I8MM for smmla on AArch64).
 template <void (*kLoop)(int64_t, uint32_t)>
 bool Runs() {
-#if defined(__aarch64__)
+#if defined(__x86_64__)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  if (kLoop == LoopDpbusd) return avx512 && __builtin_cpu_supports("avx512vnni");
+  if (kLoop == LoopDpbf16) return avx512 && __builtin_cpu_supports("avx512bf16");
+  if (kLoop == LoopFma) return avx512;
+  if (kLoop == LoopDpbusdYmm) return __builtin_cpu_supports("avxvnni");
+  if (kLoop == LoopFmaYmm) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (kLoop == LoopMaddubsYmm) return __builtin_cpu_supports("avx2");
+#elif defined(__aarch64__)
   if (kLoop == LoopSdot) return (getauxval(AT_HWCAP) & (1ul << 20)) != 0;
   if (kLoop == LoopSmmla) return (getauxval(AT_HWCAP2) & (1ul << 13)) != 0;
 #endif
@@ -97,7 +157,8 @@ bool Runs() {
 }
 
 // Counter `ops`: each thread's own rate (its ops / its wall time), summed over the threads.
-template <void (*kLoop)(int64_t, uint32_t), int kOpsPerInsn, uint32_t kSrc>
+// kOpsPerUnit ops per instruction (per chain for the vpmaddubsw loop), kUnits of them per body.
+template <void (*kLoop)(int64_t, uint32_t), int kOpsPerUnit, uint32_t kSrc, int kUnits = 24>
 void BM_Peak(benchmark::State& state) {
   if (!Runs<kLoop>()) {
     state.SkipWithError("this CPU lacks the instruction");
@@ -107,13 +168,20 @@ void BM_Peak(benchmark::State& state) {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) kLoop(kIters, kSrc);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  state.counters["ops"] = static_cast<double>(state.iterations()) * kIters * 24 * kOpsPerInsn / s;
+  state.counters["ops"] = static_cast<double>(state.iterations()) * kIters * kUnits * kOpsPerUnit / s;
 }
 
 #if defined(__x86_64__)
 BENCHMARK(BM_Peak<LoopDpbusd, 128, 0x01010101u>)->Name("peak/vpdpbusd_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopDpbf16, 64, 0x3F803F80u>)->Name("peak/vdpbf16ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopFma, 32, 0x3F800000u>)->Name("peak/vfmadd231ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_Peak<LoopDpbusdYmm, 64, 0x01010101u, 14>)->Name("peak/vpdpbusd_ymm")->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_Peak<LoopMaddubsYmm, 64, 0x01010101u, 6>)
+    ->Name("peak/vpmaddubsw_vpmaddwd_ymm")
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
+BENCHMARK(BM_Peak<LoopFmaYmm, 16, 0x3F800000u, 14>)->Name("peak/vfmadd231ps_ymm")->Threads(1)->Threads(2)->UseRealTime();
 #elif defined(__aarch64__)
 BENCHMARK(BM_Peak<LoopSdot, 32, 0x01010101u>)->Name("peak/sdot_4s")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopSmmla, 64, 0x01010101u>)->Name("peak/smmla_4s")->Threads(1)->Threads(2)->UseRealTime();
