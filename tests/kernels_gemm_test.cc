@@ -357,6 +357,59 @@ TEST(GemmQuant, IQ4_XSEveryIsaAndLayout) { RunQuantTest(QuantType::kIQ4_XS, 256)
 TEST(GemmQuant, MXFP4EveryIsaAndLayout) { RunQuantTest(QuantType::kMXFP4, 32); }
 
 // The packed layout holds exactly the GGUF values: the scalar kernels agree bit for bit.
+// The largest value a packed format stores per weight (quant/packed_format.h): nibbles 15,
+// 5-bit bytes 31, 6-bit bytes 63, Q8_0 bytes 255.
+uint8_t MaxStoredByte(QuantType t) {
+  const QuantType f = PackedFormat(t);
+  if (PackedNibbles(f)) return 0xFF;
+  if (f == QuantType::kQ6_K) return 63;
+  if (f == QuantType::kQ5_1 || f == QuantType::kQ5_K) return 31;
+  return 0xFF;
+}
+
+// Every stored weight at its format's largest value and every activation at +127 or -127 (the
+// ends of Q8A's range, one sign per row): the largest integer partial sums a kernel forms, where a
+// 16-bit intermediate that overflowed or saturated (vpmaddubsw pairs, the AVX2 kernels' int16
+// sums of several of them) would show as a gross error. Every path against the scalar one.
+TEST(GemmQuant, ExtremeStoredValuesDoNotOverflow) {
+  constexpr int64_t m = 5, n = 32, k = 512;
+  const int64_t kb = k / 32;
+  std::vector<BlockQ8A> xq(static_cast<size_t>(m * kb));
+  std::uniform_real_distribution<float> du(0.005f, 0.02f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t b = 0; b < kb; ++b) {
+      BlockQ8A& blk = xq[i * kb + b];
+      const int v = i % 2 ? -127 : 127;
+      for (int8_t& q : blk.qs) q = static_cast<int8_t>(v);
+      blk.d = du(Rng());
+      blk.sum[0] = blk.sum[1] = static_cast<int16_t>(16 * v);
+    }
+  for (QuantType t : kGemmQuantTypes) {
+    if (!CanRepack(t)) continue;
+    std::vector<uint8_t> packed(PackedWeightBytes(t, n, k));
+    RepackWeights(t, RandomWeights(t, n, k).data(), n, k, packed.data());
+    const int64_t sect = PackedScaleSection(PackedFormat(t), kb), panel = PackedPanelBytes(PackedFormat(t), k);
+    const int64_t qbytes = kb * PackedQuantBytes(PackedFormat(t));
+    for (int64_t p = 0; p < n / kPackRows; ++p)
+      std::memset(packed.data() + p * panel + sect, MaxStoredByte(t), static_cast<size_t>(qbytes));
+    const WeightView w{t, WeightLayout::kPacked, n, k, packed.data()};
+    std::vector<float> ref(static_cast<size_t>(m * n));
+    Fn(KernelsFor(Isa::kScalar), t, true)(w, xq.data(), m, 0, n, ref.data(), n);
+    for (const Path& path : PathsToTest()) {
+      std::vector<float> y(ref.size(), std::nanf(""));
+      Fn(*path.table, t, true)(w, xq.data(), m, 0, n, y.data(), n);
+      for (int64_t i = 0; i < m; ++i) {
+        double scale = 0;
+        for (int64_t r = 0; r < n; ++r) scale = std::max(scale, std::fabs(static_cast<double>(ref[i * n + r])));
+        for (int64_t r = 0; r < n; ++r)
+          ASSERT_LE(std::fabs(static_cast<double>(y[i * n + r]) - ref[i * n + r]), 1e-5 * scale)
+              << TypeName(t) << " " << path.name << " at (" << i << "," << r << "): " << y[i * n + r] << " vs "
+              << ref[i * n + r];
+      }
+    }
+  }
+}
+
 TEST(GemmQuant, RepackIsExact) {
   for (QuantType t : kGemmQuantTypes) {
     const int64_t k = BlockOf(t) == 32 ? 96 : 512;

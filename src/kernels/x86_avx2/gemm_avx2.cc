@@ -6,10 +6,13 @@
 // d_w * d_x into fp32 sums. A packed panel's 64-byte k-step line is two ymm: rows 0..7 and
 // rows 8..15. The micro-tile is kMr rows of X x one panel (two ymm halves): 8 int32
 // accumulators; the fp32 sums live in an L1 buffer (16 ymm registers do not hold both sets).
-// vpmaddubsw saturates at +-32767: the 2- to 6-bit formats (u6 x s8, pairs <= 2 * 63 * 127)
+// vpmaddubsw saturates at +-32767: the 2- to 6-bit formats (u6 x s8, pairs <= 2 * 63 * 128)
 // cannot reach it; Q8_0 (and Q5_0, packed as Q8_0) and the table types take the signed weights
 // (stored value xor 0x80 = value - 128) through the sign trick |w| * sign(x, w) (<= 2 * 128 * 127)
-// and need no zero-point bias.
+// and need no zero-point bias. Without VNNI the unsigned formats also sum several vpmaddubsw
+// results in int16 (vpaddw) before one vpmaddwd widens them (kI16Group: 8 for nibbles, 4 for
+// 5-bit, 2 for 6-bit values, each within int16 for any int8 x), so a 32-value block of Q4_0 costs 8
+// vpmaddubsw + 1 vpmaddwd per accumulator instead of 8 + 8 on the two multiply pipes.
 #include "kernels/x86_avx2/gemm_avx2.h"
 
 #include <immintrin.h>
@@ -112,6 +115,18 @@ inline __m256 PanelMin8(const uint8_t* p, int64_t kb, int64_t b, int h, int hh) 
   }
 }
 
+// The largest stored value of an unsigned packed format (vpmaddubsw's u8 operand).
+template <QuantType kT>
+constexpr int kMaxStored = PackedNibbles(kT)                                            ? 15
+                           : kT == QuantType::kQ6_K                                     ? 63
+                           : kT == QuantType::kQ5_1 || kT == QuantType::kQ5_K ? 31
+                                                                                        : 255;
+// vpmaddubsw results summed in int16 before one vpmaddwd (1: none). Each pair sum is at most
+// 2 x kMaxStored x 128 in magnitude (x = -128 included), so kI16Group of them stay within int16.
+template <QuantType kT, bool kVnni>
+constexpr int kI16Group =
+    kVnni || kSignedWeights<kT, kVnni> ? 1 : std::max(1, 32767 / (2 * kMaxStored<kT> * 128));
+
 // acc += dot4(w u8, x s8) per int32 lane.
 template <bool kVnni, bool kSignedW>
 inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
@@ -128,6 +143,24 @@ inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
   }
 }
 
+// Dot number `idx` of `n` into one accumulator (idx and n are constants once the loops unroll):
+// with kGroup > 1 the vpmaddubsw results gather in p16 and widen into acc every kGroup dots and
+// after the last one.
+template <bool kVnni, bool kSignedW, int kGroup>
+inline void DotStep(__m256i& acc, __m256i& p16, __m256i w, __m256i x, int idx, int n) {
+  if constexpr (kGroup == 1) {
+    acc = Dot<kVnni, kSignedW>(acc, w, x);
+  } else {
+    const __m256i p = _mm256_maddubs_epi16(w, x);
+    p16 = idx % kGroup == 0 ? p : _mm256_add_epi16(p16, p);
+    // Keeps the sum a chain: GCC's reassociation would otherwise rebalance the kGroup adds into a
+    // tree, holding every product of the block at once and spilling most of them to the stack.
+    __asm__("" : "+x"(p16));
+    if (idx % kGroup == kGroup - 1 || idx == n - 1)
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+  }
+}
+
 // MR rows of x x one packed panel at w, blocks [b0, b1); see the AVX-512 Micro.
 template <QuantType kT, int MR, bool kVnni>
 void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int64_t b0, int64_t b1, float* y,
@@ -137,6 +170,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
   constexpr bool kSignedW = kSignedWeights<kT, kVnni>;
   constexpr int kHalves = PackedHalves(kT);
   constexpr bool kLut = PackedIsLut(kT);
+  constexpr int kGroup = kI16Group<kT, kVnni>;
   alignas(32) float fsum[MR][2][8];
   for (int i = 0; i < MR; ++i)
     for (int hh = 0; hh < 2; ++hh) _mm256_store_ps(fsum[i][hh], _mm256_setzero_ps());
@@ -152,7 +186,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* wq = w + sect + b * kQB;
     for (int h = 0; h < kHalves; ++h) {
-      __m256i iacc[MR][2];
+      __m256i iacc[MR][2], p16[MR][2];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m256i bias = _mm256_set1_epi32(h == 0 ? aux[i * kb + b].b0 : aux[i * kb + b].b1);
@@ -179,8 +213,8 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
             const __m256i xh = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 16 + 4 * s));
 #pragma GCC unroll 2
             for (int hh = 0; hh < 2; ++hh) {
-              iacc[i][hh] = Dot<kVnni, kSignedW>(iacc[i][hh], lo[hh], xl);
-              iacc[i][hh] = Dot<kVnni, kSignedW>(iacc[i][hh], hi[hh], xh);
+              DotStep<kVnni, kSignedW, kGroup>(iacc[i][hh], p16[i][hh], lo[hh], xl, 2 * s, 8);
+              DotStep<kVnni, kSignedW, kGroup>(iacc[i][hh], p16[i][hh], hi[hh], xh, 2 * s + 1, 8);
             }
           }
         }
@@ -198,7 +232,7 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
           for (int i = 0; i < MR; ++i) {
             const __m256i xv = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 16 * h + 4 * s));
 #pragma GCC unroll 2
-            for (int hh = 0; hh < 2; ++hh) iacc[i][hh] = Dot<kVnni, false>(iacc[i][hh], wv[hh], xv);
+            for (int hh = 0; hh < 2; ++hh) DotStep<kVnni, false, kGroup>(iacc[i][hh], p16[i][hh], wv[hh], xv, s, 4);
           }
         }
       } else {
@@ -216,7 +250,8 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
           for (int i = 0; i < MR; ++i) {
             const __m256i xv = _mm256_set1_epi32(Load4(x[i * kb + b].qs + 4 * s));
 #pragma GCC unroll 2
-            for (int hh = 0; hh < 2; ++hh) iacc[i][hh] = Dot<kVnni, kSignedW>(iacc[i][hh], wv[hh], xv);
+            for (int hh = 0; hh < 2; ++hh)
+              DotStep<kVnni, kSignedW, kGroup>(iacc[i][hh], p16[i][hh], wv[hh], xv, s0, kSteps);
           }
         }
       }
