@@ -747,6 +747,28 @@ TEST(GemmFloat, EveryIsaMatchesFp64) {
   }
 }
 
+// The AVX2 and AVX-512 float kernels sum each output in k order with one FMA per term from zero,
+// so they agree bit for bit whatever the vector width and the split of rows and columns.
+TEST(GemmFloat, Avx2EqualsAvx512BitForBit) {
+  if (!IsaAtLeast(HostIsa(), Isa::kAvx512)) GTEST_SKIP() << "needs an AVX-512 host";
+  const KernelTable& a2 = KernelsFor(Isa::kAvx2);
+  const KernelTable& a5 = KernelsFor(Isa::kAvx512);
+  for (QuantType t : {QuantType::kF32, QuantType::kF16, QuantType::kBF16}) {
+    const int64_t m = 37, n = 45, k = 301;
+    const std::vector<uint8_t> wq = RandomWeights(t, n, k);
+    const std::vector<float> x = RandomX(m, k);
+    const WeightView w{t, WeightLayout::kGguf, n, k, wq.data()};
+    std::vector<float> y2(static_cast<size_t>(m * n), std::nanf("")), y5 = y2;
+    auto fn = [t](const KernelTable& kt) {
+      return t == QuantType::kF32 ? kt.gemm_f32 : t == QuantType::kF16 ? kt.gemm_f16 : kt.gemm_bf16;
+    };
+    fn(a2)(w, x.data(), k, m, 0, 7, y2.data(), n);
+    fn(a2)(w, x.data(), k, m, 7, n, y2.data(), n);
+    fn(a5)(w, x.data(), k, m, 0, n, y5.data(), n);
+    EXPECT_EQ(std::memcmp(y2.data(), y5.data(), y2.size() * sizeof(float)), 0) << TypeName(t);
+  }
+}
+
 // The fast quantisers follow the scalar definition bit for bit (same fp32 operations, round
 // half to even), including exact ties, tiny and huge magnitudes and an all-equal block.
 TEST(QuantizeQ8A, FastMatchesScalarBitExact) {
