@@ -375,4 +375,15 @@ uint8_t* PanelPackBuffer(size_t bytes) {
   return buf.get();
 }
 
+float* FloatPanelBuffer(size_t floats) {
+  thread_local AlignedPtr<float> buf;
+  thread_local size_t buf_floats = 0;
+  if (buf_floats < floats) {
+    buf = AllocAligned<float>(floats);
+    ESTREAM_CHECK(buf != nullptr, "GEMM: out of memory for the float weight panel");
+    buf_floats = floats;
+  }
+  return buf.get();
+}
+
 }  // namespace estream::kernels

@@ -40,4 +40,9 @@ void PackPanel(QuantType t, const void* src, size_t src_stride, int rows, int64_
 // and never shrunk, valid until this thread's next call. Aborts when the memory cannot be had.
 uint8_t* PanelPackBuffer(size_t bytes);
 
+// This thread's buffer for the float GEMMs' transposed weight panels (k x 16 or k x 32 fp32): at
+// least `floats` values, 64-byte aligned, grown and never shrunk, valid until this thread's next
+// call. Aborts when the memory cannot be had.
+float* FloatPanelBuffer(size_t floats);
+
 }  // namespace estream::kernels

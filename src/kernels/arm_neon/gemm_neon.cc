@@ -7,11 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "base/check.h"
 #include "base/fp16.h"
-#include "base/memory.h"
 #include "kernels/arm_neon/gemm_neon_impl.h"
 #include "kernels/dispatch.h"
+#include "kernels/repack.h"
 #include "quant/quant.h"
 
 namespace estream::kernels {
@@ -123,24 +122,18 @@ void GemmFloatNeon(const WeightView& w, const float* x, int64_t ldx, int64_t m, 
   const int64_t k = w.k;
   const size_t row_bytes = static_cast<size_t>(k) * (kT == QuantType::kF32 ? 4 : 2);
   const uint8_t* wd = static_cast<const uint8_t*>(w.data);
-  thread_local AlignedPtr<float> wt;
-  thread_local int64_t wt_k = 0;
-  if (wt_k < k) {
-    wt = AllocAligned<float>(static_cast<size_t>(k) * 16);
-    ESTREAM_CHECK(wt != nullptr, "GEMM: out of memory for the float weight panel");
-    wt_k = k;
-  }
+  float* const wt = FloatPanelBuffer(static_cast<size_t>(k) * 16);
   for (int64_t n0 = n_begin; n0 < n_end; n0 += 16) {
     const int nr = static_cast<int>(std::min<int64_t>(16, n_end - n0));
     for (int j = 0; j < 16; ++j) {
       if (j < nr) {
-        LoadColumn<kT>(wd + (n0 + j) * row_bytes, k, wt.get() + j);
+        LoadColumn<kT>(wd + (n0 + j) * row_bytes, k, wt + j);
       } else {
         for (int64_t kk = 0; kk < k; ++kk) wt[kk * 16 + j] = 0.0f;
       }
     }
     for (int64_t i0 = 0; i0 < m; i0 += 4)
-      FloatPanelTileAny(static_cast<int>(std::min<int64_t>(4, m - i0)), wt.get(), x + i0 * ldx, ldx, k,
+      FloatPanelTileAny(static_cast<int>(std::min<int64_t>(4, m - i0)), wt, x + i0 * ldx, ldx, k,
                         y + i0 * ldy + n0, ldy, nr);
   }
 }

@@ -21,10 +21,8 @@
 #include <cstring>
 #include <vector>
 
-#include "base/check.h"
 #include "base/cpu.h"
 #include "base/fp16.h"
-#include "base/memory.h"
 #include "kernels/repack.h"
 #include "quant/quant.h"
 
@@ -117,10 +115,10 @@ inline __m256 PanelMin8(const uint8_t* p, int64_t kb, int64_t b, int h, int hh) 
 
 // The largest stored value of an unsigned packed format (vpmaddubsw's u8 operand).
 template <QuantType kT>
-constexpr int kMaxStored = PackedNibbles(kT)                                            ? 15
-                           : kT == QuantType::kQ6_K                                     ? 63
+constexpr int kMaxStored = PackedNibbles(kT)                                   ? 15
+                           : kT == QuantType::kQ6_K                            ? 63
                            : kT == QuantType::kQ5_1 || kT == QuantType::kQ5_K ? 31
-                                                                                        : 255;
+                                                                               : 255;
 // vpmaddubsw results summed in int16 before one vpmaddwd (1: none). Each pair sum is at most
 // 2 x kMaxStored x 128 in magnitude (x = -128 included), so kI16Group of them stay within int16.
 template <QuantType kT, bool kVnni>
@@ -407,29 +405,23 @@ void FloatPanelTileAny(int mr, const float* wt, const float* x, int64_t ldx, int
 // equal the AVX-512 kernel's bit for bit). Each panel of 16 weight rows is first transposed to
 // k x 16 fp32 (F16/BF16 converted once) in a per-thread buffer, then every 6 rows of x are
 // multiplied by it with broadcast FMAs. The previous dot-product form (2 x 4 tiles, lanes along
-// k) re-read x from memory for every 4 weight rows: ~6x slower on the Qwen3 router at 8192 rows.
+// k) re-read x from memory for every 4 weight rows: 4.5x slower at 256 rows (gemm_bench, Zen 3),
+// 3.6x on the Qwen3 router in a pass of 8192 rows.
 template <QuantType kT>
 void GemmFloatAvx2(const WeightView& w, const float* x, int64_t ldx, int64_t m, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy) {
   const int64_t k = w.k;
   const size_t row_bytes = static_cast<size_t>(k) * (kT == QuantType::kF32 ? 4 : 2);
   const uint8_t* wd = static_cast<const uint8_t*>(w.data);
-  thread_local AlignedPtr<float> wt;
-  thread_local int64_t wt_k = 0;
-  if (wt_k < k) {
-    wt = AllocAligned<float>(static_cast<size_t>(k) * 16);
-    ESTREAM_CHECK(wt != nullptr, "GEMM: out of memory for the float weight panel");
-    wt_k = k;
-  }
+  float* const wt = FloatPanelBuffer(static_cast<size_t>(k) * 16);
   for (int64_t n0 = n_begin; n0 < n_end; n0 += 16) {
     const int nr = static_cast<int>(std::min<int64_t>(16, n_end - n0));
-    float* t = wt.get();
     for (int j = 0; j < 16; ++j) {
       const void* row = wd + (n0 + std::min(j, nr - 1)) * row_bytes;
-      for (int64_t kk = 0; kk < k; ++kk) t[kk * 16 + j] = j < nr ? LoadW1<kT>(row, kk) : 0.0f;
+      for (int64_t kk = 0; kk < k; ++kk) wt[kk * 16 + j] = j < nr ? LoadW1<kT>(row, kk) : 0.0f;
     }
     for (int64_t i0 = 0; i0 < m; i0 += 6)
-      FloatPanelTileAny(static_cast<int>(std::min<int64_t>(6, m - i0)), t, x + i0 * ldx, ldx, k, y + i0 * ldy + n0,
+      FloatPanelTileAny(static_cast<int>(std::min<int64_t>(6, m - i0)), wt, x + i0 * ldx, ldx, k, y + i0 * ldy + n0,
                         ldy, nr);
   }
 }

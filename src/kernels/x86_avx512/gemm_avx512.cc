@@ -504,13 +504,7 @@ void GemmFloatAvx512(const WeightView& w, const float* x, int64_t ldx, int64_t m
   const int64_t k = w.k;
   const size_t row_bytes = static_cast<size_t>(k) * (kT == QuantType::kF32 ? 4 : 2);
   const uint8_t* wd = static_cast<const uint8_t*>(w.data);
-  thread_local AlignedPtr<float> wt;
-  thread_local int64_t wt_k = 0;
-  if (wt_k < k) {
-    wt = AllocAligned<float>(static_cast<size_t>(k) * 32);
-    ESTREAM_CHECK(wt != nullptr, "GEMM: out of memory for the float weight panel");
-    wt_k = k;
-  }
+  float* const wt = FloatPanelBuffer(static_cast<size_t>(k) * 32);
   for (int64_t n0 = n_begin; n0 < n_end; n0 += 32) {
     const int nr = static_cast<int>(std::min<int64_t>(32, n_end - n0));
     // Transpose 16 k-values of 16 rows at a time through an L1 tile (missing rows are zero).
@@ -523,14 +517,14 @@ void GemmFloatAvx512(const WeightView& w, const float* x, int64_t ldx, int64_t m
                                                : _mm512_setzero_ps());
         const int kn = static_cast<int>(std::min<int64_t>(16, k - kk));
         for (int c = 0; c < kn; ++c) {
-          float* dst = wt.get() + (kk + c) * 32 + j0;
+          float* dst = wt + (kk + c) * 32 + j0;
           for (int j = 0; j < 16; ++j) dst[j] = tile[j][c];
         }
       }
     const __mmask16 m0 = static_cast<__mmask16>(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
     const __mmask16 m1 = static_cast<__mmask16>(nr <= 16 ? 0 : nr >= 32 ? 0xFFFF : (1u << (nr - 16)) - 1);
     for (int64_t i0 = 0; i0 < m; i0 += 8)
-      FloatPanelTileAny(static_cast<int>(std::min<int64_t>(8, m - i0)), wt.get(), x + i0 * ldx, ldx, k,
+      FloatPanelTileAny(static_cast<int>(std::min<int64_t>(8, m - i0)), wt, x + i0 * ldx, ldx, k,
                         y + i0 * ldy + n0, ldy, m0, m1);
   }
 }
