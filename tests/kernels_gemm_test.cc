@@ -283,6 +283,11 @@ Problem MakeProblem(QuantType t, int64_t m, int64_t n, int64_t k) {
 
 KernelTable::GemmFn Fn(const KernelTable& kt, QuantType t, bool packed) { return kt.Quant(t, packed); }
 
+// The table's float GEMM for weights of type t (F32, F16 or BF16).
+auto FloatFn(const KernelTable& kt, QuantType t) {
+  return t == QuantType::kF32 ? kt.gemm_f32 : t == QuantType::kF16 ? kt.gemm_f16 : kt.gemm_bf16;
+}
+
 int64_t BlockOf(QuantType t) { return GetTypeTraits(t)->block_size; }
 
 // Checks y (m x n, leading dimension ldy) against the problem's bounds; returns the count of
@@ -356,12 +361,11 @@ TEST(GemmQuant, IQ4_NLEveryIsaAndLayout) { RunQuantTest(QuantType::kIQ4_NL, 32);
 TEST(GemmQuant, IQ4_XSEveryIsaAndLayout) { RunQuantTest(QuantType::kIQ4_XS, 256); }
 TEST(GemmQuant, MXFP4EveryIsaAndLayout) { RunQuantTest(QuantType::kMXFP4, 32); }
 
-// The packed layout holds exactly the GGUF values: the scalar kernels agree bit for bit.
-// The largest value a packed format stores per weight (quant/packed_format.h): nibbles 15,
-// 5-bit bytes 31, 6-bit bytes 63, Q8_0 bytes 255.
+// The byte that sets every packed weight of t to its format's largest stored value
+// (quant/packed_format.h): 6-bit bytes 63, 5-bit bytes 31, else 0xFF (both nibbles 15, or Q8_0's
+// 255).
 uint8_t MaxStoredByte(QuantType t) {
   const QuantType f = PackedFormat(t);
-  if (PackedNibbles(f)) return 0xFF;
   if (f == QuantType::kQ6_K) return 63;
   if (f == QuantType::kQ5_1 || f == QuantType::kQ5_K) return 31;
   return 0xFF;
@@ -410,6 +414,7 @@ TEST(GemmQuant, ExtremeStoredValuesDoNotOverflow) {
   }
 }
 
+// The packed layout holds exactly the GGUF values: the scalar kernels agree bit for bit.
 TEST(GemmQuant, RepackIsExact) {
   for (QuantType t : kGemmQuantTypes) {
     const int64_t k = BlockOf(t) == 32 ? 96 : 512;
@@ -723,7 +728,7 @@ TEST(GemmFloat, EveryIsaMatchesFp64) {
       for (int64_t r = 0; r < s.n; ++r) DequantizeRow(t, wq.data() + r * RowBytes(t, k), wd.data() + r * k, k);
       for (const Path& path : PathsToTest()) {
         const KernelTable& kt = *path.table;
-        const auto fn = t == QuantType::kF32 ? kt.gemm_f32 : t == QuantType::kF16 ? kt.gemm_f16 : kt.gemm_bf16;
+        const auto fn = FloatFn(kt, t);
         std::vector<float> y(static_cast<size_t>(s.m * s.n), std::nanf(""));
         const WeightView w{t, WeightLayout::kGguf, s.n, k, wq.data()};
         fn(w, x.data(), k, s.m, 0, s.n / 3, y.data(), s.n);
@@ -759,12 +764,9 @@ TEST(GemmFloat, Avx2EqualsAvx512BitForBit) {
     const std::vector<float> x = RandomX(m, k);
     const WeightView w{t, WeightLayout::kGguf, n, k, wq.data()};
     std::vector<float> y2(static_cast<size_t>(m * n), std::nanf("")), y5 = y2;
-    auto fn = [t](const KernelTable& kt) {
-      return t == QuantType::kF32 ? kt.gemm_f32 : t == QuantType::kF16 ? kt.gemm_f16 : kt.gemm_bf16;
-    };
-    fn(a2)(w, x.data(), k, m, 0, 7, y2.data(), n);
-    fn(a2)(w, x.data(), k, m, 7, n, y2.data(), n);
-    fn(a5)(w, x.data(), k, m, 0, n, y5.data(), n);
+    FloatFn(a2, t)(w, x.data(), k, m, 0, 7, y2.data(), n);
+    FloatFn(a2, t)(w, x.data(), k, m, 7, n, y2.data(), n);
+    FloatFn(a5, t)(w, x.data(), k, m, 0, n, y5.data(), n);
     EXPECT_EQ(std::memcmp(y2.data(), y5.data(), y2.size() * sizeof(float)), 0) << TypeName(t);
   }
 }
