@@ -278,11 +278,24 @@ void Micro(const uint8_t* w, const BlockQ8A* x, const XAux* aux, int64_t kb, int
       }
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int r = valid_lo; r < valid_hi; ++r) {
-      const float v = fsum[i][r / 8][r % 8];
-      y[i * ldy + r] = accumulate ? y[i * ldy + r] + v : v;
+  // A whole panel (the usual case) as two vectors; a matrix's last, partial panel element by element.
+  const bool full = valid_lo == 0 && valid_hi == kPackRows;
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* yi = y + i * ldy;
+    if (full) {
+#pragma GCC unroll 2
+      for (int hh = 0; hh < 2; ++hh) {
+        const __m256 v = _mm256_load_ps(fsum[i][hh]);
+        _mm256_storeu_ps(yi + 8 * hh, accumulate ? _mm256_add_ps(_mm256_loadu_ps(yi + 8 * hh), v) : v);
+      }
+    } else {
+      for (int r = valid_lo; r < valid_hi; ++r) {
+        const float v = fsum[i][r / 8][r % 8];
+        yi[r] = accumulate ? yi[r] + v : v;
+      }
     }
+  }
 }
 
 template <QuantType kT, bool kVnni, int MR = kMr>
