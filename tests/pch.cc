@@ -1,0 +1,1 @@
+// Compiled only to build the tests' precompiled header (CMakeLists.txt, estream_test_pch).
