@@ -153,7 +153,7 @@ double Int8PeakPerCoreGops() {
 
 // Args: T, n_head, n_head_kv, head_dim, threads, isa (x86-64: 0 scalar, 1 avx2 fp32, 2 avx512 fp32,
 // 3 avx512 with the AMX-BF16 attention, 4 avx512 with the int8/bf16 attention of attention_lowp.h,
-// 5 avx2 with its int8 (AVX-VNNI) / fp32 variant;
+// 5 avx2 with the low-precision attention, Q.K^T on vpdpbusd (AVX-VNNI), 6 the same on vpmaddubsw;
 // AArch64: the Isa value, 0 scalar, 3 neon, 4 dotprod, 5 i8mm).
 void BM_Attention(benchmark::State& state) {
   const int t = static_cast<int>(state.range(0));
@@ -164,9 +164,11 @@ void BM_Attention(benchmark::State& state) {
 #if defined(__x86_64__)
   const bool amx = state.range(5) == 3;
   const bool lowp = state.range(5) == 4;
-  const bool lowp_avx2 = state.range(5) == 5;
+  const bool lowp_avx2 = state.range(5) == 5 || state.range(5) == 6;
+  const bool maddubs = state.range(5) == 6;
   const Isa isa = amx || lowp ? Isa::kAvx512 : lowp_avx2 ? Isa::kAvx2 : static_cast<Isa>(state.range(5));
-  if (!IsaAtLeast(HostIsa(), isa) || (amx && !AttentionAmxUsable()) || (lowp_avx2 && !AttentionLowpAvx2Usable())) {
+  if (!IsaAtLeast(HostIsa(), isa) || (amx && !AttentionAmxUsable()) ||
+      (state.range(5) == 5 && !HostCpuFeatures().avx_vnni)) {
 #else
   const bool amx = false, lowp = false, lowp_avx2 = false;
   const Isa isa = static_cast<Isa>(state.range(5));
@@ -187,7 +189,7 @@ void BM_Attention(benchmark::State& state) {
 #if defined(__x86_64__)
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);
   if (lowp) FillAttentionLowpAvx512(&kt);
-  if (lowp_avx2) FillAttentionLowpAvx2(&kt);
+  if (lowp_avx2) FillAttentionLowpAvx2(&kt, /*use_avx_vnni=*/!maddubs);
 #endif
   omp_set_num_threads(threads);
   double seconds = 0;
@@ -218,7 +220,7 @@ void BM_Attention(benchmark::State& state) {
 void AttentionShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"T", "heads", "kv", "d", "thr", "isa"});
 #if defined(__x86_64__)
-  for (int isa : {5, 4, 3, 2, 1})
+  for (int isa : {6, 5, 4, 3, 2, 1})
 #else
   for (int isa : {5, 3})
 #endif

@@ -1,9 +1,10 @@
 // Tests of the low-precision attention (kernels/attention_lowp.h: Q.K^T in int8, P.V in bf16):
-//  - the AVX-512 and AVX2 (AVX-VNNI) conversions of K/V write the same bytes as the scalar
+//  - the AVX-512 and AVX2 conversions of K/V write the same bytes as the scalar
 //    reference's;
 //  - the AVX-512 kernel matches the scalar reference of the same algorithm (same quantisation,
-//    same P bit for bit) to fp32 accumulation-order noise; the AVX2 kernel matches it bit for bit
-//    (the same fp32 operations in the same order);
+//    same P bit for bit) to fp32 accumulation-order noise; the AVX2 kernel, Q.K^T on vpdpbusd
+//    (AVX-VNNI) and on vpmaddubsw (any AVX2 host), matches it bit for bit (the same int32 sums,
+//    the same fp32 operations in the same order);
 //  - both match fp64 attention within the bound stated in attention_lowp.h, computed per query
 //    from the data (the largest score error delta_i of that query's quantised scores);
 //  - awkward sizes (T not a multiple of 64, head_dim 40/64/72/128/192, GQA 1/4/8), outputs
@@ -13,7 +14,7 @@
 //    (a shared-prefix continuation) those of the whole sequence; rows before the first key block
 //    are the fp32 kernel's;
 //  - the wiring: the active table carries the AVX-512 kernel exactly where the AMX kernel is not
-//    selected, the AVX2 one at the AVX2 level of a host with AVX-VNNI (ESTREAM_ISA=avx2 here), each
+//    selected, the AVX2 one at the AVX2 level (its vpmaddubsw variant without AVX-VNNI), each
 //    only when ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
 // And the AArch64 BFDOT kernel (arm_neon/attention_neon_bf16.cc: bf16 Q/K/P/V, fp32 accumulation)
 // on hosts with FEAT_BF16 (qemu -cpu max has it): against fp64 within its stated bound computed per
@@ -69,10 +70,10 @@ KernelTable LowpAvx512Table(bool exact_rows) {
   if (!exact_rows) k.attention_exact_rows_bf16 = 0;
   return k;
 }
-// The AVX2 one (REQUIRES AttentionLowpAvx2Usable(): AVX2 + AVX-VNNI).
-KernelTable LowpAvx2Table(bool exact_rows) {
+// The AVX2 one, Q.K^T on vpdpbusd (REQUIRES AVX2 + AVX-VNNI) or on vpmaddubsw (REQUIRES AVX2).
+KernelTable LowpAvx2Table(bool exact_rows, bool vnni) {
   KernelTable k = KernelsFor(Isa::kAvx2);
-  FillAttentionLowpAvx2(&k);
+  FillAttentionLowpAvx2(&k, vnni);
   if (!exact_rows) k.attention_exact_rows_bf16 = 0;
   return k;
 }
@@ -92,14 +93,14 @@ const KernelTable* Avx512Table() {
 #endif
 }
 
-// Null without AVX2 + AVX-VNNI.
-const KernelTable* Avx2Table() {
+// Null without AVX2 (vnni false) or without AVX2 + AVX-VNNI (vnni true).
+const KernelTable* Avx2Table(bool vnni) {
 #if !defined(__x86_64__)
   return nullptr;
 #else
-  if (!AttentionLowpAvx2Usable()) return nullptr;
-  static const KernelTable t = LowpAvx2Table(false);
-  return &t;
+  if (!IsaAtLeast(HostIsa(), Isa::kAvx2) || (vnni && !HostCpuFeatures().avx_vnni)) return nullptr;
+  static const KernelTable with = LowpAvx2Table(false, true), without = LowpAvx2Table(false, false);
+  return vnni ? &with : &without;
 #endif
 }
 
@@ -116,7 +117,8 @@ std::vector<X86Path> X86Paths() {
   std::vector<X86Path> paths;
 #if defined(__x86_64__)
   if (const KernelTable* kt = Avx512Table()) paths.push_back({"avx512", kt, AttentionLowpConvertKvAvx512, false});
-  if (const KernelTable* kt = Avx2Table()) paths.push_back({"avx2", kt, AttentionLowpConvertKvAvx2, true});
+  if (const KernelTable* kt = Avx2Table(true)) paths.push_back({"avx2_vnni", kt, AttentionLowpConvertKvAvx2, true});
+  if (const KernelTable* kt = Avx2Table(false)) paths.push_back({"avx2_maddubs", kt, AttentionLowpConvertKvAvx2, true});
 #endif
   return paths;
 }
@@ -368,7 +370,7 @@ void CheckUnevenDirectCalls(const KernelTable& kt, const Problem& p, Want want, 
 
 TEST(AttentionLowp, ConvertX86WritesTheReferenceBytes) {
   SEED_TRACE();
-  if (X86Paths().empty()) GTEST_SKIP() << "no AVX-512 or AVX-VNNI here";
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX2 here";
   for (const X86Path& path : X86Paths()) {
   uint32_t salt = 1;
   for (const Shape& s : {Shape{1, 1, 1, 64}, Shape{63, 2, 2, 72}, Shape{65, 2, 1, 128}, Shape{130, 2, 2, 192},
@@ -403,7 +405,7 @@ TEST(AttentionLowp, ConvertX86WritesTheReferenceBytes) {
 
 TEST(AttentionLowp, X86MatchesReference) {
   SEED_TRACE();
-  if (X86Paths().empty()) GTEST_SKIP() << "no AVX-512 or AVX-VNNI here";
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX2 here";
   for (const X86Path& path : X86Paths()) {
     const KernelTable* kt = path.kt;
     uint32_t salt = 100;
@@ -498,7 +500,7 @@ TEST(AttentionLowp, KeyChannelOffsetsKeepTheErrorSmall) {
 // T = 4096: the last rows (most keys) and an early block against the reference and fp64.
 TEST(AttentionLowp, LongSequence) {
   SEED_TRACE();
-  if (X86Paths().empty()) GTEST_SKIP() << "no AVX-512 or AVX-VNNI here";
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX2 here";
   const Shape s{4096, 2, 1, 128};
   const Problem p(s, 11, /*outliers=*/true);
   std::vector<std::vector<float>> refs;
@@ -526,13 +528,14 @@ TEST(AttentionLowp, LongSequence) {
 // Through AttentionPrefill, whatever follows a row cannot change it: the rows of a prefix equal
 // those of the whole sequence bit for bit, and so do rows computed from q_begin (a continuation
 // after its context); the first kLowpKeys rows are the fp32 kernel's. Ref table and the fast ones
-// of this host (AVX-512, AVX2 with AVX-VNNI, AArch64 bf16); T on both sides of the first key block,
+// of this host (AVX-512, AVX2 with and without AVX-VNNI, AArch64 bf16); T on both sides of the first key block,
 // GQA 2.
 TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
   std::vector<KernelTable> tables = {LowpRefTable(true)};
 #if defined(__x86_64__)
   if (HostIsa() == Isa::kAvx512) tables.push_back(LowpAvx512Table(true));
-  if (AttentionLowpAvx2Usable()) tables.push_back(LowpAvx2Table(true));
+  if (HostCpuFeatures().avx_vnni) tables.push_back(LowpAvx2Table(true, true));
+  if (IsaAtLeast(HostIsa(), Isa::kAvx2)) tables.push_back(LowpAvx2Table(true, false));
 #endif
   if (const KernelTable* kt = NeonBf16Table()) tables.push_back(*kt);
   omp_set_num_threads(2);
@@ -602,12 +605,13 @@ TEST(AttentionLowp, Wiring) {
   EXPECT_EQ(Kernels().attention_block_bf16, nullptr) << "the low-precision attention is x86-64 and AArch64 only";
 #else
   // The AVX-512 kernel at the AVX-512 level without AMX; the AVX2 one at the AVX2 level
-  // (ESTREAM_ISA=avx2 on an AVX-512 host) where the host has AVX-VNNI; none at the scalar level.
+  // (the vpmaddubsw variant without AVX-VNNI); none at the scalar level.
   const KernelTable& kt = Kernels();
   const bool avx512 = ActiveIsa() == Isa::kAvx512 && !AttentionAmxSelected() && AttentionLowpSelected();
   const bool avx2 = ActiveIsa() == Isa::kAvx2 && AttentionLowpAvx2Usable() && AttentionLowpSelected();
   EXPECT_EQ(avx512, kt.attention_block_bf16 == AttentionBlockLowpAvx512);
-  EXPECT_EQ(avx2, kt.attention_block_bf16 == AttentionBlockLowpAvx2);
+  EXPECT_EQ(avx2, kt.attention_block_bf16 ==
+                      (HostCpuFeatures().avx_vnni ? AttentionBlockLowpAvx2 : AttentionBlockLowpAvx2Maddubs));
   if (ActiveIsa() == Isa::kScalar) {
     EXPECT_EQ(kt.attention_block_bf16, nullptr);
   }

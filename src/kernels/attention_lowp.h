@@ -1,8 +1,8 @@
 // Low-precision causal attention for prefill on hosts without AMX: Q.K^T in int8 (vpdpbusd),
 // P.V in bf16 (vdpbf16ps), fp32 online softmax. It fills the table's bf16 attention entries
 // (KernelTable::attention_convert_bf16 / attention_block_bf16 / ..., dispatch.h) of the AVX-512
-// level where the AMX-BF16 kernel is not selected, and of the AVX2 level where the host has
-// AVX-VNNI, unless ESTREAM_ATTN_LOWP is "0", so it runs for AttentionArgs::allow_bf16 (layers whose
+// level where the AMX-BF16 kernel is not selected, and of the AVX2 level, unless ESTREAM_ATTN_LOWP
+// is "0", so it runs for AttentionArgs::allow_bf16 (layers whose
 // Q/K/V/O projections are quantised) exactly where the AMX kernel would. A row's result depends
 // only on the keys it attends to (keys 0..t): K is smoothed
 // with the mean of the first kLowpKeys keys, and the rows before them take the fp32 kernel
@@ -11,11 +11,14 @@
 // one sequence (tests/model_batch_test.cc). The scalar reference of the same algorithm
 // (quantisation included) is ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc and
 // x86_avx2/attention_lowp_avx2.cc are the fast paths. The AVX2 one (AVX-VNNI's VEX vpdpbusd on
-// ymm; AVX2 has no bf16 dot product) computes P.V with fp32 FMAs on the same bf16-rounded P and V,
+// ymm, or vpmaddubsw + vpmaddwd on the same int8 operands without AVX-VNNI: the same int32 sums;
+// AVX2 has no bf16 dot product) computes P.V with fp32 FMAs on the same bf16-rounded P and V,
 // in the reference's order, so it equals the reference bit for bit and the bound below holds for
 // it unchanged (P.V in int8 would have put an absolute error of ~1/510 on every weight P instead
-// of bf16's relative 2^-9, a bound growing with the number of keys). AVX2 hosts without AVX-VNNI
-// keep the fp32 kernel (vpmaddubsw + vpmaddwd do no more multiply-adds per instruction than FMA).
+// of bf16's relative 2^-9, a bound growing with the number of keys). Without AVX-VNNI the int8
+// Q.K^T takes four instructions per 32 multiply-adds (vpsignb, vpmaddubsw, vpmaddwd, vpaddd), but
+// the two multiplies issue on both of the integer multiply pipes: on a Zen 3 host the kernel ran
+// 1.22x the fp32 one at T = 4096 inside the engine, the same at T = 1024 (docs/PERFORMANCE.md).
 // Internal to src/kernels and its tests.
 //
 // Algorithm. K and V are converted once per AttentionPrefill call, per kv head and key block of
@@ -100,6 +103,9 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
                               int t_begin, int t_end);
 void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
                             int t_end);
+// The same without AVX-VNNI: Q.K^T on vpmaddubsw + vpmaddwd (the same int32 sums).
+void AttentionBlockLowpAvx2Maddubs(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
+                                   int t_begin, int t_end);
 #endif
 
 // Per-thread scratch of the AVX-512 / AVX2 block after calls of at most `tiles` tiles
@@ -120,9 +126,8 @@ void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int,
                       size_t (*scratch_bytes)(int, int));
 #if defined(__x86_64__)
 void FillAttentionLowpAvx512(KernelTable* t);
-void FillAttentionLowpAvx2(KernelTable* t);
-// The host has AVX2 and AVX-VNNI (the AVX2 kernel's vpdpbusd; without it the AVX2 level keeps the
-// fp32 kernel).
+void FillAttentionLowpAvx2(KernelTable* t, bool use_avx_vnni);
+// The host has AVX2 (the AVX2 kernel: Q.K^T on vpdpbusd with AVX-VNNI, on vpmaddubsw without).
 bool AttentionLowpAvx2Usable();
 #endif
 

@@ -51,7 +51,7 @@ bool AttentionLowpSelected() {
 }
 
 #if defined(__x86_64__)
-bool AttentionLowpAvx2Usable() { return IsaAtLeast(HostIsa(), Isa::kAvx2) && HostCpuFeatures().avx_vnni; }
+bool AttentionLowpAvx2Usable() { return IsaAtLeast(HostIsa(), Isa::kAvx2); }
 #endif
 
 size_t AttentionLowpKvBytes(int head_dim, int n_tokens) {

@@ -1,9 +1,10 @@
-// AVX2 + AVX-VNNI low-precision attention (kernels/attention_lowp.h) for hosts without AVX-512:
+// AVX2 low-precision attention (kernels/attention_lowp.h) for hosts without AVX-512:
 // the same algorithm and the same converted K/V bytes as the AVX-512 kernel and the scalar
 // reference, Q.K^T with the VEX vpdpbusd (_mm256_dpbusd_avx_epi32) on the same int8 operands, P.V
 // in fp32 FMA on the same bf16-rounded P and V (AVX2 has no bf16 dot product: each bf16 value is
 // widened exactly to fp32), fp32 online softmax. Every operation is the scalar reference's in the
-// reference's order (P.V per key pair: the odd key, then the even one, as ref/ does), so the outputs
+// reference's order (P.V per key pair: the odd key, then the even one, as ref/ does; without AVX-VNNI
+// Q.K^T on vpmaddubsw, the same int32 sums: LowpQkTile), so the outputs
 // equal ref/attention_lowp_ref.cc's bit for bit (tests/attention_lowp_test.cc asserts it) and the
 // error bound of attention_lowp.h holds unchanged.
 // Loop structure as the AVX-512 kernel (queries in the vector lanes, 8 per ymm, 8 vectors = 64 per
@@ -14,9 +15,10 @@
 //   PV step, per 6 head dims x 2 query vectors: 12 fp32 accumulators; per key one FMA each, P (fp32,
 //     already rounded to bf16) and V's value for the dim broadcast from an fp32 copy of the block's
 //     V (widened once per call and block by the first tile that reaches it).
-// Selected (FillAvx2Ops) where the host has AVX-VNNI. AVX2 hosts without it keep the fp32 kernel:
-// there the int8 dot product takes vpmaddubsw + vpmaddwd + vpaddd (and a sign fix-up for the
-// signed operands), no more multiply-adds per instruction than the fp32 FMA it would replace.
+// Selected (FillAvx2Ops) on every AVX2 host unless ESTREAM_ATTN_LOWP is "0". Without AVX-VNNI the
+// int8 dot product takes vpsignb + vpmaddubsw + vpmaddwd + vpaddd per 32 multiply-adds: no more per
+// instruction than fp32 FMA, but the multiplies use both integer multiply pipes (Zen 3: 1.22x the
+// fp32 kernel at T = 4096 in the engine, equal at T = 1024; docs/PERFORMANCE.md).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -43,7 +45,9 @@ constexpr float kLog2eF = 1.44269504088896340736f;
 constexpr int kQ = kLowpRows;       // 64 queries per tile
 constexpr int kVecs = kQ / 8;       // 8 query vectors per tile
 constexpr int kGroup = 2;           // query vectors per register tile
-constexpr int kQkKeys = 6;          // keys per QK register tile (6 x 2 accumulators)
+// Keys per QK register tile: 6 x 2 accumulators with vpdpbusd; 4 x 2 without it (the signed and
+// absolute Q, the sign-fixed key and the int16 products take four more of the 16 registers).
+constexpr int QkKeys(bool vnni) { return vnni ? 6 : 4; }
 constexpr int kPvDims = 6;          // head dims per PV register tile (6 x 2 accumulators)
 constexpr int kMaxChunks = 512 / 8;  // head_dim <= 512
 
@@ -57,6 +61,23 @@ inline __m256i Bf16Round(__m256 x) {
 inline __m256 RoundToBf16(__m256 x) { return _mm256_castsi256_ps(_mm256_slli_epi32(Bf16Round(x), 16)); }
 
 inline __m256 Abs(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+
+// 8 floats or int32 at p, of which the first n (>= 1) are in the row: a plain load or store for a
+// whole chunk, the masked one only for a row's last, partial chunk (vmaskmov stores are microcoded
+// on AMD Zen: a store per chunk of K and V made the conversion ~20% of the kernel at T = 1024).
+inline __m256 LoadRow(const float* p, int n) { return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, TailMask(n)); }
+inline __m256i LoadRow(const uint32_t* p, int n) {
+  return n >= 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                : _mm256_maskload_epi32(reinterpret_cast<const int*>(p), TailMask(n));
+}
+inline void StoreRow(float* p, __m256 x, int n) {
+  if (n >= 8) {
+    _mm256_storeu_ps(p, x);
+  } else {
+    _mm256_maskstore_ps(p, TailMask(n), x);
+  }
+}
+inline void StoreRow(uint32_t* p, __m256i x, int n) { StoreRow(reinterpret_cast<float*>(p), _mm256_castsi256_ps(x), n); }
 
 inline int32_t HorizontalSumI32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -109,9 +130,15 @@ struct LowpScratchAvx2 {
 // with the VEX vpdpbusd as inline asm, accumulator tied ("+x": VEX encodes ymm0-15 only): GCC 12
 // compiled the intrinsic's loop with every accumulator copied through another register and stored
 // to the stack on each iteration (the same integer sums either way).
-template <int R>
+// Without AVX-VNNI (kVnni false) the same int32 sums come from vpmaddubsw on |qi| and the key's
+// bytes with qi's sign (vpsignb), then vpmaddwd by 1 and vpaddd: |qi| <= 127 and |ki| <= 127, so
+// a pair of products (<= 2 * 127 * 127 = 32258) never saturates the int16 lane; the sum is
+// sum qi ki itself, without the + 128 that corr removes.
+template <int R, bool kVnni>
 __attribute__((noinline)) void LowpQkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk,
                                           const uint8_t* q4, const float* sq, float* st) {
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int g = 0; g < kVecs; g += kGroup) {
     __m256i acc[R][kGroup];
     ESTREAM_UNROLL
@@ -119,22 +146,34 @@ __attribute__((noinline)) void LowpQkTile(const int8_t* ki, int dp, const int32_
       ESTREAM_UNROLL
       for (int c = 0; c < kGroup; ++c) acc[r][c] = _mm256_setzero_si256();
     for (int d4 = 0; d4 < dp / 4; ++d4) {
-      __m256i q[kGroup];
+      __m256i q[kGroup], qa[kGroup];  // u8 qi + 128 (vpdpbusd); or signed qi and |qi|
       ESTREAM_UNROLL
-      for (int c = 0; c < kGroup; ++c)
+      for (int c = 0; c < kGroup; ++c) {
         q[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q4 + (d4 * kQ + (g + c) * 8) * 4));
+        if constexpr (!kVnni) {
+          q[c] = _mm256_xor_si256(q[c], bias);
+          qa[c] = _mm256_abs_epi8(q[c]);
+        }
+      }
       ESTREAM_UNROLL
       for (int r = 0; r < R; ++r) {
         int32_t w;
         std::memcpy(&w, ki + r * dp + 4 * d4, 4);
         const __m256i kb = _mm256_set1_epi32(w);
         ESTREAM_UNROLL
-        for (int c = 0; c < kGroup; ++c) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc[r][c]) : "x"(q[c]), "x"(kb));
+        for (int c = 0; c < kGroup; ++c) {
+          if constexpr (kVnni) {
+            __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc[r][c]) : "x"(q[c]), "x"(kb));
+          } else {
+            const __m256i prod = _mm256_maddubs_epi16(qa[c], _mm256_sign_epi8(kb, q[c]));
+            acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(prod, ones));
+          }
+        }
       }
     }
     ESTREAM_UNROLL
     for (int r = 0; r < R; ++r) {
-      const __m256i cr = _mm256_set1_epi32(corr[r]);
+      const __m256i cr = _mm256_set1_epi32(kVnni ? corr[r] : 0);
       const __m256 skr = _mm256_set1_ps(sk[r]);
       ESTREAM_UNROLL
       for (int c = 0; c < kGroup; ++c)
@@ -199,7 +238,7 @@ void AttentionLowpConvertKvAvx2(const AttentionArgs& a, int kv_head, int block, 
   const int ns = std::min(kLowpKeys, T);
   for (int s = 0; s < ns; ++s) {
     const float* kr = k_head + static_cast<int64_t>(s) * a.ldk;
-    for (int c = 0; c < chunks; ++c) mu[c] = _mm256_add_ps(mu[c], _mm256_maskload_ps(kr + 8 * c, TailMask(d - 8 * c)));
+    for (int c = 0; c < chunks; ++c) mu[c] = _mm256_add_ps(mu[c], LoadRow(kr + 8 * c, d - 8 * c));
   }
   const __m256 nsv = _mm256_set1_ps(static_cast<float>(ns));
   for (int c = 0; c < chunks; ++c) mu[c] = _mm256_div_ps(mu[c], nsv);
@@ -214,10 +253,13 @@ void AttentionLowpConvertKvAvx2(const AttentionArgs& a, int kv_head, int block, 
       continue;
     }
     const float* kr = k_head + static_cast<int64_t>(key) * a.ldk;
+    // Keys are a.ldk floats apart (all kv heads of a token together): fetch a row 4 keys ahead.
+    if (key + 4 < T)
+      for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(kr + 4 * a.ldk + c), _MM_HINT_T0);
     __m256 kc[kMaxChunks];
     __m256 amax = _mm256_setzero_ps();
     for (int c = 0; c < chunks; ++c) {
-      kc[c] = _mm256_sub_ps(_mm256_maskload_ps(kr + 8 * c, TailMask(d - 8 * c)), mu[c]);
+      kc[c] = _mm256_sub_ps(LoadRow(kr + 8 * c, d - 8 * c), mu[c]);
       amax = _mm256_max_ps(amax, Abs(kc[c]));
     }
     const float am = HorizontalMax(amax);
@@ -236,20 +278,26 @@ void AttentionLowpConvertKvAvx2(const AttentionArgs& a, int kv_head, int block, 
     const int key0 = block * kLowpKeys + 2 * p;
     const float* r0 = v_head + static_cast<int64_t>(key0) * a.ldv;
     const float* r1 = r0 + a.ldv;
+    if (key0 + 5 < T)
+      for (int c = 0; c < d; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(r0 + 4 * a.ldv + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(r1 + 4 * a.ldv + c), _MM_HINT_T0);
+      }
     for (int c = 0; c < chunks; ++c) {
-      const __m256i m = TailMask(d - 8 * c);
-      const __m256i lo = key0 < T ? Bf16Round(_mm256_maskload_ps(r0 + 8 * c, m)) : _mm256_setzero_si256();
-      const __m256i hi = key0 + 1 < T ? Bf16Round(_mm256_maskload_ps(r1 + 8 * c, m)) : _mm256_setzero_si256();
-      _mm256_maskstore_epi32(reinterpret_cast<int*>(vb + static_cast<size_t>(p) * d + 8 * c), m,
-                             _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+      const int n = d - 8 * c;
+      const __m256i lo = key0 < T ? Bf16Round(LoadRow(r0 + 8 * c, n)) : _mm256_setzero_si256();
+      const __m256i hi = key0 + 1 < T ? Bf16Round(LoadRow(r1 + 8 * c, n)) : _mm256_setzero_si256();
+      StoreRow(vb + static_cast<size_t>(p) * d + 8 * c, _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)), n);
     }
   }
 }
 
 size_t AttentionLowpScratchBytesAvx2(int head_dim, int tiles) { return LowpScratchAvx2::Bytes(head_dim, tiles); }
 
-void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
-                            int t_end) {
+namespace {
+
+template <bool kVnni>
+void BlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin, int t_end) {
   // At most kMaxTiles tiles walk the key blocks together (their O in L2), as the AVX-512 kernel.
   constexpr int kMaxTiles = 8;
   if (static_cast<int64_t>(head_end - head_begin) * ((t_end - t_begin + kQ - 1) / kQ) > kMaxTiles) {
@@ -257,7 +305,7 @@ void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head
     const int rs = std::max(1, kMaxTiles / hs) * kQ;
     for (int h = head_begin; h < head_end; h += hs)
       for (int t = t_begin; t < t_end; t += rs)
-        AttentionBlockLowpAvx2(a, kv, h, std::min(head_end, h + hs), t, std::min(t_end, t + rs));
+        BlockLowpAvx2<kVnni>(a, kv, h, std::min(head_end, h + hs), t, std::min(t_end, t + rs));
     return;
   }
   const LowpLayout L(a.head_dim);
@@ -296,7 +344,7 @@ void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head
       __m256 qs[kMaxChunks];
       __m256 amax = _mm256_setzero_ps();
       for (int c = 0; c < chunks; ++c) {
-        qs[c] = _mm256_mul_ps(_mm256_maskload_ps(q + 8 * c, TailMask(d - 8 * c)), _mm256_set1_ps(q_scale));
+        qs[c] = _mm256_mul_ps(LoadRow(q + 8 * c, d - 8 * c), _mm256_set1_ps(q_scale));
         amax = _mm256_max_ps(amax, Abs(qs[c]));
       }
       const float am = HorizontalMax(amax);
@@ -351,18 +399,18 @@ void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head
         // Tiles are visited with q1 non-increasing: the first one needs the most keys.
         for (int p = 0; p < (nk + 1) / 2; ++p)
           for (int c = 0; c < chunks; ++c) {
-            const __m256i m = TailMask(d - 8 * c);
-            const __m256i w = _mm256_maskload_epi32(reinterpret_cast<const int*>(vb + static_cast<size_t>(p) * d + 8 * c), m);
-            _mm256_maskstore_ps(vf + static_cast<size_t>(2 * p) * d + 8 * c, m, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-            _mm256_maskstore_ps(vf + static_cast<size_t>(2 * p + 1) * d + 8 * c, m,
-                                _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))));
+            const int n = d - 8 * c;
+            const __m256i w = LoadRow(vb + static_cast<size_t>(p) * d + 8 * c, n);
+            StoreRow(vf + static_cast<size_t>(2 * p) * d + 8 * c, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), n);
+            StoreRow(vf + static_cast<size_t>(2 * p + 1) * d + 8 * c,
+                     _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))), n);
           }
         v_widened = true;
       }
       const uint8_t* q4 = tile_q4(x);
       const float* sq = tile_sq(x);
-      ForTiles<kQkKeys>(nk, [&]<int R>(int j) {
-        LowpQkTile<R>(ki + static_cast<size_t>(j) * dp, dp, corr + j, sk + j, q4, sq, st + j * kQ);
+      ForTiles<QkKeys(kVnni)>(nk, [&]<int R>(int j) {
+        LowpQkTile<R, kVnni>(ki + static_cast<size_t>(j) * dp, dp, corr + j, sk + j, q4, sq, st + j * kQ);
       });
       // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i.
       for (int j = std::max(0, q0 - kb + 1); j < nk; ++j)
@@ -402,8 +450,21 @@ void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head
   }
 }
 
-void FillAttentionLowpAvx2(KernelTable* t) {
-  SetAttentionLowp(t, AttentionLowpConvertKvAvx2, AttentionBlockLowpAvx2, AttentionLowpScratchBytesAvx2);
+}  // namespace
+
+void AttentionBlockLowpAvx2(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                            int t_end) {
+  BlockLowpAvx2<true>(a, kv, head_begin, head_end, t_begin, t_end);
+}
+
+void AttentionBlockLowpAvx2Maddubs(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
+                                   int t_begin, int t_end) {
+  BlockLowpAvx2<false>(a, kv, head_begin, head_end, t_begin, t_end);
+}
+
+void FillAttentionLowpAvx2(KernelTable* t, bool use_avx_vnni) {
+  SetAttentionLowp(t, AttentionLowpConvertKvAvx2, use_avx_vnni ? AttentionBlockLowpAvx2 : AttentionBlockLowpAvx2Maddubs,
+                   AttentionLowpScratchBytesAvx2);
 }
 
 }  // namespace estream::kernels

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/cpu.h"
 #include "kernels/attention_lowp.h"
 #include "kernels/attention_x86_impl.h"
 #include "kernels/dispatch.h"
@@ -30,9 +31,9 @@ void FillAvx2Ops(KernelTable* t) {
   t->attention_rows = Avx2Traits::kLanes * Avx2Traits::kVecs;
   t->attention_scratch_bytes = AttentionScratchBytesX86<Avx2Traits>;
   FillRowOps<Avx2Traits>(t);
-  // With AVX-VNNI the bf16 entries carry the int8 attention (attention_lowp.h) unless
-  // ESTREAM_ATTN_LOWP is "0"; the AVX-512 level sets its own.
-  if (AttentionLowpAvx2Usable() && AttentionLowpSelected()) FillAttentionLowpAvx2(t);
+  // The bf16 entries carry the int8 attention (attention_lowp.h; Q.K^T on vpdpbusd with AVX-VNNI,
+  // vpmaddubsw without) unless ESTREAM_ATTN_LOWP is "0"; the AVX-512 level sets its own.
+  if (AttentionLowpAvx2Usable() && AttentionLowpSelected()) FillAttentionLowpAvx2(t, HostCpuFeatures().avx_vnni);
 }
 
 }  // namespace estream::kernels
