@@ -608,7 +608,7 @@ TEST(AttentionLowp, Wiring) {
   // (the vpmaddubsw variant without AVX-VNNI); none at the scalar level.
   const KernelTable& kt = Kernels();
   const bool avx512 = ActiveIsa() == Isa::kAvx512 && !AttentionAmxSelected() && AttentionLowpSelected();
-  const bool avx2 = ActiveIsa() == Isa::kAvx2 && AttentionLowpAvx2Usable() && AttentionLowpSelected();
+  const bool avx2 = ActiveIsa() == Isa::kAvx2 && AttentionLowpSelected();
   EXPECT_EQ(avx512, kt.attention_block_bf16 == AttentionBlockLowpAvx512);
   EXPECT_EQ(avx2, kt.attention_block_bf16 ==
                       (HostCpuFeatures().avx_vnni ? AttentionBlockLowpAvx2 : AttentionBlockLowpAvx2Maddubs));

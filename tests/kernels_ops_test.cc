@@ -41,21 +41,15 @@ using kernels_test::TestSeed;
 
 double Gamma(double n) { return n * kU / (1.0 - n * kU); }
 
-// The fp32 attention of each ISA (the AVX-512 table may carry the AMX-BF16 attention instead,
-// tested separately with its own tolerance below).
+// The fp32 attention of each ISA: KernelsFor(isa) without the bf16 attention entries, which carry
+// the AMX-BF16 kernel (tested below with its own tolerance), x86's int8 kernels of attention_lowp.h
+// (every AVX2 and AVX-512 level) and the AArch64 BFDOT kernel (every level of a FEAT_BF16 host;
+// those two tested in attention_lowp_test.cc).
 const KernelTable& Fp32Table(Isa isa) {
-  // KernelsFor(isa) without the bf16 attention entries: the AArch64 BFDOT kernel, which a FEAT_BF16
-  // host carries at every ARM level (arm_neon/attention_neon_bf16.cc), and x86's AVX2 low-precision
-  // kernel (every AVX2 level; both tested in attention_lowp_test.cc).
   static const std::vector<KernelTable> tables = [] {
     std::vector<KernelTable> t;
     for (int i = 0; i <= static_cast<int>(HostIsa()); ++i) {
       KernelTable k = KernelsFor(static_cast<Isa>(i));
-#if defined(__x86_64__)
-      // The AVX-512 level's attention entries without AMX (FillAvx512OpsWith leaves the bf16 ones
-      // null then).
-      if (static_cast<Isa>(i) == Isa::kAvx512) FillAvx512OpsWith(&k, /*use_amx=*/false);
-#endif
       k.attention_convert_bf16 = nullptr;
       k.attention_kv_bytes_bf16 = nullptr;
       k.attention_kv_block_bf16 = 0;

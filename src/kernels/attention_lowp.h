@@ -116,8 +116,8 @@ size_t AttentionLowpScratchBytesAvx2(int head_dim, int tiles);
 #endif
 
 // Set the table's bf16 attention entries to this kernel: the scalar reference (tests), the
-// AVX-512 one (REQUIRES HostIsa() == kAvx512) or the AVX2 one (REQUIRES AVX2 and
-// HostCpuFeatures().avx_vnni; FillAvx2Ops calls it where AttentionLowpAvx2Usable()).
+// AVX-512 one (REQUIRES HostIsa() == kAvx512) or the AVX2 one (REQUIRES AVX2, and AVX-VNNI for
+// use_avx_vnni; FillAvx2Ops calls it with the host's AVX-VNNI).
 void FillAttentionLowpRef(KernelTable* t);
 // What the three Fill functions share: the format's constants (kLowpKeys, kLowpRows, the exact
 // first key block, AttentionLowpKvBytes) and the kernel's own conversion, block and scratch size.
@@ -127,8 +127,6 @@ void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int,
 #if defined(__x86_64__)
 void FillAttentionLowpAvx512(KernelTable* t);
 void FillAttentionLowpAvx2(KernelTable* t, bool use_avx_vnni);
-// The host has AVX2 (the AVX2 kernel: Q.K^T on vpdpbusd with AVX-VNNI, on vpmaddubsw without).
-bool AttentionLowpAvx2Usable();
 #endif
 
 // The scalar 2^x of the kernels (x <= 0 or -inf; below 2^-125 exactly 0), the same operations as

@@ -9,7 +9,6 @@
 #include <limits>
 #include <vector>
 
-#include "base/cpu.h"
 #include "kernels/attention_lowp.h"
 #include "kernels/dispatch.h"
 
@@ -49,10 +48,6 @@ bool AttentionLowpSelected() {
   }();
   return selected;
 }
-
-#if defined(__x86_64__)
-bool AttentionLowpAvx2Usable() { return IsaAtLeast(HostIsa(), Isa::kAvx2); }
-#endif
 
 size_t AttentionLowpKvBytes(int head_dim, int n_tokens) {
   const size_t blocks = (static_cast<size_t>(std::max(n_tokens, 0)) + kLowpKeys - 1) / kLowpKeys;

@@ -33,7 +33,7 @@ void FillAvx2Ops(KernelTable* t) {
   FillRowOps<Avx2Traits>(t);
   // The bf16 entries carry the int8 attention (attention_lowp.h; Q.K^T on vpdpbusd with AVX-VNNI,
   // vpmaddubsw without) unless ESTREAM_ATTN_LOWP is "0"; the AVX-512 level sets its own.
-  if (AttentionLowpAvx2Usable() && AttentionLowpSelected()) FillAttentionLowpAvx2(t, HostCpuFeatures().avx_vnni);
+  if (AttentionLowpSelected()) FillAttentionLowpAvx2(t, HostCpuFeatures().avx_vnni);
 }
 
 }  // namespace estream::kernels
