@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Fuzzes the GGUF reader: builds fuzz/gguf_fuzz with clang (libFuzzer + ASan + UBSan) in its own
-# build directory and runs it for SECONDS (default 60) on the seed corpus in fuzz/corpus/.
+# Fuzzes the parsers: builds the libFuzzer targets with clang (+ ASan + UBSan) in their own build
+# directory and runs each for SECONDS (default 60) on its seed corpus, the two side by side (one
+# core each):
+#   gguf_fuzz   the GGUF reader (seeds fuzz/corpus/);
+#   text_fuzz   the text users send: the server's request bodies, `estream score` lines, the
+#               `estream eval` task files and the tokenizer (seeds fuzz/text_corpus/, dictionary
+#               fuzz/text.dict; the real vocabularies of ../shared/testdata/tokenizer when present,
+#               else only the built-in one).
 # Exits non-zero on any finding (crash, sanitizer report, leak, timeout, out-of-memory); the
-# reproducer is left in $BUILD/fuzz-artifacts/ (replay: $BUILD/fuzz/gguf_fuzz FILE).
+# reproducer is left in $BUILD/fuzz-artifacts/TARGET/ (replay: $BUILD/fuzz/TARGET FILE, with the
+# same ESTREAM_FUZZ_VOCAB_DIR for text_fuzz).
 #   usage: scripts/ci_fuzz.sh [SECONDS]      env: FUZZ_BUILD_DIR (default build-fuzz), JOBS
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,13 +19,35 @@ JOBS=${JOBS:-2}
 
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DESTREAM_FUZZ=ON \
   -DESTREAM_BUILD_TESTS=OFF -DESTREAM_BUILD_BENCH=OFF >/dev/null
-cmake --build "$BUILD" -j "$JOBS" --target gguf_fuzz
+cmake --build "$BUILD" -j "$JOBS" --target gguf_fuzz text_fuzz
 
-# New inputs go to a scratch corpus; the committed seeds are only read.
-mkdir -p "$BUILD/fuzz-corpus" "$BUILD/fuzz-artifacts"
-echo "fuzzing the GGUF reader for ${SECONDS_TO_RUN} s (seeds: fuzz/corpus, $(ls fuzz/corpus | wc -l) files)"
-"$BUILD/fuzz/gguf_fuzz" \
-  -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
-  -print_final_stats=1 -artifact_prefix="$BUILD/fuzz-artifacts/" \
-  "$BUILD/fuzz-corpus" fuzz/corpus
-echo "GGUF fuzzing: no findings in ${SECONDS_TO_RUN} s"
+VOCABS=$(cd .. && pwd)/shared/testdata/tokenizer
+if [ -d "$VOCABS" ]; then export ESTREAM_FUZZ_VOCAB_DIR=$VOCABS; fi
+
+# run TARGET SEEDS [libFuzzer flags]: new inputs go to a scratch corpus; the committed seeds are
+# only read. The log goes to $BUILD/fuzz-TARGET.log.
+run() {
+  local target=$1 seeds=$2
+  shift 2
+  mkdir -p "$BUILD/fuzz-corpus/$target" "$BUILD/fuzz-artifacts/$target"
+  "$BUILD/fuzz/$target" -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$BUILD/fuzz-artifacts/$target/" "$@" "$BUILD/fuzz-corpus/$target" "$seeds" \
+    >"$BUILD/fuzz-$target.log" 2>&1
+}
+echo "fuzzing for ${SECONDS_TO_RUN} s: gguf_fuzz ($(ls fuzz/corpus | wc -l) seeds) and text_fuzz" \
+  "($(ls fuzz/text_corpus | wc -l) seeds, vocabularies: ${ESTREAM_FUZZ_VOCAB_DIR:-built-in only})"
+run gguf_fuzz fuzz/corpus -max_len=16384 &
+gguf_pid=$!
+run text_fuzz fuzz/text_corpus -max_len=4096 -dict=fuzz/text.dict &
+text_pid=$!
+failed=0
+for t in gguf_fuzz:$gguf_pid text_fuzz:$text_pid; do
+  if wait "${t#*:}"; then
+    echo "${t%:*}: no findings in ${SECONDS_TO_RUN} s ($(grep -o 'number_of_executed_units: [0-9]*' "$BUILD/fuzz-${t%:*}.log" | grep -o '[0-9]*$') inputs)"
+  else
+    failed=1
+    echo "${t%:*}: FINDING (reproducer in $BUILD/fuzz-artifacts/${t%:*}/); the end of its log:"
+    tail -n 60 "$BUILD/fuzz-${t%:*}.log"
+  fi
+done
+exit $failed

@@ -6,7 +6,8 @@
 #   3. the tests labelled `sanitize` (parsers, formats, loader, pipeline) under AddressSanitizer +
 #      UndefinedBehaviorSanitizer;
 #   4. the concurrency tests under ThreadSanitizer (where present);
-#   5. the GGUF fuzz target for FUZZ_SECONDS (default 60) on its seed corpus;
+#   5. the fuzz targets (the GGUF reader; the server's request bodies, score lines, eval task files
+#      and the tokenizer) for FUZZ_SECONDS (default 60) each, side by side (scripts/ci_fuzz.sh);
 #   6. sharded scoring on a single-node Slurm cluster started here (tests/slurm/run_slurm_test.sh;
 #      skipped with a message where Slurm/munge are not installed: scripts/setup_slurm.sh); then
 #      HAProxy in front of two `estream serve` instances, one stopped and restarted under load
@@ -147,7 +148,7 @@ if ctest --test-dir build -N -L tsan | grep -q "Total Tests: [1-9]"; then
 fi
 
 if [ -x scripts/ci_fuzz.sh ]; then
-  step "GGUF fuzzing (${FUZZ_SECONDS:-60} s)"
+  step "fuzzing the GGUF reader and the text parsers (${FUZZ_SECONDS:-60} s)"
   scripts/ci_fuzz.sh "${FUZZ_SECONDS:-60}"
 fi
 step "single-node Slurm: a 4-task score array, one task killed and requeued, merged = one process"

@@ -425,6 +425,13 @@ TEST_F(EvalTest, MultipleChoice) {
   auto bad = Eval(batch::EvalKind::kMultipleChoice, bytes.substr(0, bytes.size() - 7));
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("task 8"), std::string::npos) << bad.status().message();
+  // A corrupt task count is refused before anything is allocated for it (it once asked for 16 GiB;
+  // found by fuzz/text_fuzz.cc).
+  const std::string huge = std::string("\xff\xff\xff\xff", 4) + bytes.substr(4);
+  auto too_many = Eval(batch::EvalKind::kMultipleChoice, huge);
+  EXPECT_EQ(too_many.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("4294967295 tasks do not fit"), std::string::npos)
+      << too_many.status().message();
 }
 
 TEST(EvalKind, NamesRoundTrip) {

@@ -138,13 +138,16 @@ class TaskLoader {
         if (!str(&s)) return false;
       a->labels.resize(n);
       if (pos + 4ull * n > data.size()) return false;
-      std::memcpy(a->labels.data(), data.data() + pos, 4ull * n);
+      if (n > 0) std::memcpy(a->labels.data(), data.data() + pos, 4ull * n);
       pos += 4ull * n;
       return true;
     };
     const std::string& name = o_.name;
     uint32_t n_task = 0;
     if (!u32(&n_task) || n_task == 0) return Status::InvalidArgument(name + ": no tasks (multiple-choice binary)");
+    if (4ull * n_task > data.size() - pos)  // before allocating: a corrupt count would ask for up to 16 GiB
+      return Status::InvalidArgument(name + ": " + std::to_string(n_task) + " tasks do not fit in " +
+                                     std::to_string(data.size()) + " bytes (truncated or not a multiple-choice file)");
     std::vector<uint32_t> offsets(n_task);
     for (uint32_t& o : offsets)
       if (!u32(&o)) return Status::InvalidArgument(name + ": truncated task offset table");
