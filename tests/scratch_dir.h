@@ -16,8 +16,9 @@ namespace estream::test_util {
 
 class ScratchDir {
  public:
-  ScratchDir() {
-    std::string tmpl = ::testing::TempDir() + "estream_test_XXXXXX";
+  // Under `base` (ending with '/'): the gtest temp dir by default.
+  explicit ScratchDir(const std::string& base = ::testing::TempDir()) {
+    std::string tmpl = base + "estream_test_XXXXXX";
     char* p = ::mkdtemp(tmpl.data());
     EXPECT_NE(p, nullptr) << tmpl;
     path_ = tmpl;

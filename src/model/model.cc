@@ -220,8 +220,10 @@ class ModelLoader {
     ESTREAM_RETURN_IF_ERROR(ReadShortConvConfig());
     if (!(c.rms_eps > 0) || !std::isfinite(c.rms_eps))
       return Bad(fmt::format("{} = {} must be a positive number", Key("attention.layer_norm_rms_epsilon"), c.rms_eps));
-    if (!(c.rope_freq_base > 0) || !std::isfinite(c.rope_freq_base))
-      return Bad(fmt::format("{} = {} must be a positive number", Key("rope.freq_base"), c.rope_freq_base));
+    // Below 1 the rotation angles grow with the dimension instead of shrinking (released models
+    // use 10^4..10^6); a base of 1e-30 gave angles of 1e30 and NaN logits.
+    if (!(c.rope_freq_base >= 1) || !std::isfinite(c.rope_freq_base))
+      return Bad(fmt::format("{} = {} must be a number >= 1", Key("rope.freq_base"), c.rope_freq_base));
     if (f_.Find(Key("expert_feed_forward_length"))) {
       ESTREAM_ASSIGN_OR_RETURN(c.n_ff_expert, GetInt("expert_feed_forward_length"));
     } else {
@@ -363,6 +365,9 @@ class ModelLoader {
     c.yarn_rope_mscale = c.yarn_factor > 1.0f && c.yarn_log_mul == 0.0f ? static_cast<float>(1.0 + 0.1 * lf) : 1.0f;
     const double mscale = c.yarn_rope_mscale * (1.0 + 0.1 * c.yarn_log_mul * lf);
     c.attn_scale = static_cast<float>(mscale * mscale / std::sqrt(static_cast<double>(c.head_dim)));
+    if (!std::isfinite(c.attn_scale) || !(c.attn_scale > 0))
+      return Bad(fmt::format("{}.rope.scaling.factor = {} and yarn_log_multiplier = {} give an attention scale of {}",
+                             c.arch->gguf_name, c.yarn_factor, c.yarn_log_mul * 0.1f, c.attn_scale));
     return Status::Ok();
   }
 

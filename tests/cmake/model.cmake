@@ -11,6 +11,10 @@ estream_add_test(model_golden_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_gol
   LIBS estream_model estream_ref LABELS model arm)
 estream_add_test(model_engine_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_engine_test.cc
   LIBS estream_model LABELS model)
+# Every metadata key of the five tiny models changed or removed, one at a time: a one-line error
+# or a model that serves (runs under ASan+UBSan in CI; not "model": the kernels do not matter).
+estream_add_test(model_corrupt_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_corrupt_test.cc
+  LIBS estream_model LABELS sanitize)
 # Engine vs fp64 reference on synthetic models of every arch and weight type; golden top-5.
 # Label arm: its quantised models run the int8 GEMM of each forced ARM level (scripts/test.sh).
 estream_add_test(model_synth_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_synth_test.cc
