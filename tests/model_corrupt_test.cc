@@ -1,5 +1,5 @@
 // Corrupt hyper-parameters, systematically: every metadata key of the five shared tiny models
-// (every family) is changed one at a time to values that a damaged or hand-edited file holds
+// (every family; two of them also packed) is changed one at a time to values that a damaged or hand-edited file holds
 // (0, 1, one more, twice, the type's extremes, -1, NaN, infinity, an empty string, another type)
 // or removed. For each edit the engine either refuses the file with a one-line error or loads it
 // and then answers requests (a prompt of 1 and of 9 tokens, with logits and an embedding) either
@@ -22,6 +22,7 @@
 
 #include "estream/engine.h"
 #include "model_test_util.h"
+#include "pack/pack_model.h"
 
 namespace estream {
 namespace {
@@ -81,14 +82,36 @@ std::vector<Mutation> MutationsOf(const GgufValue& v) {
 
 bool OneLine(const Status& s) { return !s.message().empty() && s.message().find('\n') == std::string::npos; }
 
-void CheckFamily(const std::string& file) {
-  const std::string src = kModels + file;
+// packed: the family's model packed (estream pack) and loaded streamed (G = 2, B = 2), so that
+// the packed layout's keys (estream.*) are edited too; the same keys for every family, so two
+// families (the plain MoE and the one with dense and shared parts) cover them.
+void CheckFamily(const std::string& file, bool packed = false) {
+  // Hundreds of rewritten files, each fsynced by GgufWriter: in memory where the host has it.
+  ScratchDir dir(::access("/dev/shm", W_OK) == 0 ? "/dev/shm/" : ::testing::TempDir());
+  std::string src = kModels + file;
+  if (packed) {
+    auto model = GgufFile::Open(src);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    src = dir.File("packed.gguf");
+    ASSERT_TRUE(io::PackModel(**model, src).ok());
+  }
   auto in = GgufFile::Open(src);
   ASSERT_TRUE(in.ok()) << in.status().ToString();
   std::vector<GgufKv> kvs = (*in)->kvs();
-  // Hundreds of rewritten files, each fsynced by GgufWriter: in memory where the host has it.
-  ScratchDir dir(::access("/dev/shm", W_OK) == 0 ? "/dev/shm/" : ::testing::TempDir());
   const std::string path = dir.File("edited.gguf");
+  EngineOptions options;
+  options.n_threads = 1;
+  if (packed) {
+    options.group_size = 2;
+    options.banks = 2;
+    options.budget_tokens = 64;
+  }
+  // The rewrite itself changes nothing.
+  ASSERT_TRUE(RewriteGguf(src, path, [](GgufContents*) {}).ok());
+  {
+    auto e = Engine::Load(path, options);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+  }
   int loaded = 0, refused = 0;
   for (const GgufKv& kv : kvs) {
     if (kv.key == "general.alignment" || kv.key.rfind("synthetic.", 0) == 0) continue;
@@ -104,8 +127,6 @@ void CheckFamily(const std::string& file) {
                         break;
                       }
                   }).ok());
-      EngineOptions options;
-      options.n_threads = 1;
       auto e = Engine::Load(path, options);
       if (!e.ok()) {
         ++refused;
@@ -137,7 +158,7 @@ void CheckFamily(const std::string& file) {
   // would mean that the edits did not reach the loader).
   EXPECT_GT(loaded, 0);
   EXPECT_GT(refused, 0);
-  std::printf("%s: %d edits refused, %d loaded and served\n", file.c_str(), refused, loaded);
+  std::printf("%s%s: %d edits refused, %d loaded and served\n", file.c_str(), packed ? " (packed)" : "", refused, loaded);
 }
 
 TEST(ModelCorrupt, Olmoe) { CheckFamily("olmoe-tiny-f32.gguf"); }
@@ -145,6 +166,8 @@ TEST(ModelCorrupt, Qwen3Moe) { CheckFamily("qwen3moe-tiny-f32.gguf"); }
 TEST(ModelCorrupt, Mixtral) { CheckFamily("mixtral-tiny-f32.gguf"); }
 TEST(ModelCorrupt, Deepseek2) { CheckFamily("deepseek2-tiny-f32.gguf"); }
 TEST(ModelCorrupt, Lfm2Moe) { CheckFamily("lfm2moe-tiny-f32.gguf"); }
+TEST(ModelCorrupt, PackedOlmoe) { CheckFamily("olmoe-tiny-f32.gguf", /*packed=*/true); }
+TEST(ModelCorrupt, PackedDeepseek2) { CheckFamily("deepseek2-tiny-f32.gguf", /*packed=*/true); }
 
 }  // namespace
 }  // namespace estream

@@ -55,7 +55,7 @@ struct GgufContents {
 
 using ScratchDir = ::estream::test_util::ScratchDir;
 
-// Copies `src` to `dst` after `edit` has changed its metadata and tensor list.
+// Copies `src` to `dst` (same alignment) after `edit` has changed its metadata and tensor list.
 inline Status RewriteGguf(const std::string& src, const std::string& dst,
                           const std::function<void(GgufContents*)>& edit) {
   ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> in, GgufFile::Open(src));
@@ -66,7 +66,7 @@ inline Status RewriteGguf(const std::string& src, const std::string& dst,
     c.tensors.push_back({t.name, t.type, std::vector<int64_t>(t.dims, t.dims + t.n_dims), in->TensorData(t),
                          t.n_bytes});
   edit(&c);
-  GgufWriter w;
+  GgufWriter w(3, in->alignment());  // a packed model's 4096 kept
   for (GgufKv& kv : c.kvs) w.AddKv(kv.key, kv.value);
   for (const OutTensor& t : c.tensors) ESTREAM_RETURN_IF_ERROR(w.AddTensor(t.name, t.type, t.dims));
   ESTREAM_RETURN_IF_ERROR(w.Begin(dst));

@@ -14,7 +14,7 @@ estream_add_test(model_engine_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_eng
 # Every metadata key of the five tiny models changed or removed, one at a time: a one-line error
 # or a model that serves (runs under ASan+UBSan in CI; not "model": the kernels do not matter).
 estream_add_test(model_corrupt_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_corrupt_test.cc
-  LIBS estream_model LABELS sanitize)
+  LIBS estream_model estream_pack LABELS sanitize)
 # Engine vs fp64 reference on synthetic models of every arch and weight type; golden top-5.
 # Label arm: its quantised models run the int8 GEMM of each forced ARM level (scripts/test.sh).
 estream_add_test(model_synth_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/model_synth_test.cc
