@@ -11,6 +11,7 @@
 // reshaped, wrong type) are model_engine_test's.
 #include <gtest/gtest.h>
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -86,8 +87,12 @@ bool OneLine(const Status& s) { return !s.message().empty() && s.message().find(
 // the packed layout's keys (estream.*) are edited too; the same keys for every family, so two
 // families (the plain MoE and the one with dense and shared parts) cover them.
 void CheckFamily(const std::string& file, bool packed = false) {
-  // Hundreds of rewritten files, each fsynced by GgufWriter: in memory where the host has it.
-  ScratchDir dir(::access("/dev/shm", W_OK) == 0 ? "/dev/shm/" : ::testing::TempDir());
+  // Hundreds of rewritten files, each fsynced by GgufWriter: in memory where the host has room
+  // (a container's /dev/shm may hold 64 MiB).
+  struct statvfs shm;
+  const bool in_memory = ::statvfs("/dev/shm", &shm) == 0 && ::access("/dev/shm", W_OK) == 0 &&
+                         static_cast<uint64_t>(shm.f_bavail) * shm.f_frsize >= (uint64_t{512} << 20);
+  ScratchDir dir(in_memory ? "/dev/shm/" : ::testing::TempDir());
   std::string src = kModels + file;
   if (packed) {
     auto model = GgufFile::Open(src);
