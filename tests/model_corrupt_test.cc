@@ -1,5 +1,5 @@
 // Corrupt hyper-parameters, systematically: every metadata key of the five shared tiny models
-// (every family; two of them also packed) is changed one at a time to values that a damaged or hand-edited file holds
+// (every family; OLMoE also packed) is changed one at a time to values that a damaged or hand-edited file holds
 // (0, 1, one more, twice, the type's extremes, -1, NaN, infinity, an empty string, another type)
 // or removed. For each edit the engine either refuses the file with a one-line error or loads it
 // and then answers requests (a prompt of 1 and of 9 tokens, with logits and an embedding) either
@@ -84,8 +84,8 @@ std::vector<Mutation> MutationsOf(const GgufValue& v) {
 bool OneLine(const Status& s) { return !s.message().empty() && s.message().find('\n') == std::string::npos; }
 
 // packed: the family's model packed (estream pack) and loaded streamed (G = 2, B = 2), so that
-// the packed layout's keys (estream.*) are edited too; the same keys for every family, so two
-// families (the plain MoE and the one with dense and shared parts) cover them.
+// the packed layout's keys (estream.*) are edited too; the same keys for every family, so one
+// family covers them (CI's time: under ASan the packed DeepSeek-V2 alone took 45 s).
 void CheckFamily(const std::string& file, bool packed = false) {
   // Hundreds of rewritten files, each fsynced by GgufWriter: in memory where the host has room
   // (a container's /dev/shm may hold 64 MiB).
@@ -172,7 +172,6 @@ TEST(ModelCorrupt, Mixtral) { CheckFamily("mixtral-tiny-f32.gguf"); }
 TEST(ModelCorrupt, Deepseek2) { CheckFamily("deepseek2-tiny-f32.gguf"); }
 TEST(ModelCorrupt, Lfm2Moe) { CheckFamily("lfm2moe-tiny-f32.gguf"); }
 TEST(ModelCorrupt, PackedOlmoe) { CheckFamily("olmoe-tiny-f32.gguf", /*packed=*/true); }
-TEST(ModelCorrupt, PackedDeepseek2) { CheckFamily("deepseek2-tiny-f32.gguf", /*packed=*/true); }
 
 }  // namespace
 }  // namespace estream
