@@ -1,7 +1,7 @@
 // Corrupt hyper-parameters, systematically: every metadata key of the five shared tiny models
-// (every family; OLMoE also packed) is changed one at a time to values that a damaged or hand-edited file holds
-// (0, 1, one more, twice, the type's extremes, -1, NaN, infinity, an empty string, another type)
-// or removed. For each edit the engine either refuses the file with a one-line error or loads it
+// (every family; OLMoE also packed) is changed one at a time to values that a damaged or
+// hand-edited file holds (0, 1, one more, twice, the type's extremes, -1, NaN, infinity, an empty
+// string, another type) or removed. For each edit the engine either refuses the file with a one-line error or loads it
 // and then answers requests (a prompt of 1 and of 9 tokens, with logits and an embedding) either
 // with a result of finite logits and embedding or with a one-line error. Never a crash, a hang
 // or an allocation of the size of a wrong value: the test runs under ASan+UBSan in CI (label
