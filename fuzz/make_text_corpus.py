@@ -12,18 +12,22 @@ os.makedirs(out, exist_ok=True)
 
 
 def op_tokenizer(flags):  # flags: 1 add_special, 2 parse_special, 4 ids modulo the vocabulary, 8 render_special
-    return 0 + 5 * flags
+    return 0 + 6 * flags
 
 
 def op_route(route):  # 0 completions, 1 embeddings, 2 classify, 3 rerank, 4 tokenize, 5 detokenize
-    return 1 + 5 * route
+    return 1 + 6 * route
 
 
 OP_SCORE = 2
 
 
 def op_eval(kind, n_tasks=0):  # kind 0 hellaswag, 1 winogrande, 2 multiple-choice
-    return 3 + 5 * (kind + 4 * n_tasks)
+    return 3 + 6 * (kind + 4 * n_tasks)
+
+
+def op_merge(with_input, shard_by_id=False):  # the input split at form feeds: shard a, shard b, input
+    return 5 + 6 * (int(with_input) + 2 * int(shard_by_id))
 
 
 def mc_file(tasks):
@@ -67,6 +71,9 @@ seeds = {
                   b"The sun rises and\n0\nthe birds sing.\nit snows.\nthe moon.\nnothing.\n"),
     "winogrande": (op_eval(1, 1), 0, b'0,"The trophy does not fit in the suitcase because _ is too big.",trophy,suitcase,1\n'
                    b"1,The cat chased the dog because _ was angry.,cat,dog,2\n"),
+    "merge": (op_merge(True), 0, b'{"id":1,"top":[]}\n{"line":3,"id":1,"error":"duplicate id"}\n\f'
+              b'{"id":"b","top":[]}\n\f{"id":1,"prompt":"a"}\n{"id":"b","prompt":"b"}\n{"id":1,"prompt":"c"}\n'),
+    "merge_shard_spec": (op_merge(False, True), 0, b'1/2\f{"id":"x","error":"e"}\n'),
     "multiple_choice": (op_eval(2, 1), 0, mc_file([("Which is a fruit?", [("apple", 1), ("stone", 0)]),
                                                    ("2 + 2 =", [("3", 0), ("4", 1), ("5", 0)])])),
 }

@@ -1,8 +1,10 @@
 // libFuzzer target for the text that users hand estream: the server's request bodies (every
 // engine route, /tokenize, /detokenize), `estream score` input lines, the three task files of
-// `estream eval`, and the tokenizer under all of them.
+// `estream eval`, the shard outputs that `estream score --merge` joins, and the tokenizer under
+// all of them.
 //
-// Input layout: byte 0 picks the parser, byte 1 the vocabulary, the rest is the parser's input.
+// Input layout: byte 0 picks the parser (byte 0 mod 6) and its options (byte 0 / 6), byte 1 the
+// vocabulary, the rest is the parser's input.
 // Vocabularies: the byte-level BPE that `estream synth` puts into its models (built in; with the
 // gpt-2, qwen2 and llama-bpe pre-tokenizers), and every vocab-only GGUF in the directory named by
 // ESTREAM_FUZZ_VOCAB_DIR (scripts/ci_fuzz.sh points it at ../shared/testdata/tokenizer when that
@@ -14,10 +16,14 @@
 //               request that passes ValidateRequests and fails to format against a fake engine
 //               that answers as Engine::Run documents (shapes only: the values are arbitrary);
 //   score       an error line or a result line that is not one JSON object;
-//   eval        an error message that does not name the file; a task with no candidate.
+//   eval        an error message that does not name the file; a task with no candidate;
+//   merge       (the input split at form feeds into two shard outputs and the input file) an
+//               error that is not one line, or a merged file whose line count is not the
+//               reported one; ParseShardSpec on the same bytes.
 // The fake engine's outputs are only shaped like the engine's, so a crash in formatting points
 // at the route's own handling of its options (echo, logprobs, top_n, labels, ...).
 #include <dirent.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +41,8 @@
 #include <nlohmann/json.hpp>
 
 #include "batch/eval.h"
+#include "batch/merge.h"
+#include "batch/shard.h"
 #include "batch/score.h"
 #include "gguf/gguf.h"
 #include "model/bpe_builder.h"
@@ -88,7 +97,8 @@ std::vector<std::unique_ptr<Tokenizer>> LoadVocabularies() {
   if (DIR* d = ::opendir(dir)) {
     while (const dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
-      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) files.push_back(std::string(dir) + "/" + name);
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0)
+        files.push_back(std::string(dir) + "/" + name);
     }
     ::closedir(d);
   }
@@ -197,7 +207,8 @@ void FuzzRoute(int route, const estream::server::ApiContext& ctx, uint8_t seed, 
   std::optional<ApiError> e = kPrepare[route](body, ctx, &p);
   if (!e) e = ValidateRequests(p.requests, *ctx.info);
   if (e) {
-    if (e->status != 400 || e->message.empty()) Fail("a bad request's error", std::to_string(e->status) + " " + e->message);
+    if (e->status != 400 || e->message.empty())
+      Fail("a bad request's error", std::to_string(e->status) + " " + e->message);
     CheckJson(ErrorBody(*e), "an error body");
     return;
   }
@@ -206,10 +217,12 @@ void FuzzRoute(int route, const estream::server::ApiContext& ctx, uint8_t seed, 
     tokens += static_cast<int64_t>(r.tokens.size());
     for (const auto& c : r.continuations) tokens += static_cast<int64_t>(c.size());
   }
-  if (tokens != p.prompt_tokens) Fail("prompt_tokens", std::to_string(p.prompt_tokens) + " != " + std::to_string(tokens));
+  if (tokens != p.prompt_tokens)
+    Fail("prompt_tokens", std::to_string(p.prompt_tokens) + " != " + std::to_string(tokens));
   if (p.prompt_tokens > 4096) return;  // the server answers 413 (--max-batch-tokens) before running
   std::vector<estream::Result<Response>> results;
-  for (size_t i = 0; i < p.requests.size(); ++i) results.push_back(FakeRun(p.requests[i], *ctx.info, seed + static_cast<uint32_t>(i)));
+  for (size_t i = 0; i < p.requests.size(); ++i)
+    results.push_back(FakeRun(p.requests[i], *ctx.info, seed + static_cast<uint32_t>(i)));
   CheckJson(p.format(results), "a route's reply");
 }
 
@@ -237,11 +250,59 @@ void FuzzEvalTasks(const Tokenizer& tok, uint8_t mode, std::string_view data) {
   };
   auto tasks = estream::batch::LoadTasks(kKinds[(mode & 3) % 3], data, tok, o);
   if (!tasks.ok()) {
-    if (tasks.status().message().rfind("tasks.txt", 0) != 0) Fail("an eval error that does not name the file", tasks.status().ToString());
+    if (tasks.status().message().rfind("tasks.txt", 0) != 0)
+      Fail("an eval error that does not name the file", tasks.status().ToString());
     return;
   }
   for (const estream::batch::EvalTask& t : *tasks)
-    if (t.seqs.empty() || t.seqs.size() != t.labels.size()) Fail("a task without candidates or labels", std::to_string(t.index));
+    if (t.seqs.empty() || t.seqs.size() != t.labels.size())
+      Fail("a task without candidates or labels", std::to_string(t.index));
+}
+
+// ---- estream score --merge ----
+void WriteFile(const std::string& path, std::string_view bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) Fail("cannot write", path);
+}
+
+void FuzzMerge(uint8_t mode, std::string_view data) {
+  (void)estream::batch::ParseShardSpec(data.substr(0, 24), mode & 2 ? "id" : "line");
+  static const std::string dir = [] {
+    std::string tmpl = (::access("/dev/shm", W_OK) == 0 ? std::string("/dev/shm") : std::string("/tmp")) +
+                       "/text_fuzz_XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) Fail("mkdtemp", tmpl);
+    return tmpl;
+  }();
+  std::string_view part[3];
+  size_t n = 0, begin = 0;
+  for (size_t i = 0; i <= data.size() && n < 3; ++i)
+    if (i == data.size() || (data[i] == '\f' && n < 2)) {
+      part[n++] = data.substr(begin, i - begin);
+      begin = i + 1;
+    }
+  estream::batch::MergeOptions o;
+  o.shard_outputs = {dir + "/a.jsonl", dir + "/b.jsonl"};
+  o.output = dir + "/all.jsonl";
+  o.max_listed = 3;
+  WriteFile(o.shard_outputs[0], part[0]);
+  WriteFile(o.shard_outputs[1], part[1]);
+  if (mode & 1) {
+    o.input = dir + "/in.jsonl";
+    WriteFile(o.input, part[2]);
+  }
+  ::unlink(o.output.c_str());
+  auto r = estream::batch::MergeShardOutputs(o);
+  if (!r.ok()) {
+    if (r.status().message().empty() || r.status().message().find('\n') != std::string::npos)
+      Fail("a merge error that is not one line", r.status().ToString());
+    if (::access(o.output.c_str(), F_OK) == 0) Fail("a failed merge wrote its output", o.output);
+    return;
+  }
+  std::ifstream merged(o.output);
+  int64_t lines = 0;
+  for (std::string line; std::getline(merged, line);) ++lines;
+  if (lines != r->lines) Fail("merged line count", std::to_string(lines) + " != " + std::to_string(r->lines));
 }
 
 }  // namespace
@@ -251,10 +312,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto& vocabs = Vocabularies();
   const Tokenizer& tok = *vocabs[data[1] % vocabs.size()];
   const std::string_view rest(reinterpret_cast<const char*>(data) + 2, size - 2);
-  const uint8_t op = data[0];
-  switch (op % 5) {
+  const uint8_t op = data[0], param = static_cast<uint8_t>(data[0] / 6);
+  switch (op % 6) {
     case 0:
-      FuzzTokenizer(tok, op / 5, rest);
+      FuzzTokenizer(tok, param, rest);
       break;
     case 1: {
       estream::ModelInfo info;
@@ -264,17 +325,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       info.n_vocab = tok.n_vocab();
       info.n_ctx = 192;
       estream::server::ApiContext ctx;
-      ctx.tokenizer = (op / 5) % 8 == 7 ? nullptr : &tok;  // sometimes a model without a vocabulary
+      ctx.tokenizer = param % 8 == 7 ? nullptr : &tok;  // sometimes a model without a vocabulary
       ctx.info = &info;
       ctx.model_id = "fuzz";
-      FuzzRoute((op / 5) % 6, ctx, static_cast<uint8_t>(op / 30), std::string(rest));
+      FuzzRoute(param % 6, ctx, static_cast<uint8_t>(param / 6), std::string(rest));
       break;
     }
     case 2:
       FuzzScoreLine(tok, std::string(rest));
       break;
+    case 5:
+      FuzzMerge(param, rest);
+      break;
     default:
-      FuzzEvalTasks(tok, static_cast<uint8_t>(op / 5), rest);
+      FuzzEvalTasks(tok, param, rest);
       break;
   }
   return 0;

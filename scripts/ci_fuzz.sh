@@ -43,7 +43,8 @@ text_pid=$!
 failed=0
 for t in gguf_fuzz:$gguf_pid text_fuzz:$text_pid; do
   if wait "${t#*:}"; then
-    echo "${t%:*}: no findings in ${SECONDS_TO_RUN} s ($(grep -o 'number_of_executed_units: [0-9]*' "$BUILD/fuzz-${t%:*}.log" | grep -o '[0-9]*$') inputs)"
+    runs=$(grep -o 'number_of_executed_units: [0-9]*' "$BUILD/fuzz-${t%:*}.log" | grep -o '[0-9]*$')
+    echo "${t%:*}: no findings in ${SECONDS_TO_RUN} s ($runs inputs)"
   else
     failed=1
     echo "${t%:*}: FINDING (reproducer in $BUILD/fuzz-artifacts/${t%:*}/); the end of its log:"

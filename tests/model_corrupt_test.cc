@@ -1,9 +1,9 @@
 // Corrupt hyper-parameters, systematically: every metadata key of the five shared tiny models
 // (every family; OLMoE also packed) is changed one at a time to values that a damaged or
 // hand-edited file holds (0, 1, one more, twice, the type's extremes, -1, NaN, infinity, an empty
-// string, another type) or removed. For each edit the engine either refuses the file with a one-line error or loads it
-// and then answers requests (a prompt of 1 and of 9 tokens, with logits and an embedding) either
-// with a result of finite logits and embedding or with a one-line error. Never a crash, a hang
+// string, another type) or removed. For each edit the engine either refuses the file with a
+// one-line error or loads it and then answers requests (a prompt of 1 and of 9 tokens, with logits
+// and an embedding) either with a result of finite logits and embedding or with a one-line error. Never a crash, a hang
 // or an allocation of the size of a wrong value: the test runs under ASan+UBSan in CI (label
 // `sanitize`). Beyond finiteness the outputs of a file that loads are not checked: a changed
 // epsilon or RoPE base gives other logits, not wrong ones. (Found by it: a RoPE base of 1e-30 and
@@ -163,7 +163,8 @@ void CheckFamily(const std::string& file, bool packed = false) {
   // would mean that the edits did not reach the loader).
   EXPECT_GT(loaded, 0);
   EXPECT_GT(refused, 0);
-  std::printf("%s%s: %d edits refused, %d loaded and served\n", file.c_str(), packed ? " (packed)" : "", refused, loaded);
+  std::printf("%s%s: %d edits refused, %d loaded and served\n", file.c_str(), packed ? " (packed)" : "", refused,
+              loaded);
 }
 
 TEST(ModelCorrupt, Olmoe) { CheckFamily("olmoe-tiny-f32.gguf"); }
