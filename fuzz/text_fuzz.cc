@@ -15,7 +15,8 @@
 //   server      an error that is not 400 with a message, or a reply body that is not JSON; a
 //               request that passes ValidateRequests and fails to format against a fake engine
 //               that answers as Engine::Run documents (shapes only: the values are arbitrary);
-//   score       an error line or a result line that is not one JSON object;
+//   score       an error line or a result line (from the fake engine) that is not one JSON
+//               object on one line;
 //   eval        an error message that does not name the file; a task with no candidate;
 //   merge       (the input split at form feeds into two shard outputs and the input file) an
 //               error that is not one line, or a merged file whose line count is not the
@@ -230,11 +231,17 @@ void FuzzRoute(int route, const estream::server::ApiContext& ctx, uint8_t seed, 
 void FuzzScoreLine(const Tokenizer& tok, const std::string& line) {
   const json j = json::parse(line, nullptr, false);
   const estream::batch::ScoreLine l = estream::batch::ParseScoreLine(j, 1, &tok, tok.n_vocab());
+  std::string out;
   if (!l.error.empty()) {
-    const std::string out = estream::batch::ScoreErrorJson(l, l.error);
-    CheckJson(out, "a score error line");
-    if (out.find('\n') != std::string::npos) Fail("a score error line holds a newline", out);
+    out = estream::batch::ScoreErrorJson(l, l.error);
+  } else {
+    estream::ModelInfo info;
+    info.n_vocab = tok.n_vocab();
+    info.n_embd = 16;
+    out = estream::batch::ScoreResultJson(l, FakeRun(l.request, info, static_cast<uint32_t>(line.size())), &tok);
   }
+  CheckJson(out, "a score output line");
+  if (out.find('\n') != std::string::npos) Fail("a score output line holds a newline", out);
 }
 
 // ---- estream eval ----
