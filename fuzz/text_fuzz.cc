@@ -25,6 +25,7 @@
 // at the route's own handling of its options (echo, logprobs, top_n, labels, ...).
 #include <dirent.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -157,8 +158,8 @@ Response FakeRun(const Request& r, const estream::ModelInfo& info, uint32_t seed
   const int64_t T = static_cast<int64_t>(r.tokens.size()), V = info.n_vocab;
   out.n_tokens = T;
   for (int k = 0; k < r.top_k && k < V; ++k) out.top.push_back({k, -1.0f - static_cast<float>(k)});
-  std::vector<float> row(static_cast<size_t>(V));
   if (r.logits_sink) {
+    std::vector<float> row(static_cast<size_t>(V));
     for (int64_t t = 0; t < T; ++t) {
       for (float& x : row) x = next();
       const estream::Status st = r.logits_sink(t, 1, row.data());

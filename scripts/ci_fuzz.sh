@@ -3,10 +3,10 @@
 # directory and runs each for SECONDS (default 60) on its seed corpus, the two side by side (one
 # core each):
 #   gguf_fuzz   the GGUF reader (seeds fuzz/corpus/);
-#   text_fuzz   the text users send: the server's request bodies, `estream score` lines, the
-#               `estream eval` task files and the tokenizer (seeds fuzz/text_corpus/, dictionary
-#               fuzz/text.dict; the real vocabularies of ../shared/testdata/tokenizer when present,
-#               else only the built-in one).
+#   text_fuzz   the text users send: the server's request bodies, `estream score` lines and the
+#               shard outputs its --merge joins, the `estream eval` task files and the tokenizer
+#               (seeds fuzz/text_corpus/, dictionary fuzz/text.dict; the real vocabularies of
+#               ../shared/testdata/tokenizer when present, else only the built-in one).
 # Exits non-zero on any finding (crash, sanitizer report, leak, timeout, out-of-memory); the
 # reproducer is left in $BUILD/fuzz-artifacts/TARGET/ (replay: $BUILD/fuzz/TARGET FILE, with the
 # same ESTREAM_FUZZ_VOCAB_DIR for text_fuzz).

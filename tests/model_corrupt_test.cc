@@ -3,12 +3,12 @@
 // hand-edited file holds (0, 1, one more, twice, the type's extremes, -1, NaN, infinity, an empty
 // string, another type) or removed. For each edit the engine either refuses the file with a
 // one-line error or loads it and then answers requests (a prompt of 1 and of 9 tokens, with logits
-// and an embedding) either with a result of finite logits and embedding or with a one-line error. Never a crash, a hang
-// or an allocation of the size of a wrong value: the test runs under ASan+UBSan in CI (label
-// `sanitize`). Beyond finiteness the outputs of a file that loads are not checked: a changed
-// epsilon or RoPE base gives other logits, not wrong ones. (Found by it: a RoPE base of 1e-30 and
-// a YaRN log multiplier of 1e30 loaded and gave NaN logits.) The tensor-level defects (missing,
-// reshaped, wrong type) are model_engine_test's.
+// and an embedding) either with a result of finite logits and embedding or with a one-line error.
+// Never a crash, a hang or an allocation of the size of a wrong value: the test runs under
+// ASan+UBSan in CI (label `sanitize`). Beyond finiteness the outputs of a file that loads are not
+// checked: a changed epsilon or RoPE base gives other logits, not wrong ones. (Found by it: a RoPE
+// base of 1e-30 and a YaRN log multiplier of 1e30 loaded and gave NaN logits.) The tensor-level
+// defects (missing, reshaped, wrong type) are model_engine_test's.
 #include <gtest/gtest.h>
 
 #include <sys/statvfs.h>
