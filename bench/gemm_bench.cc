@@ -12,6 +12,8 @@
 // docs/PERFORMANCE.md).
 // Weights are random (scales kept small and normal: no inf/NaN/denormal slow paths) and 64-byte
 // aligned.
+// gemm/<type>_cold/...: the same calls, each on another copy of the weights (256 MiB of copies in
+// all): the weights come from DRAM as in a model, not from the caches.
 // proj/...: the attention block's projections, separate calls against Gemm's fused forms.
 // Filter with --benchmark_filter, e.g. 'gemm/q4_0_packed/.*/M(64|256)/' ; see docs/PERFORMANCE.md.
 #include <benchmark/benchmark.h>
@@ -110,33 +112,45 @@ struct WeightCache {
   AlignedPtr<uint8_t> data;
 };
 
-const WeightView& GetWeights(QuantType t, bool packed, int64_t n, int64_t k) {
+// Cold rows ("_cold" labels) cycle through copies of the matrix filling kColdBytes, more than any
+// L3 here: every call reads its weights from DRAM, as a model's layers and experts do.
+constexpr size_t kColdBytes = size_t{256} << 20;
+
+// The matrix, `copies` times over (one buffer; copy c at c x bytes(t, n, k)).
+std::span<const WeightView> GetWeights(QuantType t, bool packed, int64_t n, int64_t k, bool cold) {
   static WeightCache cache;
-  static WeightView view;
-  if (cache.data == nullptr || cache.type != t || cache.packed != packed || cache.n != n || cache.k != k) {
+  static std::vector<WeightView> views;
+  const size_t bytes = packed ? PackedWeightBytes(t, n, k) : RowBytes(t, k) * static_cast<size_t>(n);
+  const size_t copies = cold ? std::max<size_t>(1, kColdBytes / bytes) : 1;
+  if (cache.data == nullptr || cache.type != t || cache.packed != packed || cache.n != n || cache.k != k ||
+      views.size() != copies) {
     cache.data.reset();
     std::vector<uint8_t> gguf = RandomWeights(t, n, k);
+    cache.data = AllocAligned<uint8_t>(bytes * copies);
     if (packed) {
-      cache.data = AllocAligned<uint8_t>(PackedWeightBytes(t, n, k));
       RepackWeights(t, gguf.data(), n, k, cache.data.get());
     } else {
-      cache.data = AllocAligned<uint8_t>(gguf.size());
-      std::memcpy(cache.data.get(), gguf.data(), gguf.size());
+      std::memcpy(cache.data.get(), gguf.data(), bytes);
     }
+    for (size_t c = 1; c < copies; ++c) std::memcpy(cache.data.get() + c * bytes, cache.data.get(), bytes);
     cache.type = t;
     cache.packed = packed;
     cache.n = n;
     cache.k = k;
-    view = WeightView{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, n, k, cache.data.get()};
+    views.clear();
+    for (size_t c = 0; c < copies; ++c)
+      views.push_back(WeightView{t, packed ? WeightLayout::kPacked : WeightLayout::kGguf, n, k,
+                                 cache.data.get() + c * bytes});
   }
-  return view;
+  return views;
 }
 
 enum class Mode { kGemmQ8A, kMatMul };
 
 void BM_Gemm(benchmark::State& state, QuantType t, bool packed, Mode mode, int64_t m, int64_t k, int64_t n,
-             int threads) {
-  const WeightView& w = GetWeights(t, packed, n, k);
+             int threads, bool cold) {
+  const std::span<const WeightView> ws = GetWeights(t, packed, n, k, cold);
+  size_t next = 0;
   AlignedPtr<float> xbuf = AllocAligned<float>(static_cast<size_t>(m * k));
   float* x = xbuf.get();
   uint64_t s = 12345;
@@ -153,6 +167,8 @@ void BM_Gemm(benchmark::State& state, QuantType t, bool packed, Mode mode, int64
   omp_set_num_threads(threads);
   double seconds = 0, cpu_seconds = 0;
   for (auto _ : state) {
+    const WeightView& w = ws[next];
+    next = (next + 1) % ws.size();
     const double c0 = ProcessCpuSeconds();
     const auto t0 = std::chrono::steady_clock::now();
     if (mode == Mode::kGemmQ8A)
@@ -183,14 +199,14 @@ constexpr int64_t kMs[] = {1, 16, 64, 256, 1024};
 // Float weights are small tensors: the routers of OLMoE (64 x 2048) and Qwen3-30B (128 x 2048).
 constexpr KN kFloatShapes[] = {{2048, 64}, {2048, 128}};
 
-void Register(QuantType t, bool packed, Mode mode, const char* label) {
+void Register(QuantType t, bool packed, Mode mode, const std::string& label, bool cold = false) {
   const bool fl = t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16;
   for (const KN& s : fl ? std::span<const KN>(kFloatShapes) : std::span<const KN>(kShapes))
     for (int64_t m : kMs)
       for (int threads : {1, 2}) {
-        const std::string name = std::string("gemm/") + label + "/K" + std::to_string(s.k) + "xN" +
+        const std::string name = "gemm/" + label + (cold ? "_cold" : "") + "/K" + std::to_string(s.k) + "xN" +
                                  std::to_string(s.n) + "/M" + std::to_string(m) + "/t" + std::to_string(threads);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, t, packed, mode, m, s.k, s.n, threads)
+        benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, t, packed, mode, m, s.k, s.n, threads, cold)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
       }
@@ -282,6 +298,7 @@ int main(int argc, char** argv) {
   using estream::QuantType;
   using namespace estream::kernels;
   Register(QuantType::kQ4_0, true, Mode::kGemmQ8A, "q4_0_packed");
+  Register(QuantType::kQ4_0, true, Mode::kGemmQ8A, "q4_0_packed", /*cold=*/true);
   Register(QuantType::kQ8_0, true, Mode::kGemmQ8A, "q8_0_packed");
   Register(QuantType::kQ4_K, true, Mode::kGemmQ8A, "q4_K_packed");
   Register(QuantType::kQ6_K, true, Mode::kGemmQ8A, "q6_K_packed");
