@@ -51,9 +51,10 @@
 #include "server/api.h"
 #include "tokenizer/tokenizer.h"
 
-namespace estream::kernels {
-// api.cc's TopLogprobs calls the kernels' LogSumExp; the fuzz build does not compile the kernels
-// (they add minutes and hold no parser), so a plain one stands in for it here.
+namespace estream {
+// api.cc's TopLogprobs calls the engine's LogSumExp (include/estream/engine.h); the fuzz build
+// does not compile the engine and the kernels (they add minutes and hold no parser), so a plain
+// one stands in for it here.
 double LogSumExp(const float* row, int64_t n) {
   double m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) m = std::fmax(m, row[i]);
@@ -62,7 +63,7 @@ double LogSumExp(const float* row, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s += std::exp(row[i] - m);
   return m + std::log(s);
 }
-}  // namespace estream::kernels
+}  // namespace estream
 
 namespace {
 

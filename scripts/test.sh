@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Builds estream and runs the whole test suite, as CI does:
+#   0. the layering check (scripts/layer_deps.py: every #include between layers is one that
+#      docs/DESIGN.md section 1 allows);
 #   1. Release build, every ctest test (kernels compare each ISA path with the scalar reference);
 #   2. the whole-model tests again with the kernels forced to avx2 and to scalar (ESTREAM_ISA), and
 #      the low-precision attention's wiring tests with it switched off (ESTREAM_ATTN_LOWP=0);
@@ -116,6 +118,8 @@ if [ "${ARM64:-1}" = only ]; then
   exit 0
 fi
 
+step "layering: every #include edge allowed by docs/DESIGN.md section 1 (scripts/layer_deps.py)"
+python3 scripts/layer_deps.py
 step "release build"
 BUILD_DIR=build scripts/build.sh
 step "tests (release, native ISA)"

@@ -304,4 +304,10 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// log(sum_i exp(logits[i])) over n values: the normaliser that Run uses for prompt_logprobs and
+// for the logprobs of top-k and continuations (the same value, bit for bit), so that a caller
+// computing other log-probabilities from a logits_sink row agrees with them. n <= 0 gives -inf;
+// a row holding NaN or infinities gives what the scalar reference gives, on every ISA.
+double LogSumExp(const float* logits, int64_t n);
+
 }  // namespace estream

@@ -592,4 +592,6 @@ void Engine::Impl::FillStreamStats(Response* resp) {
   }
 }
 
+double LogSumExp(const float* logits, int64_t n) { return n <= 0 ? -INFINITY : kernels::LogSumExp(logits, n); }
+
 }  // namespace estream

@@ -10,7 +10,6 @@
 #include <set>
 
 #include "batch/candidates.h"
-#include "kernels/kernels.h"
 #include "tokenizer/tokenizer.h"
 
 namespace estream::server {
@@ -138,7 +137,7 @@ ojson TopJson(const ApiContext& ctx, const std::vector<TokenLogprob>& top) {
 // with one test (the common case: with n <= 20 an insertion is rare), so the pass costs about a
 // comparison per logit.
 std::vector<TokenLogprob> TopLogprobs(const float* row, int64_t V, int n) {
-  const double l = kernels::LogSumExp(row, V);  // Engine::Run's: top agrees bit for bit with prompt_logprobs
+  const double l = LogSumExp(row, V);  // Engine::Run's: top agrees bit for bit with prompt_logprobs
   n = static_cast<int>(std::min<int64_t>(n, V));
   if (n <= 0) return {};
   std::vector<int32_t> best;  // ids, best first
