@@ -224,8 +224,11 @@ TEST(Request, OutputsAgree) {
     for (int64_t i = 0; i < V; ++i) z += std::exp(row[i] - mx);
     const double want = row[ids[t + 1]] - mx - std::log(z);
     EXPECT_NEAR(r->prompt_logprobs[t], want, 1e-5) << t;
+    // The public LogSumExp is the engine's normaliser, bit for bit.
+    EXPECT_EQ(r->prompt_logprobs[t], static_cast<float>(row[ids[t + 1]] - LogSumExp(row, V))) << t;
     ll += want;
   }
+  EXPECT_EQ(LogSumExp(all.data(), 0), -INFINITY);
   EXPECT_NEAR(r->log_likelihood, ll, 1e-4);
   EXPECT_NEAR(r->perplexity, std::exp(-ll / (T - 1)), 1e-6 * r->perplexity);
   // Top-k: sorted, consistent with the last row, and the true top 7.
