@@ -229,6 +229,7 @@ TEST(Request, OutputsAgree) {
     ll += want;
   }
   EXPECT_EQ(LogSumExp(all.data(), 0), -INFINITY);
+  EXPECT_TRUE(std::isnan(LogSumExp(nullptr, V)));
   EXPECT_NEAR(r->log_likelihood, ll, 1e-4);
   EXPECT_NEAR(r->perplexity, std::exp(-ll / (T - 1)), 1e-6 * r->perplexity);
   // Top-k: sorted, consistent with the last row, and the true top 7.

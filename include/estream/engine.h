@@ -306,8 +306,9 @@ class Engine {
 
 // log(sum_i exp(logits[i])) over n values: the normaliser that Run uses for prompt_logprobs and
 // for the logprobs of top-k and continuations (the same value, bit for bit), so that a caller
-// computing other log-probabilities from a logits_sink row agrees with them. n <= 0 gives -inf;
-// a row holding NaN or infinities gives what the scalar reference gives, on every ISA.
+// computing other log-probabilities from a logits_sink row agrees with them. n <= 0 gives -inf,
+// a null row with n > 0 NaN; a row holding NaN or infinities gives what the scalar reference
+// gives, on every ISA.
 double LogSumExp(const float* logits, int64_t n);
 
 }  // namespace estream

@@ -592,6 +592,9 @@ void Engine::Impl::FillStreamStats(Response* resp) {
   }
 }
 
-double LogSumExp(const float* logits, int64_t n) { return n <= 0 ? -INFINITY : kernels::LogSumExp(logits, n); }
+double LogSumExp(const float* logits, int64_t n) {
+  if (n <= 0) return -INFINITY;
+  return logits == nullptr ? NAN : kernels::LogSumExp(logits, n);
+}
 
 }  // namespace estream
