@@ -38,6 +38,7 @@ LowpLayout::LowpLayout(int head_dim) : d(head_dim), dp((head_dim + 3) / 4 * 4) {
   corr = RoundUp(static_cast<size_t>(kLowpKeys) * dp, 64);
   sk = corr + sizeof(int32_t) * kLowpKeys;
   vb = RoundUp(sk + sizeof(float) * kLowpKeys, 64);
+  sv = vb + sizeof(uint32_t) * (kLowpKeys / 4) * static_cast<size_t>(d);
   block_bytes = RoundUp(vb + sizeof(uint32_t) * (kLowpKeys / 2) * static_cast<size_t>(d), 64);
 }
 
@@ -70,7 +71,8 @@ float LowpExp2(float x) {
   return std::ldexp(p, static_cast<int>(n));
 }
 
-void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
+// K as int8 (both LowpPv), V as `pv` says.
+static void ConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv, LowpPv pv) {
   const LowpLayout L(a.head_dim);
   const int d = a.head_dim, T = a.n_tokens;
   uint8_t* blk = reinterpret_cast<uint8_t*>(kv) + static_cast<size_t>(block) * L.block_bytes;
@@ -112,6 +114,27 @@ void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, u
     corr[j] = 128 * sum;
     sk[j] = amax / 127.0f;
   }
+  if (pv == LowpPv::kInt8) {
+    // Per key: sv = max |v| / 127 over its dims, v rounded to v / sv (as K, without smoothing).
+    float* sv = reinterpret_cast<float*>(blk + L.sv);
+    std::memset(vb, 0, sizeof(uint32_t) * (kLowpKeys / 4) * d);
+    for (int j = 0; j < kLowpKeys; ++j) {
+      const int key = block * kLowpKeys + j;
+      sv[j] = 0.0f;
+      if (key >= T) continue;
+      const float* vr = v_head + static_cast<int64_t>(key) * a.ldv;
+      float amax = 0.0f;
+      for (int c = 0; c < d; ++c) amax = std::max(amax, std::fabs(vr[c]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int c = 0; c < d; ++c) {
+        const int32_t x = static_cast<int32_t>(std::nearbyint(vr[c] * inv));
+        vb[static_cast<size_t>(j / 4) * d + c] |= (static_cast<uint32_t>(x) & 0xFFu) << (8 * (j % 4));
+      }
+      sv[j] = amax / 127.0f;
+    }
+    for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
+    return;
+  }
   for (int p = 0; p < kLowpKeys / 2; ++p) {
     const int key0 = block * kLowpKeys + 2 * p;
     for (int c = 0; c < d; ++c) {
@@ -122,15 +145,42 @@ void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, u
   }
 }
 
-// One tile of up to kLowpRows queries of one head, rows [t0, t1), the operations of the AVX-512
-// kernel per query lane.
-static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, int t0, int t1) {
+float LowpExp2Short(float x) {
+  x = std::max(x, -126.0f);
+  if (!(x >= -125.0f)) return 0.0f;
+  const float n = std::nearbyint(x);
+  const float f = x - n;
+  float p = 9.582852945e-03f;
+  p = std::fma(p, f, 5.590642616e-02f);
+  p = std::fma(p, f, 2.402409911e-01f);
+  p = std::fma(p, f, 6.931241751e-01f);
+  p = std::fma(p, f, 1.0f);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
+  ConvertKvRef(a, kv_head, block, kv, LowpPv::kBf16);
+}
+void AttentionLowpConvertKvRefInt8(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
+  ConvertKvRef(a, kv_head, block, kv, LowpPv::kInt8);
+}
+
+// One tile of up to kLowpRows queries of one head, rows [t0, t1), the operations of the fast
+// kernels per query lane. P.V as `pv` says:
+//   kBf16: P = 2^(S - m) rounded to bf16, O = O alpha + sum_j P_j V_j (the AVX2 kernel's order);
+//   kInt8: with bx the block's largest score (per query) and c = 2^(bx - m), e_j = 2^(S_j - bx),
+//          l = l alpha + c sum_j e_j; the key's V scale folded into P: with M = pm of the query's
+//          last visible key of the block (the largest sv it sees), P_j = rne(e_j (sv_j 255 / M))
+//          as u8, and per dim O = float(sum_j P_j V^_j) g + O alpha with g = c M / 255 (one FMA;
+//          the first block O = the product alone): the AVX-512 kernel's operations bit for bit.
+static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, int t0, int t1, LowpPv pv) {
   const LowpLayout L(a.head_dim);
   const int d = a.head_dim, nq = t1 - t0;
   const float q_scale = a.scale * kLog2e;
   std::vector<int32_t> qi(static_cast<size_t>(nq) * L.dp, 0);
   std::vector<float> sq(nq), m(nq, -std::numeric_limits<float>::infinity()), l(nq, 0.0f);
   std::vector<float> o(static_cast<size_t>(nq) * d, 0.0f), s(kLowpKeys), p(kLowpKeys);
+  std::vector<int32_t> pi(kLowpKeys);
   for (int i = 0; i < nq; ++i) {
     const float* q = a.q + static_cast<int64_t>(t0 + i) * a.ldq + static_cast<int64_t>(head) * d;
     float amax = 0.0f;
@@ -145,26 +195,52 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
     const int32_t* corr = reinterpret_cast<const int32_t*>(blk + L.corr);
     const float* sk = reinterpret_cast<const float*>(blk + L.sk);
     const uint32_t* vb = reinterpret_cast<const uint32_t*>(blk + L.vb);
+    const float* sv = reinterpret_cast<const float*>(blk + L.sv);
     const int nk = std::min(kLowpKeys, t1 - kb);
     for (int i = 0; i < nq; ++i) {
-      float bm = m[i];
+      float bx = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < nk; ++j) {
         int32_t acc = 0;
         for (int c = 0; c < L.dp; ++c)
           acc += (qi[static_cast<size_t>(i) * L.dp + c] + 128) * ki[static_cast<size_t>(j) * L.dp + c];
         s[j] = static_cast<float>(acc - corr[j]) * (sq[i] * sk[j]);
         if (kb + j > t0 + i) s[j] = -std::numeric_limits<float>::infinity();
-        bm = std::max(bm, s[j]);
+        bx = std::max(bx, s[j]);
       }
-      const float alpha = LowpExp2(m[i] - bm);
+      const float bm = std::max(m[i], bx);
+      float (*exp2)(float) = pv == LowpPv::kInt8 ? LowpExp2Short : LowpExp2;
+      const float alpha = exp2(m[i] - bm);
       m[i] = bm;
+      float* oi = o.data() + static_cast<size_t>(i) * d;
+      if (pv == LowpPv::kInt8) {
+        const float cb = exp2(bx - bm);
+        const int last = std::min(nk - 1, t0 + i - kb);
+        const float mu = last >= 0 ? sv[kLowpKeys + last] : 0.0f;
+        const float inv = mu > 0.0f ? 255.0f / mu : 0.0f;
+        float sum = 0.0f;
+        for (int j = 0; j < nk; ++j) {
+          const float e = exp2(s[j] - bx);
+          sum += e;
+          pi[j] = static_cast<int32_t>(std::nearbyint(e * (sv[j] * inv)));
+        }
+        l[i] = std::fma(l[i], alpha, cb * sum);
+        const float g = (cb * mu) * (1.0f / 255.0f);
+        for (int c = 0; c < d; ++c) {
+          int32_t acc = 0;
+          for (int j = 0; j < nk; ++j) {
+            const uint32_t w = vb[static_cast<size_t>(j / 4) * d + c];
+            acc += pi[j] * static_cast<int8_t>((w >> (8 * (j % 4))) & 0xFFu);
+          }
+          oi[c] = kb == 0 ? static_cast<float>(acc) * g : std::fma(static_cast<float>(acc), g, oi[c] * alpha);
+        }
+        continue;
+      }
       float sum = 0.0f;
       for (int j = 0; j < nk; ++j) {
         p[j] = LowpExp2(s[j] - bm);
         sum += p[j];
       }
       l[i] = std::fma(l[i], alpha, sum);
-      float* oi = o.data() + static_cast<size_t>(i) * d;
       for (int c = 0; c < d; ++c) {
         float acc = oi[c] * alpha;
         for (int pp = 0; pp < (nk + 1) / 2; ++pp) {
@@ -188,7 +264,14 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
 void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
                            int t_end) {
   for (int h = head_begin; h < head_end; ++h)
-    for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows) LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows));
+    for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows)
+      LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows), LowpPv::kBf16);
+}
+void AttentionBlockLowpRefInt8(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
+                               int t_begin, int t_end) {
+  for (int h = head_begin; h < head_end; ++h)
+    for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows)
+      LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows), LowpPv::kInt8);
 }
 
 void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, uint16_t*),
@@ -203,8 +286,9 @@ void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int,
   t->attention_scratch_bytes_bf16 = scratch_bytes;
 }
 
-void FillAttentionLowpRef(KernelTable* t) {
-  SetAttentionLowp(t, AttentionLowpConvertKvRef, AttentionBlockLowpRef, nullptr);
+void FillAttentionLowpRef(KernelTable* t, LowpPv pv) {
+  if (pv == LowpPv::kInt8) SetAttentionLowp(t, AttentionLowpConvertKvRefInt8, AttentionBlockLowpRefInt8, nullptr);
+  else SetAttentionLowp(t, AttentionLowpConvertKvRef, AttentionBlockLowpRef, nullptr);
 }
 
 }  // namespace estream::kernels

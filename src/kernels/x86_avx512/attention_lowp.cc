@@ -1,16 +1,17 @@
-// AVX-512 VNNI + BF16 low-precision attention (kernels/attention_lowp.h): Q.K^T with vpdpbusd on
-// int8 operands, P.V with vdpbf16ps on bf16 operands, fp32 online softmax. Same loop structure as
-// the fp32 x86 kernel (attention_x86_impl.h): queries in the vector lanes (16 per vector, 4
-// vectors = 64 per tile), every tile of a group (at most 8 tiles of a call) walks the key blocks
-// in lockstep so that each converted block is read from memory once per group. Per group: every
-// tile's Q quantised first (row by row across the tiles, prefetched ahead; the next group's Q rows
-// are prefetched to L2 during this group's last steps), then per key block and tile the QK step,
-// the online softmax and the PV step (the first block's starting from O = 0, the last one's
+// AVX-512 VNNI low-precision attention (kernels/attention_lowp.h): Q.K^T and P.V both with
+// vpdpbusd on 8-bit operands, fp32 online softmax. Same loop structure as the fp32 x86 kernel
+// (attention_x86_impl.h): queries in the vector lanes (16 per vector, 4 vectors = 64 per tile),
+// every tile of a group (at most 8 tiles of a call) walks the key blocks in lockstep so that each
+// converted block is read from memory once per group. Per group: every tile's Q quantised first
+// (row by row across the tiles, prefetched ahead; the next group's Q rows are prefetched to L2
+// during this group's last steps), then per key block and tile the QK step, the online softmax
+// with P quantised to u8, and the PV step (the first block's starting from O = 0, the last one's
 // storing O / l), then O transposed into the output.
 //   QK step, per 4 keys x 4 query vectors: 16 int32 accumulators; per 4 head dims one vpdpbusd
 //     each, Q as u8 (qi + 128, 4 dims per lane) and the key's 4 int8 dims broadcast (QkTile).
-//   PV step, per 6 head dims x 4 query vectors: 24 fp32 accumulators; per 2 keys one vdpbf16ps
-//     each, P as bf16 pairs (keys 2p, 2p + 1 per lane) and V's pair for the dim broadcast.
+//   PV step, per 6 head dims x 4 query vectors: 24 int32 accumulators; per 4 keys one vpdpbusd
+//     each, P (times the key's V scale) as u8 (keys 4p .. 4p + 3 per lane) and V's s8 quad of
+//     the dim broadcast; one conversion and FMA per output and key block (PvTile).
 // Compiled with the AVX-512 flags only; the table carries it where the host has AVX-512 (with
 // VNNI and BF16: HostIsa() == kAvx512 requires both, base/cpu.h) and no selected AMX kernel.
 #include <immintrin.h>
@@ -41,30 +42,20 @@ constexpr int kPvDims = 6;             // head dims per PV register tile
 
 inline __mmask16 Tail16(int rest) { return rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1); }
 
-// The fp32 kernel's 2^x (ops_avx512.cc), repeated here (one ISA per translation unit keeps its
-// helpers internal); LowpExp2 in ref/ performs the same operations.
-inline __m512 Exp2Poly(__m512 f) {
-  __m512 p = _mm512_set1_ps(1.5252733804059840e-05f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381609e-04f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
-  return _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-}
-inline __m512 Exp2NonPositive(__m512 x) {
+// 2^x for x <= 0 or -inf (below 2^-125 exactly 0) as the fp32 kernel's (ops_avx512.cc) but with a
+// degree-4 polynomial: P is rounded to 8 bits after it, and the softmax is a quarter of the
+// kernel's instructions. LowpExp2Short in ref/ performs the same operations.
+inline __m512 Exp2Short(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_maskz_scalef_ps(keep, Exp2Poly(_mm512_sub_ps(x, n)), n);
-}
-
-// fp32 -> bf16 bits in the low 16 bits of each lane, round to nearest even (as Bf16Bits in ref/).
-inline __m512i Bf16Round(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(9.582852945e-03f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.590642616e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402409911e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241751e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 // 16 x 16 transpose for TransposeBlock (attention_x86_impl.h), as in ops_avx512.cc.
@@ -106,17 +97,17 @@ struct TransposeTraits {
 
 // Per-thread scratch, grown to the largest (head_dim, tiles) seen. Per tile: Q4 (u8, [dp/4][64][4]),
 // sq, m, l (64 floats each), OT (fp32 [d][64]). Shared by the tiles: ST ([64 keys][64] fp32) and
-// P2 ([32 key pairs][64] bf16 pairs).
+// P4 ([16 key quads][64] u8 quads).
 struct LowpScratch {
   AlignedPtr<uint8_t> q4;
   AlignedPtr<float> state, ot, st;
-  AlignedPtr<uint32_t> p2;
+  AlignedPtr<uint32_t> p4;
   int cap_d = 0, cap_tiles = 0;
 
   static size_t Bytes(int d, int tiles) {
     const size_t dp = (static_cast<size_t>(d) + 3) / 4 * 4;
     return static_cast<size_t>(tiles) * (dp * kLowpRows + sizeof(float) * (3 * kLowpRows + static_cast<size_t>(d) * kLowpRows)) +
-           sizeof(float) * kLowpKeys * kLowpRows + sizeof(uint32_t) * (kLowpKeys / 2) * kLowpRows;
+           sizeof(float) * kLowpKeys * kLowpRows + sizeof(uint32_t) * (kLowpKeys / 4) * kLowpRows;
   }
   void Reserve(int d, int tiles) {
     if (d <= cap_d && tiles <= cap_tiles) return;
@@ -128,7 +119,7 @@ struct LowpScratch {
     ot = AllocAligned<float>(static_cast<size_t>(cap_d) * kLowpRows * cap_tiles);
     if (st == nullptr) {
       st = AllocAligned<float>(static_cast<size_t>(kLowpKeys) * kLowpRows);
-      p2 = AllocAligned<uint32_t>(static_cast<size_t>(kLowpKeys / 2) * kLowpRows);
+      p4 = AllocAligned<uint32_t>(static_cast<size_t>(kLowpKeys / 4) * kLowpRows);
     }
   }
 };
@@ -171,35 +162,41 @@ __attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* c
   }
 }
 
-// OT rows c0 .. c0 + R (head dims) = OT alpha + sum over np key pairs of P2 . VB. kFirst: the
-// tile's first key block, OT taken as 0 (not read: the scratch is never cleared); kLast: its last
-// block, the sums stored times inv_l (1 / l) instead, the normalisation of finish_tile without a
-// pass of its own. Both give the bits of the plain step (0 alpha = 0, as alpha is finite).
+// OT rows c0 .. c0 + R (head dims) = OT alpha + float(sum over nq4 key quads of P4 . VQ) g:
+// P4 u8 (4 keys per lane), VQ the s8 quad of the dim broadcast; per 4 keys one vpdpbusd per
+// accumulator (inline asm, out of line, for the reason given at QkTile). kFirst: the tile's first
+// key block, the product alone (OT not read: the scratch is never cleared); kLast: its last
+// block, the result stored times inv_l (1 / l): the normalisation without a pass of its own.
 template <int R, bool kFirst, bool kLast>
-inline void PvTile(const uint32_t* vb, int d, const uint32_t* p2, int np, const __m512* alpha, const __m512* inv_l,
-                   float* ot) {
-  __m512 acc[R][kVecs];
+__attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t* p4, int nq4, const __m512* alpha,
+                                      const __m512* g, const __m512* inv_l, float* ot) {
+  __m512i acc[R][kVecs];
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c)
-      acc[r][c] = kFirst ? _mm512_setzero_ps() : _mm512_mul_ps(_mm512_loadu_ps(ot + r * kLowpRows + c * 16), alpha[c]);
-  for (int p = 0; p < np; ++p) {
-    __m512bh pv[kVecs];
+    for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_setzero_si512();
+  for (int p = 0; p < nq4; ++p) {
+    __m512i pv[kVecs];
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c) pv[c] = (__m512bh)_mm512_loadu_si512(p2 + p * kLowpRows + c * 16);
+    for (int c = 0; c < kVecs; ++c) pv[c] = _mm512_loadu_si512(p4 + p * kLowpRows + c * 16);
     ESTREAM_UNROLL
     for (int r = 0; r < R; ++r) {
-      const __m512bh vv = (__m512bh)_mm512_set1_epi32(static_cast<int>(vb[p * d + r]));
+      const __m512i vv = _mm512_set1_epi32(static_cast<int>(vq[p * d + r]));
       ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pv[c], vv);
+      for (int c = 0; c < kVecs; ++c) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc[r][c]) : "v"(pv[c]), "v"(vv));
     }
   }
   ESTREAM_UNROLL
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c)
-      _mm512_storeu_ps(ot + r * kLowpRows + c * 16, kLast ? _mm512_mul_ps(acc[r][c], inv_l[c]) : acc[r][c]);
+    for (int c = 0; c < kVecs; ++c) {
+      const __m512 x = _mm512_cvtepi32_ps(acc[r][c]);
+      __m512 o = kFirst ? _mm512_mul_ps(x, g[c])
+                        : _mm512_fmadd_ps(x, g[c], _mm512_mul_ps(_mm512_loadu_ps(ot + r * kLowpRows + c * 16), alpha[c]));
+      if (kLast) o = _mm512_mul_ps(o, inv_l[c]);
+      _mm512_storeu_ps(ot + r * kLowpRows + c * 16, o);
+    }
+  }
 }
 
 }  // namespace
@@ -256,18 +253,36 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
     corr[j] = 128 * _mm512_reduce_add_epi32(sum);
     sk[j] = am / 127.0f;
   }
-  for (int p = 0; p < kLowpKeys / 2; ++p) {
-    const int key0 = block * kLowpKeys + 2 * p;
-    const float* r0 = v_head + static_cast<int64_t>(key0) * a.ldv;
-    const float* r1 = r0 + a.ldv;
+  // V as s8 per key: sv = max |v| / 127 over its dims (LowpLayout), 4 keys per word.
+  float* sv = reinterpret_cast<float*>(blk + L.sv);
+  __m512 inv[kLowpKeys];
+  for (int j = 0; j < kLowpKeys; ++j) {
+    const int key = block * kLowpKeys + j;
+    inv[j] = _mm512_setzero_ps();
+    sv[j] = 0.0f;
+    if (key >= T) continue;
+    const float* vr = v_head + static_cast<int64_t>(key) * a.ldv;
+    __m512 amax = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; ++c)
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), vr + 16 * c)));
+    const float am = _mm512_reduce_max_ps(amax);
+    inv[j] = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+    sv[j] = am / 127.0f;
+  }
+  for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
+  const float* v0 = v_head + static_cast<int64_t>(block) * kLowpKeys * a.ldv;
+  const int nk = std::clamp(T - block * kLowpKeys, 0, kLowpKeys);
+  for (int p = 0; p < kLowpKeys / 4; ++p)
     for (int c = 0; c < chunks; ++c) {
       const __mmask16 m = Tail16(d - 16 * c);
-      const __m512i lo = key0 < T ? Bf16Round(_mm512_maskz_loadu_ps(m, r0 + 16 * c)) : _mm512_setzero_si512();
-      const __m512i hi = key0 + 1 < T ? Bf16Round(_mm512_maskz_loadu_ps(m, r1 + 16 * c)) : _mm512_setzero_si512();
-      _mm512_mask_storeu_epi32(vb + static_cast<size_t>(p) * d + 16 * c, m,
-                               _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      __m512i w = _mm512_setzero_si512();
+      for (int k = 0; k < 4 && 4 * p + k < nk; ++k) {
+        const __m512 v = _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(4 * p + k) * a.ldv + 16 * c);
+        const __m512i x = _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv[4 * p + k])), _mm512_set1_epi32(0xFF));
+        w = _mm512_or_si512(w, _mm512_slli_epi32(x, 8 * k));
+      }
+      _mm512_mask_storeu_epi32(vb + static_cast<size_t>(p) * d + 16 * c, m, w);
     }
-  }
 }
 
 size_t AttentionLowpScratchBytes(int head_dim, int tiles) { return LowpScratch::Bytes(head_dim, tiles); }
@@ -292,7 +307,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   thread_local LowpScratch scratch;
   scratch.Reserve(d, n_tiles);
   float* st = scratch.st.get();
-  uint32_t* p2 = scratch.p2.get();
+  uint32_t* p4 = scratch.p4.get();
   const float q_scale = a.scale * kLog2eF;
   const size_t q4_bytes = static_cast<size_t>(dp) * kQ;
   auto tile_head = [&](int x) { return head_begin + x % n_heads; };
@@ -302,10 +317,6 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   auto tile_m = [&](int x) { return tile_sq(x) + kQ; };
   auto tile_l = [&](int x) { return tile_sq(x) + 2 * kQ; };
   auto tile_ot = [&](int x) { return scratch.ot.get() + static_cast<size_t>(x) * d * kQ; };
-  // Interleaves (lo_i, hi_i) 16-bit halves: word 2i <- i, 2i + 1 <- 16 + i.
-  alignas(64) static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i interleave = _mm512_load_si512(kInterleave);
 
   const int chunks = (d + 15) / 16;
   auto q_row = [&](int x, int i) {
@@ -396,6 +407,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
     const int32_t* corr = reinterpret_cast<const int32_t*>(blk + L.corr);
     const float* sk = reinterpret_cast<const float*>(blk + L.sk);
     const uint32_t* vb = reinterpret_cast<const uint32_t*>(blk + L.vb);
+    const float* sv = reinterpret_cast<const float*>(blk + L.sv);
     for (int x = 0; x < n_tiles; ++x) {
       const int q0 = tile_q0(x);
       const int q1 = std::min(t_end, q0 + kQ);
@@ -418,46 +430,66 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
                                                           _mm512_set1_epi32(kb + j - q0));
           _mm512_storeu_ps(s, _mm512_mask_mov_ps(_mm512_loadu_ps(s), below, neg_inf));
         }
-      __m512 m[kVecs], bm[kVecs], alpha[kVecs], sum[kVecs];
-      ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c) bm[c] = m[c] = _mm512_loadu_ps(tile_m(x) + c * 16);
-      for (int j = 0; j < nk; ++j)
-        ESTREAM_UNROLL
-        for (int c = 0; c < kVecs; ++c) bm[c] = _mm512_max_ps(bm[c], _mm512_loadu_ps(st + j * kQ + c * 16));
+      // Online softmax against the block's own maximum bx (per query): e = 2^(S - bx), c = 2^(bx
+      // - m) its scale in units of the new running max m, l grows by c sum e; the key's V scale is
+      // folded into P: with M the largest sv the query sees in the block (pm of its last visible
+      // key), P = rne(e (sv 255 / M)) as u8 and g = c M / 255.
+      __m512 m[kVecs], bx[kVecs], alpha[kVecs], cb[kVecs], sum[kVecs], g[kVecs], inv[kVecs];
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) {
-        alpha[c] = Exp2NonPositive(_mm512_sub_ps(m[c], bm[c]));
-        _mm512_storeu_ps(tile_m(x) + c * 16, bm[c]);
-        sum[c] = _mm512_setzero_ps();
+        m[c] = _mm512_loadu_ps(tile_m(x) + c * 16);
+        bx[c] = neg_inf;
       }
-      const int np = (nk + 1) / 2;
-      for (int p = 0; p < np; ++p) {
-        const bool has_hi = 2 * p + 1 < nk;
+      for (int j = 0; j < nk; ++j)
         ESTREAM_UNROLL
-        for (int c = 0; c < kVecs; ++c) {
-          const __m512 lo = Exp2NonPositive(_mm512_sub_ps(_mm512_loadu_ps(st + 2 * p * kQ + c * 16), bm[c]));
-          sum[c] = _mm512_add_ps(sum[c], lo);
-          __m512 hi = _mm512_setzero_ps();
-          if (has_hi) {
-            hi = Exp2NonPositive(_mm512_sub_ps(_mm512_loadu_ps(st + (2 * p + 1) * kQ + c * 16), bm[c]));
-            sum[c] = _mm512_add_ps(sum[c], hi);
+        for (int c = 0; c < kVecs; ++c) bx[c] = _mm512_max_ps(bx[c], _mm512_loadu_ps(st + j * kQ + c * 16));
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c) {
+        const __m512 bm = _mm512_max_ps(m[c], bx[c]);
+        alpha[c] = Exp2Short(_mm512_sub_ps(m[c], bm));
+        cb[c] = Exp2Short(_mm512_sub_ps(bx[c], bm));
+        _mm512_storeu_ps(tile_m(x) + c * 16, bm);
+        sum[c] = _mm512_setzero_ps();
+        // Lane i's last visible key: min(nk - 1, q0 + 16 c + i - kb); none when negative.
+        const __m512i last = _mm512_min_epi32(_mm512_add_epi32(lane_ids, _mm512_set1_epi32(q0 + 16 * c - kb)),
+                                              _mm512_set1_epi32(nk - 1));
+        const __mmask16 sees = _mm512_cmpge_epi32_mask(last, _mm512_setzero_si512());
+        const __m512 mu = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), sees, last, sv + kLowpKeys, 4);
+        inv[c] = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(mu, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(255.0f), mu);
+        g[c] = _mm512_mul_ps(_mm512_mul_ps(cb[c], mu), _mm512_set1_ps(1.0f / 255.0f));
+      }
+      const int nq4 = (nk + 3) / 4;
+      for (int p = 0; p < nq4; ++p) {
+        const int kk = std::min(4, nk - 4 * p);
+        __m512i w[kVecs];
+        ESTREAM_UNROLL
+        for (int c = 0; c < kVecs; ++c) w[c] = _mm512_setzero_si512();
+        for (int k = 0; k < kk; ++k) {
+          const int j = 4 * p + k;
+          const __m512 svj = _mm512_set1_ps(sv[j]);
+          ESTREAM_UNROLL
+          for (int c = 0; c < kVecs; ++c) {
+            const __m512 e = Exp2Short(_mm512_sub_ps(_mm512_loadu_ps(st + j * kQ + c * 16), bx[c]));
+            sum[c] = _mm512_add_ps(sum[c], e);
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(e, _mm512_mul_ps(svj, inv[c])));
+            w[c] = _mm512_or_si512(w[c], _mm512_slli_epi32(q, 8 * k));
           }
-          const __m512i packed = _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-          _mm512_storeu_si512(p2 + p * kQ + c * 16, packed);
         }
+        ESTREAM_UNROLL
+        for (int c = 0; c < kVecs; ++c) _mm512_storeu_si512(p4 + p * kQ + c * 16, w[c]);
       }
       const bool first = kb == 0, last = kb + kLowpKeys >= q1;
       __m512 inv_l[kVecs];  // 1 / l, needed (and computed) in the tile's last key block only
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) {
-        const __m512 l = _mm512_fmadd_ps(_mm512_loadu_ps(tile_l(x) + c * 16), alpha[c], sum[c]);
+        const __m512 l = _mm512_fmadd_ps(_mm512_loadu_ps(tile_l(x) + c * 16), alpha[c], _mm512_mul_ps(cb[c], sum[c]));
         _mm512_storeu_ps(tile_l(x) + c * 16, l);
         inv_l[c] = last ? _mm512_div_ps(_mm512_set1_ps(1.0f), l) : l;
       }
       float* ot = tile_ot(x);
       auto pv = [&]<bool kFirst, bool kLast>() {
         ForTiles<kPvDims>(d, [&]<int R>(int c0) {
-          PvTile<R, kFirst, kLast>(vb + c0, d, p2, np, alpha, inv_l, ot + c0 * kQ);
+          PvTile<R, kFirst, kLast>(vb + c0, d, p4, nq4, alpha, g, inv_l, ot + c0 * kQ);
         });
       };
       if (first && last) pv.template operator()<true, true>();
