@@ -55,20 +55,33 @@ size_t AttentionLowpKvBytes(int head_dim, int n_tokens) {
   return blocks * LowpLayout(head_dim).block_bytes;
 }
 
-float LowpExp2(float x) {
+namespace {
+
+// 2^x for x <= 0 or -inf: n = rne(x), p(x - n) by Horner from the highest coefficient, scaled by
+// 2^n; below 2^-125 exactly 0.
+template <size_t N>
+float Exp2Horner(float x, const float (&coef)[N]) {
   x = std::max(x, -126.0f);  // -inf -> -126 (then 0)
   if (!(x >= -125.0f)) return 0.0f;
   const float n = std::nearbyint(x);
   const float f = x - n;
-  float p = 1.5252733804059840e-05f;
-  p = std::fma(p, f, 1.5403530393381609e-04f);
-  p = std::fma(p, f, 1.3333558146428443e-03f);
-  p = std::fma(p, f, 9.6181291076284772e-03f);
-  p = std::fma(p, f, 5.5504108664821580e-02f);
-  p = std::fma(p, f, 2.4022650695910071e-01f);
-  p = std::fma(p, f, 6.9314718055994531e-01f);
-  p = std::fma(p, f, 1.0f);
+  float p = coef[0];
+  for (size_t i = 1; i < N; ++i) p = std::fma(p, f, coef[i]);
   return std::ldexp(p, static_cast<int>(n));
+}
+
+}  // namespace
+
+float LowpExp2(float x) {
+  static constexpr float kCoef[] = {1.5252733804059840e-05f, 1.5403530393381609e-04f, 1.3333558146428443e-03f,
+                                    9.6181291076284772e-03f, 5.5504108664821580e-02f, 2.4022650695910071e-01f,
+                                    6.9314718055994531e-01f, 1.0f};
+  return Exp2Horner(x, kCoef);
+}
+
+float LowpExp2Short(float x) {
+  static constexpr float kCoef[] = {9.582852945e-03f, 5.590642616e-02f, 2.402409911e-01f, 6.931241751e-01f, 1.0f};
+  return Exp2Horner(x, kCoef);
 }
 
 // K as int8 (both LowpPv), V as `pv` says.
@@ -145,18 +158,6 @@ static void ConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_
   }
 }
 
-float LowpExp2Short(float x) {
-  x = std::max(x, -126.0f);
-  if (!(x >= -125.0f)) return 0.0f;
-  const float n = std::nearbyint(x);
-  const float f = x - n;
-  float p = 9.582852945e-03f;
-  p = std::fma(p, f, 5.590642616e-02f);
-  p = std::fma(p, f, 2.402409911e-01f);
-  p = std::fma(p, f, 6.931241751e-01f);
-  p = std::fma(p, f, 1.0f);
-  return std::ldexp(p, static_cast<int>(n));
-}
 
 void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
   ConvertKvRef(a, kv_head, block, kv, LowpPv::kBf16);
