@@ -247,8 +247,9 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
       const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(kc[c], inv));
       sum = _mm512_add_epi32(sum, x);
       const int rest = L.dp - 16 * c;
-      _mm_mask_storeu_epi8(row + 16 * c, rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1),
-                           _mm512_cvtepi32_epi8(x));
+      const __m128i x8 = _mm512_cvtepi32_epi8(x);
+      if (rest >= 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), x8);
+      else _mm_mask_storeu_epi8(row + 16 * c, static_cast<__mmask16>((1u << rest) - 1), x8);
     }
     corr[j] = 128 * _mm512_reduce_add_epi32(sum);
     sk[j] = am / 127.0f;
@@ -281,7 +282,9 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
         const __m512i x = _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv[4 * p + k])), _mm512_set1_epi32(0xFF));
         w = _mm512_or_si512(w, _mm512_slli_epi32(x, 8 * k));
       }
-      _mm512_mask_storeu_epi32(vb + static_cast<size_t>(p) * d + 16 * c, m, w);
+      uint32_t* dst = vb + static_cast<size_t>(p) * d + 16 * c;
+      if (16 * c + 16 <= d) _mm512_storeu_si512(dst, w);  // masked stores only in the last, partial chunk
+      else _mm512_mask_storeu_epi32(dst, m, w);
     }
 }
 
