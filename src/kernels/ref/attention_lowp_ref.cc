@@ -158,7 +158,6 @@ static void ConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_
   }
 }
 
-
 void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
   ConvertKvRef(a, kv_head, block, kv, LowpPv::kBf16);
 }
@@ -182,6 +181,7 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
   std::vector<float> sq(nq), m(nq, -std::numeric_limits<float>::infinity()), l(nq, 0.0f);
   std::vector<float> o(static_cast<size_t>(nq) * d, 0.0f), s(kLowpKeys), p(kLowpKeys);
   std::vector<int32_t> pi(kLowpKeys);
+  float (*exp2)(float) = pv == LowpPv::kInt8 ? LowpExp2Short : LowpExp2;
   for (int i = 0; i < nq; ++i) {
     const float* q = a.q + static_cast<int64_t>(t0 + i) * a.ldq + static_cast<int64_t>(head) * d;
     float amax = 0.0f;
@@ -209,7 +209,6 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
         bx = std::max(bx, s[j]);
       }
       const float bm = std::max(m[i], bx);
-      float (*exp2)(float) = pv == LowpPv::kInt8 ? LowpExp2Short : LowpExp2;
       const float alpha = exp2(m[i] - bm);
       m[i] = bm;
       float* oi = o.data() + static_cast<size_t>(i) * d;
@@ -262,17 +261,18 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
   }
 }
 
+static void BlockRef(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
+                     int t_end, LowpPv pv) {
+  for (int h = head_begin; h < head_end; ++h)
+    for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows) LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows), pv);
+}
 void AttentionBlockLowpRef(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
                            int t_end) {
-  for (int h = head_begin; h < head_end; ++h)
-    for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows)
-      LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows), LowpPv::kBf16);
+  BlockRef(a, kv, head_begin, head_end, t_begin, t_end, LowpPv::kBf16);
 }
 void AttentionBlockLowpRefInt8(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end,
                                int t_begin, int t_end) {
-  for (int h = head_begin; h < head_end; ++h)
-    for (int t0 = t_begin; t0 < t_end; t0 += kLowpRows)
-      LowpTileRef(a, kv, h, t0, std::min(t_end, t0 + kLowpRows), LowpPv::kInt8);
+  BlockRef(a, kv, head_begin, head_end, t_begin, t_end, LowpPv::kInt8);
 }
 
 void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, uint16_t*),

@@ -191,10 +191,11 @@ __attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t*
     ESTREAM_UNROLL
     for (int c = 0; c < kVecs; ++c) {
       const __m512 x = _mm512_cvtepi32_ps(acc[r][c]);
+      float* o_rc = ot + r * kLowpRows + c * 16;
       __m512 o = kFirst ? _mm512_mul_ps(x, g[c])
-                        : _mm512_fmadd_ps(x, g[c], _mm512_mul_ps(_mm512_loadu_ps(ot + r * kLowpRows + c * 16), alpha[c]));
+                        : _mm512_fmadd_ps(x, g[c], _mm512_mul_ps(_mm512_loadu_ps(o_rc), alpha[c]));
       if (kLast) o = _mm512_mul_ps(o, inv_l[c]);
-      _mm512_storeu_ps(ot + r * kLowpRows + c * 16, o);
+      _mm512_storeu_ps(o_rc, o);
     }
   }
 }
@@ -256,10 +257,10 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
   }
   // V as s8 per key: sv = max |v| / 127 over its dims (LowpLayout), 4 keys per word.
   float* sv = reinterpret_cast<float*>(blk + L.sv);
-  __m512 inv[kLowpKeys];
+  float inv[kLowpKeys];
   for (int j = 0; j < kLowpKeys; ++j) {
     const int key = block * kLowpKeys + j;
-    inv[j] = _mm512_setzero_ps();
+    inv[j] = 0.0f;
     sv[j] = 0.0f;
     if (key >= T) continue;
     const float* vr = v_head + static_cast<int64_t>(key) * a.ldv;
@@ -267,7 +268,7 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
     for (int c = 0; c < chunks; ++c)
       amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), vr + 16 * c)));
     const float am = _mm512_reduce_max_ps(amax);
-    inv[j] = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+    inv[j] = am > 0.0f ? 127.0f / am : 0.0f;
     sv[j] = am / 127.0f;
   }
   for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
@@ -279,8 +280,8 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
       __m512i w = _mm512_setzero_si512();
       for (int k = 0; k < 4 && 4 * p + k < nk; ++k) {
         const __m512 v = _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(4 * p + k) * a.ldv + 16 * c);
-        const __m512i x = _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv[4 * p + k])), _mm512_set1_epi32(0xFF));
-        w = _mm512_or_si512(w, _mm512_slli_epi32(x, 8 * k));
+        const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(inv[4 * p + k])));
+        w = _mm512_or_si512(w, _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0xFF)), 8 * k));
       }
       uint32_t* dst = vb + static_cast<size_t>(p) * d + 16 * c;
       if (16 * c + 16 <= d) _mm512_storeu_si512(dst, w);  // masked stores only in the last, partial chunk
@@ -458,7 +459,8 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
                                               _mm512_set1_epi32(nk - 1));
         const __mmask16 sees = _mm512_cmpge_epi32_mask(last, _mm512_setzero_si512());
         const __m512 mu = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), sees, last, sv + kLowpKeys, 4);
-        inv[c] = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(mu, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(255.0f), mu);
+        const __mmask16 pos = _mm512_cmp_ps_mask(mu, _mm512_setzero_ps(), _CMP_GT_OQ);
+        inv[c] = _mm512_maskz_div_ps(pos, _mm512_set1_ps(255.0f), mu);
         g[c] = _mm512_mul_ps(_mm512_mul_ps(cb[c], mu), _mm512_set1_ps(1.0f / 255.0f));
       }
       const int nq4 = (nk + 3) / 4;
