@@ -213,6 +213,7 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
   const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
   const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
   constexpr int kMaxChunks = 512 / 16;  // head_dim <= 512
+  constexpr int kAhead = 32;  // keys
   const int chunks = (d + 15) / 16;
   ESTREAM_CHECK(chunks <= kMaxChunks, "low-precision attention: head_dim above 512");
   __m512 mu[kMaxChunks];
@@ -225,68 +226,78 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
   }
   const __m512 nsv = _mm512_set1_ps(static_cast<float>(ns));
   for (int c = 0; c < chunks; ++c) mu[c] = _mm512_div_ps(mu[c], nsv);
-  for (int j = 0; j < kLowpKeys; ++j) {
-    const int key = block * kLowpKeys + j;
-    int8_t* row = ki + static_cast<size_t>(j) * L.dp;
-    if (key >= T) {
-      std::memset(row, 0, L.dp);
-      corr[j] = 0;
-      sk[j] = 0.0f;
-      continue;
-    }
-    const float* kr = k_head + static_cast<int64_t>(key) * a.ldk;
-    __m512 kc[kMaxChunks];
-    __m512 amax = _mm512_setzero_ps();
-    for (int c = 0; c < chunks; ++c) {
-      kc[c] = _mm512_sub_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), kr + 16 * c), mu[c]);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(kc[c]));
-    }
-    const float am = _mm512_reduce_max_ps(amax);
-    const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
-    __m512i sum = _mm512_setzero_si512();
-    for (int c = 0; c < chunks; ++c) {
-      const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(kc[c], inv));
-      sum = _mm512_add_epi32(sum, x);
-      const int rest = L.dp - 16 * c;
-      const __m128i x8 = _mm512_cvtepi32_epi8(x);
-      if (rest >= 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), x8);
-      else _mm_mask_storeu_epi8(row + 16 * c, static_cast<__mmask16>((1u << rest) - 1), x8);
-    }
-    corr[j] = 128 * _mm512_reduce_add_epi32(sum);
-    sk[j] = am / 127.0f;
-  }
-  // V as s8 per key: sv = max |v| / 127 over its dims (LowpLayout), 4 keys per word.
+  // Key by key: K quantised, and V's scale; after every 4 keys their V quad, while the rows are
+  // in L1. Rows are a.ldk / a.ldv floats apart (all heads of a token together: a page or more),
+  // which the hardware prefetchers do not follow, so both rows go to L2 kAhead keys ahead (into
+  // the next block near the end: a thread converts consecutive blocks of a head). To L2, not L1:
+  // rows a multiple of 4 KiB apart share L1 sets, and 64 rows in flight would evict each other.
+  // Without it the loads were 75% of the conversion and the conversion 27% of the kernel
+  // (OLMoE shape, T = 1024, 1 thread; docs/PERFORMANCE.md).
   float* sv = reinterpret_cast<float*>(blk + L.sv);
-  float inv[kLowpKeys];
-  for (int j = 0; j < kLowpKeys; ++j) {
-    const int key = block * kLowpKeys + j;
-    inv[j] = 0.0f;
-    sv[j] = 0.0f;
-    if (key >= T) continue;
-    const float* vr = v_head + static_cast<int64_t>(key) * a.ldv;
-    __m512 amax = _mm512_setzero_ps();
-    for (int c = 0; c < chunks; ++c)
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), vr + 16 * c)));
-    const float am = _mm512_reduce_max_ps(amax);
-    inv[j] = am > 0.0f ? 127.0f / am : 0.0f;
-    sv[j] = am / 127.0f;
-  }
-  for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
-  const float* v0 = v_head + static_cast<int64_t>(block) * kLowpKeys * a.ldv;
   const int nk = std::clamp(T - block * kLowpKeys, 0, kLowpKeys);
-  for (int p = 0; p < kLowpKeys / 4; ++p)
+  for (int p = 0; p < kLowpKeys / 4; ++p) {
+    __m512 vinv[4];
+    for (int k = 0; k < 4; ++k) {
+      const int j = 4 * p + k, key = block * kLowpKeys + j;
+      int8_t* row = ki + static_cast<size_t>(j) * L.dp;
+      vinv[k] = _mm512_setzero_ps();
+      if (key >= T) {
+        std::memset(row, 0, L.dp);
+        corr[j] = 0;
+        sk[j] = 0.0f;
+        sv[j] = 0.0f;
+        continue;
+      }
+      const float* kr = k_head + static_cast<int64_t>(key) * a.ldk;
+      const float* vr = v_head + static_cast<int64_t>(key) * a.ldv;
+      if (key + kAhead < T)
+        for (int c = 0; c < d; c += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * a.ldk + c), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(vr + kAhead * a.ldv + c), _MM_HINT_T1);
+        }
+      __m512 kc[kMaxChunks];
+      __m512 amax = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
+      for (int c = 0; c < chunks; ++c) {
+        const __mmask16 m = Tail16(d - 16 * c);
+        kc[c] = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, kr + 16 * c), mu[c]);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(kc[c]));
+        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, vr + 16 * c)));
+      }
+      const float am = _mm512_reduce_max_ps(amax);
+      const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+      __m512i sum = _mm512_setzero_si512();
+      for (int c = 0; c < chunks; ++c) {
+        const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(kc[c], inv));
+        sum = _mm512_add_epi32(sum, x);
+        const int rest = L.dp - 16 * c;
+        const __m128i x8 = _mm512_cvtepi32_epi8(x);
+        if (rest >= 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), x8);
+        else _mm_mask_storeu_epi8(row + 16 * c, static_cast<__mmask16>((1u << rest) - 1), x8);
+      }
+      corr[j] = 128 * _mm512_reduce_add_epi32(sum);
+      sk[j] = am / 127.0f;
+      // V as s8 per key: sv = max |v| / 127 over its dims (LowpLayout).
+      const float vm = _mm512_reduce_max_ps(vmax);
+      vinv[k] = _mm512_set1_ps(vm > 0.0f ? 127.0f / vm : 0.0f);
+      sv[j] = vm / 127.0f;
+    }
+    // The quad's V, 4 keys per word (keys beyond the sequence 0).
+    const int kk = std::clamp(nk - 4 * p, 0, 4);
+    const float* v0 = v_head + static_cast<int64_t>(block * kLowpKeys + 4 * p) * a.ldv;
     for (int c = 0; c < chunks; ++c) {
       const __mmask16 m = Tail16(d - 16 * c);
       __m512i w = _mm512_setzero_si512();
-      for (int k = 0; k < 4 && 4 * p + k < nk; ++k) {
-        const __m512 v = _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(4 * p + k) * a.ldv + 16 * c);
-        const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(inv[4 * p + k])));
+      for (int k = 0; k < kk; ++k) {
+        const __m512 v = _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(k) * a.ldv + 16 * c);
+        const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(v, vinv[k]));
         w = _mm512_or_si512(w, _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0xFF)), 8 * k));
       }
       uint32_t* dst = vb + static_cast<size_t>(p) * d + 16 * c;
       if (16 * c + 16 <= d) _mm512_storeu_si512(dst, w);  // masked stores only in the last, partial chunk
       else _mm512_mask_storeu_epi32(dst, m, w);
     }
+  }
+  for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
 }
 
 size_t AttentionLowpScratchBytes(int head_dim, int tiles) { return LowpScratch::Bytes(head_dim, tiles); }
