@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "base/cpu.h"
+#include "base/memory.h"
 #include "base/timer.h"
 #include "kernels/attention_lowp.h"
 #include "kernels/dispatch.h"
@@ -177,14 +179,20 @@ void BM_Attention(benchmark::State& state) {
     state.SkipWithError("ISA not available on this host");
     return;
   }
-  const std::vector<float> q = Random(static_cast<size_t>(t) * n_head * d, -1, 1, 1);
-  const std::vector<float> k = Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 2);
-  const std::vector<float> v = Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 3);
-  std::vector<float> out(static_cast<size_t>(t) * n_head * d);
+  // 64-byte aligned, as the engine's workspace buffers (model/blocks.cc) are.
+  auto aligned = [](const std::vector<float>& x) {
+    AlignedPtr<float> p = AllocAligned<float>(x.size());
+    std::copy(x.begin(), x.end(), p.get());
+    return p;
+  };
+  const AlignedPtr<float> q = aligned(Random(static_cast<size_t>(t) * n_head * d, -1, 1, 1));
+  const AlignedPtr<float> k = aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 2));
+  const AlignedPtr<float> v = aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 3));
+  const AlignedPtr<float> out = aligned(std::vector<float>(static_cast<size_t>(t) * n_head * d));
   const AttentionArgs a{.n_tokens = t, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = d,
-                        .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.data(), .ldq = n_head * d,
-                        .k = k.data(), .ldk = n_head_kv * d, .v = v.data(), .ldv = n_head_kv * d,
-                        .out = out.data(), .ldo = n_head * d, .allow_bf16 = amx || lowp || lowp_avx2};
+                        .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.get(), .ldq = n_head * d,
+                        .k = k.get(), .ldk = n_head_kv * d, .v = v.get(), .ldv = n_head_kv * d,
+                        .out = out.get(), .ldo = n_head * d, .allow_bf16 = amx || lowp || lowp_avx2};
   KernelTable kt = KernelsFor(isa);
 #if defined(__x86_64__)
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);

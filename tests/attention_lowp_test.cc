@@ -578,6 +578,41 @@ TEST(AttentionLowp, LongSequence) {
   }
 }
 
+// An output of 8 MiB or more with 64-byte aligned rows is written with non-temporal stores (the
+// AVX-512 kernel's finish_tile): the same bits as the plain stores of an unaligned output, every
+// row, and the row padding untouched.
+TEST(AttentionLowp, StreamedOutputEqualsPlainStores) {
+  SEED_TRACE();
+#if defined(__x86_64__)
+  if (HostIsa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  const Shape s{2050, 8, 2, 128};  // 2050 x 1024 floats: just over 8 MiB
+  const Problem p(s, 21, /*outliers=*/false);
+  const KernelTable kt = LowpAvx512Table(true);
+  const std::vector<float> plain = RunLowp(kt, p);  // ldo = 1031: plain stores
+  const int64_t ldo = static_cast<int64_t>(s.n_head) * s.head_dim + 16;
+  AlignedPtr<float> out = AllocAligned<float>(static_cast<size_t>(s.n_tokens) * ldo);
+  std::fill(out.get(), out.get() + static_cast<size_t>(s.n_tokens) * ldo, kNaN);
+  AttentionArgs a = p.Args(out.get());
+  a.ldo = ldo;
+  omp_set_num_threads(2);
+  AttentionPrefillWith(kt, a);
+  int errors = 0;
+  for (int t = 0; t < s.n_tokens && errors < 5; ++t) {
+    const float* got = out.get() + t * ldo;
+    const float* want = plain.data() + t * p.ldo;
+    for (int c = 0; c < s.n_head * s.head_dim + 16; ++c) {
+      const bool pad = c >= s.n_head * s.head_dim;
+      if (pad ? !std::isnan(got[c]) : std::memcmp(&got[c], &want[c], sizeof(float)) != 0) {
+        ADD_FAILURE() << "t=" << t << " c=" << c << " got " << got[c] << " want " << (pad ? kNaN : want[c]);
+        if (++errors >= 5) break;
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "x86 only";
+#endif
+}
+
 // Through AttentionPrefill, whatever follows a row cannot change it: the rows of a prefix equal
 // those of the whole sequence bit for bit, and so do rows computed from q_begin (a continuation
 // after its context); the first kLowpKeys rows are the fp32 kernel's. Ref table and the fast ones

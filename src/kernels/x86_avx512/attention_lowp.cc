@@ -58,14 +58,16 @@ inline __m512 Exp2Short(__m512 x) {
   return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
-// 16 x 16 transpose for TransposeBlock (attention_x86_impl.h), as in ops_avx512.cc.
+// 16 x 16 transpose for TransposeBlock (attention_x86_impl.h), as in ops_avx512.cc but without
+// the scale (always 1 here: the last PvTile already divided O by l). kStream: each output row's
+// 64 bytes as one non-temporal store where the rows are 64-byte aligned (finish_tile says when).
+template <bool kStream>
 struct TransposeTraits {
   static constexpr int kLanes = 16;
-  static void Transpose(const float* src, int64_t lds, float scale, float* dst, int64_t ldd) {
-    const __m512 sc = _mm512_set1_ps(scale);
+  static void Transpose(const float* src, int64_t lds, float /*scale*/, float* dst, int64_t ldd) {
     __m512 r[16], t[16];
     ESTREAM_UNROLL
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(_mm512_loadu_ps(src + i * lds), sc);
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
     ESTREAM_UNROLL
     for (int i = 0; i < 16; i += 2) {
       t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -85,12 +87,16 @@ struct TransposeTraits {
       t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
       t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
     }
+    auto store = [](float* p, __m512 x) {
+      if constexpr (kStream) _mm512_stream_ps(p, x);
+      else _mm512_storeu_ps(p, x);
+    };
     ESTREAM_UNROLL
     for (int j = 0; j < 4; ++j) {
-      _mm512_storeu_ps(dst + (j + 0) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
-      _mm512_storeu_ps(dst + (j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
-      _mm512_storeu_ps(dst + (j + 4) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
-      _mm512_storeu_ps(dst + (j + 12) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD));
+      store(dst + (j + 0) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+      store(dst + (j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
+      store(dst + (j + 4) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
+      store(dst + (j + 12) * ldd, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD));
     }
   }
 };
@@ -383,13 +389,22 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       std::fill(tile_l(x), tile_l(x) + kQ, 0.0f);
     }
   };
-  // out[q0 + i][c] = OT[c][i], OT already divided by l (the last block's PvTile).
+  // out[q0 + i][c] = OT[c][i], OT already divided by l (the last block's PvTile). Where the
+  // output is much larger than L2 (kStreamBytes) and its rows are 64-byte aligned, with
+  // non-temporal stores: every 64 bytes written is one whole line of a row that no other store
+  // of the call touches, and a plain store would first read the line from memory (~5% of the
+  // kernel, Qwen3 and OLMoE shapes at T = 1024 and 4096, 2 threads; docs/PERFORMANCE.md).
+  constexpr int64_t kStreamBytes = int64_t{8} << 20;
+  const bool stream_out = static_cast<int64_t>(a.n_tokens - a.q_begin) * a.ldo * 4 >= kStreamBytes && a.ldo % 16 == 0;
   auto finish_tile = [&](int x) {
     const int q0 = tile_q0(x);
     const int nq = std::min(kQ, t_end - q0);
     float* ot = tile_ot(x);
     float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
-    TransposeBlock<TransposeTraits>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
+    if (stream_out && reinterpret_cast<uintptr_t>(out_rows) % 64 == 0)
+      TransposeBlock<TransposeTraits<true>>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
+    else
+      TransposeBlock<TransposeTraits<false>>(ot, kQ, d, nq, 1.0f, out_rows, a.ldo);
   };
 
   const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -536,6 +551,7 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
       ++n;
     }
   if (n > 0) LowpGroupAvx512(a, kv, groups[(n - 1) % 2], nullptr);
+  _mm_sfence();  // the streamed output stores (finish_tile) before the caller's barrier
 }
 
 void FillAttentionLowpAvx512(KernelTable* t) {
