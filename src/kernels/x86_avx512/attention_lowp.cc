@@ -44,9 +44,10 @@ inline __mmask16 Tail16(int rest) { return rest >= 16 ? 0xFFFF : static_cast<__m
 
 // 2^x for x <= 0 or -inf (below 2^-125 exactly 0) as the fp32 kernel's (ops_avx512.cc) but with a
 // degree-4 polynomial: P is rounded to 8 bits after it, and the softmax is a quarter of the
-// kernel's instructions. LowpExp2Short in ref/ performs the same operations.
+// kernel's instructions. LowpExp2Short in ref/ gives the same bits: the reference clamps x at
+// -126 first, which changes nothing here, where the lanes below -125 (-inf, NaN: the compare is
+// false) are zeroed by the mask whatever the polynomial made of them.
 inline __m512 Exp2Short(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
@@ -490,24 +491,34 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         g[c] = _mm512_mul_ps(_mm512_mul_ps(cb[c], mu), _mm512_set1_ps(1.0f / 255.0f));
       }
       const int nq4 = (nk + 3) / 4;
+      // P of a quad of keys (values 0 .. 255 in int32 lanes) into one u8 quad per query: two
+      // saturating packs put, in each 128-bit lane, key k's 4 queries at bytes 4k .. 4k + 3, and
+      // a byte shuffle turns that 4 x 4 around (query i's key k at byte 4i + k).
+      const __m512i quad_order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
       for (int p = 0; p < nq4; ++p) {
         const int kk = std::min(4, nk - 4 * p);
-        __m512i w[kVecs];
-        ESTREAM_UNROLL
-        for (int c = 0; c < kVecs; ++c) w[c] = _mm512_setzero_si512();
-        for (int k = 0; k < kk; ++k) {
+        __m512i pk[4][kVecs];
+        for (int k = 0; k < 4; ++k) {
           const int j = 4 * p + k;
+          if (k >= kk) {
+            ESTREAM_UNROLL
+            for (int c = 0; c < kVecs; ++c) pk[k][c] = _mm512_setzero_si512();
+            continue;
+          }
           const __m512 svj = _mm512_set1_ps(sv[j]);
           ESTREAM_UNROLL
           for (int c = 0; c < kVecs; ++c) {
             const __m512 e = Exp2Short(_mm512_sub_ps(_mm512_loadu_ps(st + j * kQ + c * 16), bx[c]));
             sum[c] = _mm512_add_ps(sum[c], e);
-            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(e, _mm512_mul_ps(svj, inv[c])));
-            w[c] = _mm512_or_si512(w[c], _mm512_slli_epi32(q, 8 * k));
+            pk[k][c] = _mm512_cvtps_epi32(_mm512_mul_ps(e, _mm512_mul_ps(svj, inv[c])));
           }
         }
         ESTREAM_UNROLL
-        for (int c = 0; c < kVecs; ++c) _mm512_storeu_si512(p4 + p * kQ + c * 16, w[c]);
+        for (int c = 0; c < kVecs; ++c) {
+          const __m512i w = _mm512_packus_epi16(_mm512_packus_epi32(pk[0][c], pk[1][c]),
+                                                _mm512_packus_epi32(pk[2][c], pk[3][c]));
+          _mm512_storeu_si512(p4 + p * kQ + c * 16, _mm512_shuffle_epi8(w, quad_order));
+        }
       }
       const bool first = kb == 0, last = kb + kLowpKeys >= q1;
       __m512 inv_l[kVecs];  // 1 / l, needed (and computed) in the tile's last key block only
