@@ -393,8 +393,8 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   // out[q0 + i][c] = OT[c][i], OT already divided by l (the last block's PvTile). Where the
   // output is much larger than L2 (kStreamBytes) and its rows are 64-byte aligned, with
   // non-temporal stores: every 64 bytes written is one whole line of a row that no other store
-  // of the call touches, and a plain store would first read the line from memory (~5% of the
-  // kernel, Qwen3 and OLMoE shapes at T = 1024 and 4096, 2 threads; docs/PERFORMANCE.md).
+  // of the call touches, and a plain store would first read the line from memory (5-8% of the
+  // kernel at T = 1024, ~2% at 4096, Qwen3 and OLMoE shapes, 2 threads; docs/PERFORMANCE.md).
   constexpr int64_t kStreamBytes = int64_t{8} << 20;
   const bool stream_out = static_cast<int64_t>(a.n_tokens - a.q_begin) * a.ldo * 4 >= kStreamBytes && a.ldo % 16 == 0;
   auto finish_tile = [&](int x) {
@@ -494,7 +494,8 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       // P of a quad of keys (values 0 .. 255 in int32 lanes) into one u8 quad per query: two
       // saturating packs put, in each 128-bit lane, key k's 4 queries at bytes 4k .. 4k + 3, and
       // a byte shuffle turns that 4 x 4 around (query i's key k at byte 4i + k).
-      const __m512i quad_order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+      const __m512i quad_order =
+          _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
       for (int p = 0; p < nq4; ++p) {
         const int kk = std::min(4, nk - 4 * p);
         __m512i pk[4][kVecs];
