@@ -437,6 +437,36 @@ TEST(AttentionLowp, X86MatchesReference) {
   }
 }
 
+// Keys of some blocks scaled up so that their scores exceed every earlier one by far more than
+// kLowpRescale (log2 units) in most rows, and blocks after them back at the normal scale: the
+// int8 P.V path's running max then moves in some lanes of a tile and not in others, and some
+// blocks rescale no lane (the PV step's add without alpha). Fast paths equal to their reference;
+// the int8 reference within its bound of fp64.
+TEST(AttentionLowp, MaxJumpsMatchReferenceAndBound) {
+  SEED_TRACE();
+  uint32_t salt = 700;
+  for (const Shape& s : {Shape{300, 4, 2, 64}, Shape{517, 8, 1, 128}, Shape{640, 2, 2, 80}}) {
+    Problem p(s, salt++);
+    for (int t = 0; t < s.n_tokens; ++t) {
+      const int block = t / kLowpKeys;
+      const float f = block == 2 ? 8.0f : block == 5 ? 30.0f : block == 6 ? 4.0f : 1.0f;
+      for (int c = 0; c < s.n_head_kv * s.head_dim; ++c) p.k[t * p.ldk + c] *= f;
+    }
+    const std::vector<float> ref = RefRows(p, 0, s.n_tokens, LowpPv::kInt8);
+    for (const X86Path& path : X86Paths()) {
+      if (path.pv != LowpPv::kInt8) continue;
+      const std::vector<float> out = RunLowp(*path.kt, p);
+      Check(p, out, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
+            [](int, int) { return 0.0; }, path.name + " vs ref, jumping max " + Name(s));
+    }
+    std::vector<std::vector<Fp64Row>> want(s.n_tokens, std::vector<Fp64Row>(s.n_head));
+    for (int t = 0; t < s.n_tokens; ++t)
+      for (int h = 0; h < s.n_head; ++h) want[t][h] = Fp64RowAndBound(p, h, t);
+    Check(p, ref, 0, s.n_tokens, [&](int h, int t) { return want[t][h].o; },
+          [&](int h, int t) { return want[t][h].Tol(LowpPv::kInt8); }, "int8 ref vs fp64, jumping max " + Name(s));
+  }
+}
+
 // Both the reference and the fast path against fp64 attention within the stated bound, with and
 // without key outliers.
 TEST(AttentionLowp, MatchesFp64WithinStatedBound) {

@@ -38,11 +38,14 @@
 // u8 qi + 128 (vpdpbusd multiplies u8 by s8; the + 128 is removed exactly by corr_j). Then per
 // key block:
 //   S[j][i] = float(sum_d (qi + 128) ki_j - corr_j) * (sq_i sk_j)        (log2 units; int32 exact)
-//   causal mask; bx_i = the block's largest S of row i, running max m -> m' = max(m, bx),
-//   alpha = 2^(m - m'), then
-//   kBf16: P = 2^(S - m') (fp32, the fp32 kernel's degree-7 polynomial), l = l alpha + sum P,
+//   causal mask; bx_i = the block's largest S of row i, then
+//   kBf16: running max m -> m' = max(m, bx), alpha = 2^(m - m'),
+//          P = 2^(S - m') (fp32, the fp32 kernel's degree-7 polynomial), l = l alpha + sum P,
 //          O = O alpha + bf16(P) . bf16(V)       (exact products, fp32 sums);
-//   kInt8: e = 2^(S - bx) (a degree-4 polynomial, LowpExp2Short), c = 2^(bx - m'),
+//   kInt8: the running max lags: m' = bx only where bx > m + kLowpRescale (then alpha = 2^(m - bx)),
+//          else m' = m and alpha = 1 exactly, so O is rescaled only where the max jumps (after
+//          the first block: rarely) and c <= 2^kLowpRescale;
+//          e = 2^(S - bx) (a degree-4 polynomial, LowpExp2Short), c = 2^(bx - m'),
 //          l = l alpha + c sum_j e_j (fp32, from the unrounded e), M_i = pm of row i's last
 //          visible key (the largest V scale it sees), P_ij = rne(e_ij sv_j 255 / M_i) in [0, 255]
 //          (u8: the key's V scale folded into P, so that the int32 sums need no per-key factor),
@@ -88,6 +91,10 @@ struct KernelTable;
 
 constexpr int kLowpKeys = 64;  // keys per converted block (KernelTable::attention_kv_block_bf16)
 constexpr int kLowpRows = 64;  // query rows per tile (KernelTable::attention_rows_bf16)
+// P.V in int8: how far (log2 units) a key block's max may exceed the running max before O and l
+// are rescaled to it; below it they keep their scale (alpha = 1) and the block's weights carry
+// a factor of up to 2^8, far inside fp32's range.
+constexpr float kLowpRescale = 8.0f;
 
 // How a kernel multiplies P by V: bf16 operands (vdpbf16ps; fp32 FMAs on the same bf16 values
 // on AVX2) or u8 P against s8 V (vpdpbusd; the AVX-512 kernel).

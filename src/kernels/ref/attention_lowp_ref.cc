@@ -208,12 +208,14 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
         if (kb + j > t0 + i) s[j] = -std::numeric_limits<float>::infinity();
         bx = std::max(bx, s[j]);
       }
-      const float bm = std::max(m[i], bx);
-      const float alpha = exp2(m[i] - bm);
-      m[i] = bm;
       float* oi = o.data() + static_cast<size_t>(i) * d;
       if (pv == LowpPv::kInt8) {
-        const float cb = exp2(bx - bm);
+        // The running max moves only when the block's exceeds it by more than kLowpRescale
+        // (attention_lowp.h); alpha is then exactly 1 and O keeps its scale.
+        const bool rescale = bx > m[i] + kLowpRescale;
+        const float alpha = rescale ? exp2(m[i] - bx) : 1.0f;
+        if (rescale) m[i] = bx;
+        const float cb = exp2(bx - m[i]);
         const int last = std::min(nk - 1, t0 + i - kb);
         const float mu = last >= 0 ? sv[kLowpKeys + last] : 0.0f;
         const float inv = mu > 0.0f ? 255.0f / mu : 0.0f;
@@ -235,6 +237,9 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
         }
         continue;
       }
+      const float bm = std::max(m[i], bx);
+      const float alpha = exp2(m[i] - bm);
+      m[i] = bm;
       float sum = 0.0f;
       for (int j = 0; j < nk; ++j) {
         p[j] = LowpExp2(s[j] - bm);

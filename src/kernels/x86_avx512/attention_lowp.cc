@@ -169,12 +169,17 @@ __attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* c
   }
 }
 
+// How PvTile combines a key block's product with OT: kFirst, the tile's first key block: the
+// product alone (OT not read: the scratch is never cleared); kAdd: OT + product (no lane of the
+// tile rescales: alpha is 1 in all of them, and O * 1 = O exactly); kRescale: OT alpha + product.
+enum class PvMode { kFirst, kAdd, kRescale };
+
 // OT rows c0 .. c0 + R (head dims) = OT alpha + float(sum over nq4 key quads of P4 . VQ) g:
 // P4 u8 (4 keys per lane), VQ the s8 quad of the dim broadcast; per 4 keys one vpdpbusd per
-// accumulator (inline asm, out of line, for the reason given at QkTile). kFirst: the tile's first
-// key block, the product alone (OT not read: the scratch is never cleared); kLast: its last
-// block, the result stored times inv_l (1 / l): the normalisation without a pass of its own.
-template <int R, bool kFirst, bool kLast>
+// accumulator (inline asm, out of line, for the reason given at QkTile). kMode: as PvMode says;
+// kLast: the tile's last block, the result stored times inv_l (1 / l): the normalisation without
+// a pass of its own.
+template <int R, PvMode kMode, bool kLast>
 __attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t* p4, int nq4, const __m512* alpha,
                                       const __m512* g, const __m512* inv_l, float* ot) {
   __m512i acc[R][kVecs];
@@ -199,8 +204,10 @@ __attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t*
     for (int c = 0; c < kVecs; ++c) {
       const __m512 x = _mm512_cvtepi32_ps(acc[r][c]);
       float* o_rc = ot + r * kLowpRows + c * 16;
-      __m512 o = kFirst ? _mm512_mul_ps(x, g[c])
-                        : _mm512_fmadd_ps(x, g[c], _mm512_mul_ps(_mm512_loadu_ps(o_rc), alpha[c]));
+      __m512 o;
+      if constexpr (kMode == PvMode::kFirst) o = _mm512_mul_ps(x, g[c]);
+      else if constexpr (kMode == PvMode::kAdd) o = _mm512_fmadd_ps(x, g[c], _mm512_loadu_ps(o_rc));
+      else o = _mm512_fmadd_ps(x, g[c], _mm512_mul_ps(_mm512_loadu_ps(o_rc), alpha[c]));
       if (kLast) o = _mm512_mul_ps(o, inv_l[c]);
       _mm512_storeu_ps(o_rc, o);
     }
@@ -410,6 +417,8 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
 
   const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  alignas(64) float pw[kLowpKeys];  // sv_j 255 / M of block pw_block's full tiles
+  int pw_block = -1;
   start_tiles();
   // The next group's Q rows (contiguous heads of each row) go to L2 during this group's last
   // (tile, key block) steps, kPrefetchLines lines per step, so that its start_tiles finds them
@@ -462,10 +471,13 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
           _mm512_storeu_ps(s, _mm512_mask_mov_ps(_mm512_loadu_ps(s), below, neg_inf));
         }
       // Online softmax against the block's own maximum bx (per query): e = 2^(S - bx), c = 2^(bx
-      // - m) its scale in units of the new running max m, l grows by c sum e; the key's V scale is
-      // folded into P: with M the largest sv the query sees in the block (pm of its last visible
-      // key), P = rne(e (sv 255 / M)) as u8 and g = c M / 255.
+      // - m) its scale in units of the running max m, l grows by c sum e; m moves to bx only
+      // where bx > m + kLowpRescale (alpha = 1 elsewhere: then, in all 64 lanes, the PV step adds
+      // to OT without the product by alpha); the key's V scale is folded into P: with M the
+      // largest sv the query sees in the block (pm of its last visible key), P = rne(e (sv 255 /
+      // M)) as u8 and g = c M / 255.
       __m512 m[kVecs], bx[kVecs], alpha[kVecs], cb[kVecs], sum[kVecs], g[kVecs], inv[kVecs];
+      __mmask16 rescale_any = 0;
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) {
         m[c] = _mm512_loadu_ps(tile_m(x) + c * 16);
@@ -474,20 +486,38 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       for (int j = 0; j < nk; ++j)
         ESTREAM_UNROLL
         for (int c = 0; c < kVecs; ++c) bx[c] = _mm512_max_ps(bx[c], _mm512_loadu_ps(st + j * kQ + c * 16));
+      // Where every row sees the whole block (all but the diagonal blocks), M is the block's
+      // largest V scale in every lane, and sv_j 255 / M is one number per key (pw, computed once
+      // per block and group): no per-lane gather, division or product.
+      const bool full = kb + kLowpKeys <= q0 + 1;
+      if (full && pw_block != kb) {
+        const float pm = sv[2 * kLowpKeys - 1];
+        const __m512 inv_pm = _mm512_set1_ps(pm > 0.0f ? 255.0f / pm : 0.0f);
+        ESTREAM_UNROLL
+        for (int j = 0; j < kLowpKeys; j += 16) _mm512_store_ps(pw + j, _mm512_mul_ps(_mm512_loadu_ps(sv + j), inv_pm));
+        pw_block = kb;
+      }
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) {
-        const __m512 bm = _mm512_max_ps(m[c], bx[c]);
-        alpha[c] = Exp2Short(_mm512_sub_ps(m[c], bm));
+        const __mmask16 resc = _mm512_cmp_ps_mask(bx[c], _mm512_add_ps(m[c], _mm512_set1_ps(kLowpRescale)), _CMP_GT_OQ);
+        rescale_any |= resc;
+        const __m512 bm = _mm512_mask_mov_ps(m[c], resc, bx[c]);
+        alpha[c] = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), resc, Exp2Short(_mm512_sub_ps(m[c], bx[c])));
         cb[c] = Exp2Short(_mm512_sub_ps(bx[c], bm));
         _mm512_storeu_ps(tile_m(x) + c * 16, bm);
         sum[c] = _mm512_setzero_ps();
-        // Lane i's last visible key: min(nk - 1, q0 + 16 c + i - kb); none when negative.
-        const __m512i last = _mm512_min_epi32(_mm512_add_epi32(lane_ids, _mm512_set1_epi32(q0 + 16 * c - kb)),
-                                              _mm512_set1_epi32(nk - 1));
-        const __mmask16 sees = _mm512_cmpge_epi32_mask(last, _mm512_setzero_si512());
-        const __m512 mu = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), sees, last, sv + kLowpKeys, 4);
-        const __mmask16 pos = _mm512_cmp_ps_mask(mu, _mm512_setzero_ps(), _CMP_GT_OQ);
-        inv[c] = _mm512_maskz_div_ps(pos, _mm512_set1_ps(255.0f), mu);
+        __m512 mu;
+        if (full) {
+          mu = _mm512_set1_ps(sv[2 * kLowpKeys - 1]);
+        } else {
+          // Lane i's last visible key: min(nk - 1, q0 + 16 c + i - kb); none when negative.
+          const __m512i last = _mm512_min_epi32(_mm512_add_epi32(lane_ids, _mm512_set1_epi32(q0 + 16 * c - kb)),
+                                                _mm512_set1_epi32(nk - 1));
+          const __mmask16 sees = _mm512_cmpge_epi32_mask(last, _mm512_setzero_si512());
+          mu = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), sees, last, sv + kLowpKeys, 4);
+          const __mmask16 pos = _mm512_cmp_ps_mask(mu, _mm512_setzero_ps(), _CMP_GT_OQ);
+          inv[c] = _mm512_maskz_div_ps(pos, _mm512_set1_ps(255.0f), mu);
+        }
         g[c] = _mm512_mul_ps(_mm512_mul_ps(cb[c], mu), _mm512_set1_ps(1.0f / 255.0f));
       }
       const int nq4 = (nk + 3) / 4;
@@ -506,12 +536,12 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
             for (int c = 0; c < kVecs; ++c) pk[k][c] = _mm512_setzero_si512();
             continue;
           }
-          const __m512 svj = _mm512_set1_ps(sv[j]);
+          const __m512 svj = _mm512_set1_ps(full ? pw[j] : sv[j]);
           ESTREAM_UNROLL
           for (int c = 0; c < kVecs; ++c) {
             const __m512 e = Exp2Short(_mm512_sub_ps(_mm512_loadu_ps(st + j * kQ + c * 16), bx[c]));
             sum[c] = _mm512_add_ps(sum[c], e);
-            pk[k][c] = _mm512_cvtps_epi32(_mm512_mul_ps(e, _mm512_mul_ps(svj, inv[c])));
+            pk[k][c] = _mm512_cvtps_epi32(_mm512_mul_ps(e, full ? svj : _mm512_mul_ps(svj, inv[c])));
           }
         }
         ESTREAM_UNROLL
@@ -530,15 +560,18 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         inv_l[c] = last ? _mm512_div_ps(_mm512_set1_ps(1.0f), l) : l;
       }
       float* ot = tile_ot(x);
-      auto pv = [&]<bool kFirst, bool kLast>() {
+      auto pv = [&]<PvMode kMode, bool kLast>() {
         ForTiles<kPvDims>(d, [&]<int R>(int c0) {
-          PvTile<R, kFirst, kLast>(vb + c0, d, p4, nq4, alpha, g, inv_l, ot + c0 * kQ);
+          PvTile<R, kMode, kLast>(vb + c0, d, p4, nq4, alpha, g, inv_l, ot + c0 * kQ);
         });
       };
-      if (first && last) pv.template operator()<true, true>();
-      else if (first) pv.template operator()<true, false>();
-      else if (last) pv.template operator()<false, true>();
-      else pv.template operator()<false, false>();
+      auto pv_mode = [&]<bool kLast>() {
+        if (first) pv.template operator()<PvMode::kFirst, kLast>();
+        else if (rescale_any != 0) pv.template operator()<PvMode::kRescale, kLast>();
+        else pv.template operator()<PvMode::kAdd, kLast>();
+      };
+      if (last) pv_mode.template operator()<true>();
+      else pv_mode.template operator()<false>();
       if (last) finish_tile(x);
     }
   }
