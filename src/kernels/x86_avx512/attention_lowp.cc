@@ -490,8 +490,8 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       // largest V scale in every lane, and sv_j 255 / M is one number per key (pw, computed once
       // per block and group): no per-lane gather, division or product.
       const bool full = kb + kLowpKeys <= q0 + 1;
+      const float pm = sv[2 * kLowpKeys - 1];  // the block's largest V scale
       if (full && pw_block != kb) {
-        const float pm = sv[2 * kLowpKeys - 1];
         const __m512 inv_pm = _mm512_set1_ps(pm > 0.0f ? 255.0f / pm : 0.0f);
         ESTREAM_UNROLL
         for (int j = 0; j < kLowpKeys; j += 16) _mm512_store_ps(pw + j, _mm512_mul_ps(_mm512_loadu_ps(sv + j), inv_pm));
@@ -508,7 +508,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         sum[c] = _mm512_setzero_ps();
         __m512 mu;
         if (full) {
-          mu = _mm512_set1_ps(sv[2 * kLowpKeys - 1]);
+          mu = _mm512_set1_ps(pm);
         } else {
           // Lane i's last visible key: min(nk - 1, q0 + 16 c + i - kb); none when negative.
           const __m512i last = _mm512_min_epi32(_mm512_add_epi32(lane_ids, _mm512_set1_epi32(q0 + 16 * c - kb)),
@@ -536,12 +536,13 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
             for (int c = 0; c < kVecs; ++c) pk[k][c] = _mm512_setzero_si512();
             continue;
           }
-          const __m512 svj = _mm512_set1_ps(full ? pw[j] : sv[j]);
+          // P's factor sv_j 255 / M: one number in a full block, sv_j times the lane's 255 / M else.
+          const __m512 fj = _mm512_set1_ps(full ? pw[j] : sv[j]);
           ESTREAM_UNROLL
           for (int c = 0; c < kVecs; ++c) {
             const __m512 e = Exp2Short(_mm512_sub_ps(_mm512_loadu_ps(st + j * kQ + c * 16), bx[c]));
             sum[c] = _mm512_add_ps(sum[c], e);
-            pk[k][c] = _mm512_cvtps_epi32(_mm512_mul_ps(e, full ? svj : _mm512_mul_ps(svj, inv[c])));
+            pk[k][c] = _mm512_cvtps_epi32(_mm512_mul_ps(e, full ? fj : _mm512_mul_ps(fj, inv[c])));
           }
         }
         ESTREAM_UNROLL
