@@ -33,6 +33,9 @@
 #include "base/fp16.h"
 #include "base/memory.h"
 #include "kernels/kernels.h"
+#if defined(__x86_64__)
+#include "kernels/x86_avx512/gemm_avx512.h"
+#endif
 #include "quant/quant.h"
 
 namespace estream::kernels {
@@ -291,6 +294,34 @@ void RegisterProjections() {
         }
 }
 
+#if defined(__x86_64__)
+// micro/q4_0_packed/4x3/blocks:B: the AVX-512 Q4_0 micro-kernel alone on one tile (4 rows x 48
+// weight rows over B blocks: ~14 KiB at B = 28, the GEMM's k chunk for Q4_0), all of it in L1,
+// one thread: the kernel's own rate, to set beside gemm/... (the loop nest and memory around it)
+// and peak/vpdpbusd_epilogue_mix_zmm (bench/peak_bench: the bound of its instruction mix).
+void BM_Micro(benchmark::State& state, int64_t blocks) {
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
+    state.SkipWithError("this CPU lacks AVX-512 VNNI");
+    return;
+  }
+  constexpr int64_t kK = 2048, kReps = 1000;
+  const WeightView& w = GetWeights(QuantType::kQ4_0, true, 48, kK, false)[0];
+  std::vector<float> x(4 * kK);
+  uint64_t s = 777;
+  for (float& v : x) v = static_cast<float>(static_cast<int64_t>(Next(&s) % 2001) - 1000) * 1e-3f;
+  std::vector<BlockQ8A> xq(ActivationBytes(4, kK) / sizeof(BlockQ8A));
+  QuantizeActivations(x.data(), kK, 4, kK, xq.data());
+  alignas(64) float y[4 * 48];
+  for (auto _ : state) {
+    RunQ4_0MicroForBench(static_cast<const uint8_t*>(w.data), kK, xq.data(), blocks, kReps, y);
+    benchmark::DoNotOptimize(y);
+  }
+  const double ops = 2.0 * 4 * 48 * 32 * blocks * kReps * static_cast<double>(state.iterations());
+  state.counters["Gops"] = benchmark::Counter(ops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["pct_peak"] = benchmark::Counter(100.0 * ops / 1e9 / PeakPerCore(true), benchmark::Counter::kIsRate);
+}
+#endif
+
 }  // namespace
 }  // namespace estream::kernels
 
@@ -320,6 +351,10 @@ int main(int argc, char** argv) {
   Register(QuantType::kF16, false, Mode::kMatMul, "f16");
   Register(QuantType::kBF16, false, Mode::kMatMul, "bf16");
   RegisterProjections();
+#if defined(__x86_64__)
+  for (int64_t blocks : {8, 28})
+    benchmark::RegisterBenchmark(("micro/q4_0_packed/4x3/blocks:" + std::to_string(blocks)).c_str(), BM_Micro, blocks);
+#endif
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -589,4 +589,20 @@ void FillAvx512GemmWith(KernelTable* t, bool use_amx) {
 
 void FillAvx512Gemm(KernelTable* t) { FillAvx512GemmWith(t, AmxUsable()); }
 
+void RunQ4_0MicroForBench(const uint8_t* w, int64_t k, const BlockQ8A* x, int64_t blocks, int64_t reps, float* y) {
+  constexpr QuantType kT = PackedFormat(QuantType::kQ4_0);
+  const int64_t kb = k / 32, panel_stride = PackedPanelBytes(kT, k);
+  ESTREAM_CHECK(blocks > 0 && blocks <= kb, "RunQ4_0MicroForBench: blocks out of range");
+  std::vector<XAux> aux(static_cast<size_t>(4 * kb));
+  BuildAux<kT>(x, 4 * kb, aux.data());
+  AlignedPtr<float> scales(static_cast<float*>(AlignedAlloc(64, 3 * blocks * kScaleVecs<kT> * 16 * sizeof(float))));
+  ESTREAM_CHECK(scales != nullptr, "RunQ4_0MicroForBench: out of memory");
+  PanelScales<kT>(w, panel_stride, 3, kb, 0, blocks, scales.get());
+  const __mmask16 mask[3] = {0xFFFF, 0xFFFF, 0xFFFF};
+  for (int64_t r = 0; r < reps; ++r) {
+    Micro<kT, 4, 3>(w, panel_stride, scales.get(), x, aux.data(), kb, 0, blocks, y, 48, mask, false);
+    __asm__ volatile("" : : "r"(y) : "memory");  // each call's stores are kept
+  }
+}
+
 }  // namespace estream::kernels

@@ -39,6 +39,13 @@ bool AmxUsable();
 // uses AmxUsable(). Tests fill both.
 void FillAvx512GemmWith(KernelTable* t, bool use_amx);
 
+// bench/gemm_bench only: `reps` calls of the Q4_0 vpdpbusd micro-kernel on one tile (4 rows of x
+// by the first 3 panels of the packed weights w of k values, blocks [0, blocks)), its scales and
+// row data prepared once: data that small stays in L1, so this is the kernel's own rate without
+// the loop nest and the memory hierarchy around it (its bound: peak/vpdpbusd_epilogue_mix_zmm).
+// x: 4 rows of k / 32 blocks; y: 4 x 48 floats. REQUIRES: AVX-512 VNNI, blocks <= k / 32.
+void RunQ4_0MicroForBench(const uint8_t* w, int64_t k, const BlockQ8A* x, int64_t blocks, int64_t reps, float* y);
+
 // Types the AMX path handles (Q4_0, Q8_0, Q4_K; Q6_K's 16-value scales stay on vpdpbusd).
 constexpr bool AmxHandles(QuantType t) {
   return t == QuantType::kQ4_0 || t == QuantType::kQ8_0 || t == QuantType::kQ4_K;
