@@ -296,7 +296,7 @@ void RegisterProjections() {
 
 #if defined(__x86_64__)
 // micro/q4_0_packed/4x3/blocks:B: the AVX-512 Q4_0 micro-kernel alone on one tile (4 rows x 48
-// weight rows over B blocks: ~14 KiB at B = 28, the GEMM's k chunk for Q4_0), all of it in L1,
+// weight rows over B blocks: ~24 KiB of weights at B = 28, the GEMM's k chunk for Q4_0), in L1,
 // one thread: the kernel's own rate, to set beside gemm/... (the loop nest and memory around it)
 // and peak/vpdpbusd_epilogue_mix_zmm (bench/peak_bench: the bound of its instruction mix).
 void BM_Micro(benchmark::State& state, int64_t blocks) {
