@@ -6,6 +6,8 @@
 // x86 with AVX-512: 24 accumulators zmm0..23, sources zmm24..25. Op counts (1 op = one multiply or
 // one add): vpdpbusd zmm = 64 u8 x s8 products + 64 adds = 128 ops; vdpbf16ps zmm = 32 bf16
 // products + 32 adds = 64 flops; vfmadd231ps zmm = 32 flops.
+// peak/vpdpbusd_epilogue_mix_zmm adds the GEMM micro-kernel's per-block float operations to the
+// vpdpbusd loop (ES_MIX_BODY below) and counts the vpdpbusd ops only.
 // x86 without AVX-512 (16 ymm registers, VEX): 14 accumulators ymm0..13, sources ymm14..15.
 // vpdpbusd ymm (AVX-VNNI) = 64 ops; vfmadd231ps ymm = 16 flops; and on AVX2 hosts without
 // AVX-VNNI the int8 dot product that the AVX2 kernels use instead (kernels/x86_avx2/gemm_avx2.cc):
@@ -43,23 +45,28 @@ namespace {
 #define ES_CLOBBERS                                                                                     \
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
       "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",     \
-      "xmm24", "xmm25", "cc"
+      "xmm24", "xmm25", "xmm26", "xmm27", "eax", "cc"
 
-// `iters` iterations of 24 instructions each. Both sources hold the 32-bit pattern `src`:
-// bytes of 1 for vpdpbusd, bf16 pairs of 1.0 and fp32 1.0 for the float units (normal numbers:
-// denormal operands would take microcode assists and measure those instead).
-#define ES_PEAK_FN(NAME, BODY)                                                      \
+// `iters` iterations of LOOP (24 instructions in the single-instruction loops). Both sources
+// zmm24, zmm25 hold the 32-bit pattern `src`: bytes of 1 for vpdpbusd, bf16 pairs of 1.0 and fp32
+// 1.0 for the float units (normal numbers: denormal operands would take microcode assists and
+// measure those instead); zmm26, zmm27 hold fp32 1.0 for the float operations of a mixed loop.
+#define ES_PEAK_LOOP(NAME, LOOP)                                                    \
   __attribute__((target("avx512f,avx512bw,avx512vnni,avx512bf16"))) void NAME(int64_t iters, uint32_t src) { \
     __asm__ volatile(                                                               \
         ES_REP24(ES_ZERO)                                                           \
         "vpbroadcastd %1, %%zmm24\n\t"                                              \
         "vmovdqa64 %%zmm24, %%zmm25\n\t"                                            \
-        "1:\n\t" ES_REP24(BODY) "dec %0\n\t"                                        \
+        "mov $0x3F800000, %%eax\n\t"                                                \
+        "vpbroadcastd %%eax, %%zmm26\n\t"                                           \
+        "vmovdqa64 %%zmm26, %%zmm27\n\t"                                            \
+        "1:\n\t" LOOP "dec %0\n\t"                                                  \
         "jnz 1b\n\t"                                                                \
         : "+r"(iters)                                                               \
         : "r"(src)                                                                  \
         : ES_CLOBBERS);                                                             \
   }
+#define ES_PEAK_FN(NAME, BODY) ES_PEAK_LOOP(NAME, ES_REP24(BODY))
 
 ES_PEAK_FN(LoopDpbusd, ES_DPBUSD)
 ES_PEAK_FN(LoopDpbf16, ES_DPBF16)
@@ -68,7 +75,7 @@ ES_PEAK_FN(LoopFma, ES_FMA)
 // The quantised GEMM micro-kernel's instruction mix (kernels/x86_avx512/gemm_avx512.cc: per
 // 32-value block and output vector, 8 vpdpbusd, then the conversion, the scale product and the
 // fused add): 16 vpdpbusd into zmm0..15, 2 vcvtdq2ps (zmm20, 21), 2 vmulps (zmm16, 17) and 2
-// vfmadd231ps into zmm18, 19, on float sources of 1.0 in zmm26, 27. Its vpdpbusd rate against
+// vfmadd231ps into zmm18, 19, on the fp32 sources zmm26, 27. Its vpdpbusd rate against
 // peak/vpdpbusd_zmm is the bound of that kernel on this host: 8/10 where the multiplies share the
 // vpdpbusd ports (AMD Zen 5 measured so), 1 where they do not.
 #define ES_MIX_DP(i) "vpdpbusd %%zmm24, %%zmm25, %%zmm" #i "\n\t"
@@ -80,20 +87,7 @@ ES_PEAK_FN(LoopFma, ES_FMA)
   "vcvtdq2ps %%zmm25, %%zmm21\n\t" "vmulps %%zmm26, %%zmm27, %%zmm17\n\t"               \
   "vfmadd231ps %%zmm26, %%zmm27, %%zmm19\n\t"
 
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void LoopDpbusdEpilogue(int64_t iters, uint32_t src) {
-  __asm__ volatile(
-      ES_REP24(ES_ZERO)
-      "vpbroadcastd %1, %%zmm24\n\t"
-      "vmovdqa64 %%zmm24, %%zmm25\n\t"
-      "mov $0x3F800000, %%eax\n\t"
-      "vpbroadcastd %%eax, %%zmm26\n\t"
-      "vmovdqa64 %%zmm26, %%zmm27\n\t"
-      "1:\n\t" ES_MIX_BODY "dec %0\n\t"
-      "jnz 1b\n\t"
-      : "+r"(iters)
-      : "r"(src)
-      : ES_CLOBBERS, "xmm26", "xmm27", "eax");
-}
+ES_PEAK_LOOP(LoopDpbusdEpilogue, ES_MIX_BODY)
 
 #define ES_REP14(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13)
 #define ES_REP6(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5)
