@@ -22,10 +22,24 @@
 // v0..v23, sources v24, v25): sdot v.4s = 16 s8 x s8 products + 16 adds = 32 ops; smmla v.4s
 // (2x8 by 8x2 int8 matrices) = 32 products + 32 adds = 64 ops; fmla v.4s = 8 flops. A loop whose
 // extension the CPU lacks (CPUID, HWCAP) reports an error instead of running.
+//
+// And the memory the loads of the kernels meet (portable C++; the part of a kernel that waits on
+// memory grows and shrinks with the host's memory contention, so its state belongs beside the
+// compute peaks of the day: docs/PERFORMANCE.md, "Machine B, 2026-12-04 (fifth session)"):
+//   mem/read_seq: each thread sums its half of a 256 MiB buffer in order; `bytes` = GB/s summed
+//     over the threads (what the hardware prefetchers sustain for a stream such as the weights).
+//   mem/page_hop: a chain of dependent loads, each to a new 4 KiB page of a 256 MiB buffer in a
+//     random order (beyond the TLBs' reach); `ns` per load: what a strided row costs that no
+//     prefetch covered (on a VM with the nested page walk).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
 #if defined(__aarch64__)
 #include <sys/auxv.h>
 #endif
@@ -226,6 +240,58 @@ BENCHMARK(BM_Peak<LoopSdot, 32, 0x01010101u>)->Name("peak/sdot_4s")->Threads(1)-
 BENCHMARK(BM_Peak<LoopSmmla, 64, 0x01010101u>)->Name("peak/smmla_4s")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopFmla, 8, 0x3F800000u>)->Name("peak/fmla_4s")->Threads(1)->Threads(2)->UseRealTime();
 #endif
+
+constexpr size_t kMemBytes = size_t{256} << 20;
+
+// The buffer of the memory benchmarks, filled once (shared by the threads, read only).
+const uint64_t* MemBuffer() {
+  static const std::vector<uint64_t> buf = [] {
+    std::vector<uint64_t> b(kMemBytes / sizeof(uint64_t));
+    std::iota(b.begin(), b.end(), uint64_t{1});
+    return b;
+  }();
+  return buf.data();
+}
+
+void BM_MemReadSeq(benchmark::State& state) {
+  const size_t words = kMemBytes / sizeof(uint64_t) / static_cast<size_t>(state.threads());
+  const uint64_t* part = MemBuffer() + words * static_cast<size_t>(state.thread_index());
+  uint64_t sum = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    for (size_t i = 0; i < words; i += 4) sum += part[i] + part[i + 1] + part[i + 2] + part[i + 3];
+    benchmark::DoNotOptimize(sum);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["bytes"] = static_cast<double>(state.iterations()) * words * sizeof(uint64_t) / s;
+}
+BENCHMARK(BM_MemReadSeq)->Name("mem/read_seq")->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_MemPageHop(benchmark::State& state) {
+  constexpr size_t kPage = 4096, kPages = kMemBytes / kPage, kWordsPerPage = kPage / sizeof(uint64_t);
+  // next[p] = the page after p in a random cycle over all pages; each hop reads a word of the
+  // page at a random line, which holds the next page's index.
+  std::vector<uint32_t> order(kPages);
+  std::iota(order.begin(), order.end(), 0u);
+  std::mt19937 rng(12345);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<uint64_t> buf(kMemBytes / sizeof(uint64_t));
+  std::uniform_int_distribution<size_t> line(0, kPage / 64 - 1);
+  auto slot = [&](uint32_t page) { return page * kWordsPerPage + line(rng) * 8; };
+  std::vector<size_t> where(kPages);
+  for (size_t i = 0; i < kPages; ++i) where[order[i]] = slot(order[i]);
+  for (size_t i = 0; i < kPages; ++i) buf[where[order[i]]] = where[order[(i + 1) % kPages]];
+  constexpr int64_t kHops = 1 << 16;
+  size_t at = where[order[0]];
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    for (int64_t h = 0; h < kHops; ++h) at = static_cast<size_t>(buf[at]);
+    benchmark::DoNotOptimize(at);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["ns"] = s * 1e9 / (static_cast<double>(state.iterations()) * kHops);
+}
+BENCHMARK(BM_MemPageHop)->Name("mem/page_hop")->UseRealTime();
 
 }  // namespace
 
