@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -269,8 +268,8 @@ BENCHMARK(BM_MemReadSeq)->Name("mem/read_seq")->Threads(1)->Threads(2)->UseRealT
 
 void BM_MemPageHop(benchmark::State& state) {
   constexpr size_t kPage = 4096, kPages = kMemBytes / kPage, kWordsPerPage = kPage / sizeof(uint64_t);
-  // next[p] = the page after p in a random cycle over all pages; each hop reads a word of the
-  // page at a random line, which holds the next page's index.
+  // The pages in a random cycle (order); each hop reads the word at a random line of its page,
+  // which holds the index of the next hop's word.
   std::vector<uint32_t> order(kPages);
   std::iota(order.begin(), order.end(), 0u);
   std::mt19937 rng(12345);
