@@ -274,14 +274,13 @@ void BM_MemPageHop(benchmark::State& state) {
   std::iota(order.begin(), order.end(), 0u);
   std::mt19937 rng(12345);
   std::shuffle(order.begin(), order.end(), rng);
-  std::vector<uint64_t> buf(kMemBytes / sizeof(uint64_t));
   std::uniform_int_distribution<size_t> line(0, kPage / 64 - 1);
-  auto slot = [&](uint32_t page) { return page * kWordsPerPage + line(rng) * 8; };
-  std::vector<size_t> where(kPages);
-  for (size_t i = 0; i < kPages; ++i) where[order[i]] = slot(order[i]);
-  for (size_t i = 0; i < kPages; ++i) buf[where[order[i]]] = where[order[(i + 1) % kPages]];
+  std::vector<size_t> hop(kPages);  // the word read by hop i (page order[i])
+  for (size_t i = 0; i < kPages; ++i) hop[i] = order[i] * kWordsPerPage + line(rng) * 8;
+  std::vector<uint64_t> buf(kMemBytes / sizeof(uint64_t));
+  for (size_t i = 0; i < kPages; ++i) buf[hop[i]] = hop[(i + 1) % kPages];
   constexpr int64_t kHops = 1 << 16;
-  size_t at = where[order[0]];
+  size_t at = hop[0];
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     for (int64_t h = 0; h < kHops; ++h) at = static_cast<size_t>(buf[at]);
