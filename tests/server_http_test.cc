@@ -251,6 +251,22 @@ TEST(ServerHttp, BodyOverTheLimitIs413) {
   EXPECT_EQ(Post(f.port(), "/v1/embeddings", R"({"input": [1]})").status, 200);
 }
 
+// curl -d sends a JSON body as application/x-www-form-urlencoded; cpp-httplib alone would refuse
+// such a body over 8 KiB with a bare 413. Every route reads it as JSON up to --max-body.
+TEST(ServerHttp, FormEncodedJsonBodyIsReadAsJsonUpToTheLimit) {
+  ServerOptions o = Opts();
+  o.max_body_bytes = 64 * 1024;
+  Fixture f(o);
+  const std::string body = R"({"input": [1], "user": ")" + std::string(20000, 'x') + "\"}";
+  const std::string form = "application/x-www-form-urlencoded";
+  auto r = Post(f.port(), "/v1/embeddings", body, "", 30000, form);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["object"], "list");
+  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", R"({"input": )", "", 30000, form), 400);
+  const std::string over = R"({"input": [1], "user": ")" + std::string(70000, 'x') + "\"}";
+  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", over, "", 30000, form), 413);
+}
+
 TEST(ServerHttp, FullQueueIs429WithRetryAfter) {
   Fixture f(Opts(256, /*max_queue=*/2));
   f.fake.close();

@@ -113,12 +113,12 @@ struct HttpResult {
 };
 
 inline HttpResult Post(int port, const std::string& path, const std::string& body, const std::string& key = "",
-                       int read_timeout_ms = 30000) {
+                       int read_timeout_ms = 30000, const std::string& content_type = "application/json") {
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(read_timeout_ms / 1000, (read_timeout_ms % 1000) * 1000);
   httplib::Headers h;
   if (!key.empty()) h.emplace("Authorization", "Bearer " + key);
-  auto r = c.Post(path, h, body, "application/json");
+  auto r = c.Post(path, h, body, content_type.c_str());
   HttpResult out;
   if (r) {
     out.status = r->status;

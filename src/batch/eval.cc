@@ -105,7 +105,6 @@ class TaskLoader {
       t.labels = {answer == 1 ? 1 : 0, answer == 2 ? 1 : 0};
       all.push_back(std::move(t));
     }
-    if (all.empty()) return Status::InvalidArgument(o_.name + ": no winogrande tasks");
     std::vector<EvalTask> out;
     for (size_t i : SubsetOrder(all.size())) out.push_back(std::move(all[i]));
     return out;
@@ -276,12 +275,15 @@ Result<EvalKind> ParseEvalKind(std::string_view name) {
 Result<std::vector<EvalTask>> LoadTasks(EvalKind kind, std::string_view data, const Tokenizer& tokenizer,
                                         const LoadTasksOptions& options) {
   const TaskLoader loader(tokenizer, options);
+  Result<std::vector<EvalTask>> tasks = Status::InvalidArgument("unknown eval task kind");
   switch (kind) {
-    case EvalKind::kHellaswag: return loader.Hellaswag(data);
-    case EvalKind::kWinogrande: return loader.Winogrande(data);
-    case EvalKind::kMultipleChoice: return loader.MultipleChoice(data);
+    case EvalKind::kHellaswag: tasks = loader.Hellaswag(data); break;
+    case EvalKind::kWinogrande: tasks = loader.Winogrande(data); break;
+    case EvalKind::kMultipleChoice: tasks = loader.MultipleChoice(data); break;
   }
-  return Status::InvalidArgument("unknown eval task kind");
+  if (tasks.ok() && tasks->empty())
+    return Status::InvalidArgument(options.name + ": no " + EvalKindName(kind) + " tasks in the file");
+  return tasks;
 }
 
 Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<EvalTask>& tasks) {

@@ -96,7 +96,8 @@ ScoreLine ParseScoreLine(const json& j, int64_t line, const Tokenizer* tokenizer
   ScoreLine it;
   it.line = line;
   if (j.is_discarded() || !j.is_object()) {
-    it.error = "line " + std::to_string(line) + " is not a JSON object";
+    it.error = "line " + std::to_string(line) + (j.is_discarded() ? " is not valid JSON (one object per line)"
+                                                                   : " is not a JSON object");
     return it;
   }
   if (!j.contains("id")) {
@@ -248,6 +249,7 @@ Result<ScoreSummary> Score(Engine& engine, const Tokenizer* tokenizer, const Sco
   } closer{fd};
 
   const int64_t window_tokens = 4 * engine.pass_tokens();
+  int64_t tokens_done = 0;  // the progress's: every line that went to the engine, as total_tokens
   for (size_t w0 = 0; w0 < items.size();) {
     // A window: consecutive lines up to ~4 passes of tokens (at least one line).
     size_t w1 = w0;
@@ -276,14 +278,15 @@ Result<ScoreSummary> Score(Engine& engine, const Tokenizer* tokenizer, const Sco
         out += ScoreErrorJson(it, results[s].status().message());
       }
       ++(ok ? sum.lines_ok : sum.lines_failed);
+      if (ok) sum.tokens += it.tokens;
+      if (it.error.empty()) tokens_done += it.tokens;
       out += '\n';
     }
     ESTREAM_RETURN_IF_ERROR(AppendDurably(fd, out, options.output));
-    sum.tokens += wt;
     w0 = w1;
     if (options.progress)
       options.progress({.lines_done = static_cast<int64_t>(w0), .lines_total = static_cast<int64_t>(items.size()),
-                        .tokens_done = sum.tokens, .tokens_total = total_tokens, .seconds = elapsed()});
+                        .tokens_done = tokens_done, .tokens_total = total_tokens, .seconds = elapsed()});
   }
   sum.seconds = elapsed();
   return sum;

@@ -78,7 +78,7 @@ struct ScoreSummary {
   int64_t lines_failed = 0;         // error lines written by this call
   int64_t lines_skipped = 0;        // lines already in the output (not scored again)
   int64_t lines_failed_before = 0;  // of them, error lines
-  int64_t tokens = 0;               // tokens of the windows run
+  int64_t tokens = 0;               // tokens of the lines scored (failed lines not counted)
   double seconds = 0;               // the whole call
 
   // Every line of the input (or shard) has a result without error in the output.

@@ -211,10 +211,12 @@ Status Engine::Impl::Validate(const Request& req) const {
   const int64_t n = RequestTokens(req);
   if (n > pass_tokens)
     return Status::ResourceExhausted(fmt::format(
-        "request of {} tokens (prompt + continuations) is longer than the {} tokens one forward pass holds ({}); "
-        "shorten it or split its continuations", n, pass_tokens,
-        vexp && vexp->streamed() ? "the memory budget was planned for that many: raise budget_tokens"
-                                 : "raise batch_tokens"));
+        "request of {} tokens{} is longer than the {} tokens one forward pass holds ({}); shorten it{}", n,
+        req.continuations.empty() ? "" : " (prompt + continuations)", pass_tokens,
+        vexp && vexp->streamed() ? "the memory budget was planned for that many: raise --budget-tokens, "
+                                   "EngineOptions::budget_tokens"
+                                 : "raise --batch-tokens, EngineOptions::batch_tokens",
+        req.continuations.empty() ? "" : " or split its continuations"));
   return Status::Ok();
 }
 

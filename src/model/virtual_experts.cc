@@ -261,7 +261,7 @@ Status VirtualExperts::SolveBanks() {
     return Status::ResourceExhausted(fmt::format(
         "memory budget {} is too small for {}: loading its dense part peaked at {}, and the dense part plus the "
         "activations of a {}-token prompt ({}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); "
-        "raise --budget, or lower the planned prompt length", Mib(k.budget_bytes), model_->path(), Mib(peak),
+        "raise --budget, or lower the planned prompt length (--budget-tokens)", Mib(k.budget_bytes), model_->path(), Mib(peak),
         k.budget_tokens, Mib(k.other_bytes), Mib(stride), Mib(std::max(minimum, peak)),
         std::ceil(static_cast<double>(std::max(minimum, peak)) / (1 << 20))));
   const uint64_t avail = k.budget_bytes - k.other_bytes;

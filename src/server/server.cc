@@ -230,6 +230,13 @@ Status Server::Start() {
                           "invalid_request_error"));
         return httplib::Server::HandlerResponse::Handled;
       }
+      // Every route reads its body as JSON whatever the Content-Type, but cpp-httplib refuses a
+      // form-encoded body over 8 KiB (a limit compiled into Debian's library) with a bare 413,
+      // and curl's -d sends that type by default. So such a body is relabelled as JSON: the
+      // library's Request here is its own non-const object, passed to this hook as const.
+      auto types = const_cast<httplib::Request&>(req).headers.equal_range("Content-Type");  // case-insensitive
+      for (auto it = types.first; it != types.second; ++it)
+        if (it->second.rfind("application/x-www-form-urlencoded", 0) == 0) it->second = "application/json";
       const uint64_t len = req.get_header_value<uint64_t>("Content-Length");
       if (len > options_.max_body_bytes) {
         tls_close_after = true;

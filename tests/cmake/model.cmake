@@ -54,3 +54,8 @@ estream_add_test(family_cli_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/family_cli_
 if(TARGET family_cli_test)
   add_dependencies(family_cli_test estream)
 endif()
+# The CLI's error contract for command-line mistakes: one line, exit code 1 (runs the binary).
+estream_add_test(cli_errors_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/cli_errors_test.cc LABELS model)
+if(TARGET cli_errors_test)
+  add_dependencies(cli_errors_test estream)
+endif()

@@ -32,9 +32,9 @@ class BenchCommand : public Command {
         ->delimiter(',');
     sub->add_option("--schedules", schedules_, "schedules (default early)")->delimiter(',')
         ->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
-    sub->add_option("--budgets", budgets_, "memory budgets, e.g. 1G,2G (K/M/G suffixes)")->delimiter(',');
+    sub->add_option("--budgets", budgets_, "memory budgets, e.g. 1G,2G (K/M/G suffixes; default: none, the resident run only)")->delimiter(',');
     sub->add_flag("--resident", resident_, "also run with all experts resident (no budget)");
-    sub->add_option("--repeat", repeat_, "runs per configuration (median reported)")->check(CLI::PositiveNumber);
+    sub->add_option("--repeat", repeat_, "runs per configuration (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
     AddThreadsFlag(sub, &threads_);
     sub->add_flag("--in-process", in_process_, "run every prompt length on one engine per configuration in this "
                   "process (load once; op rates and CPU time per thread; peak RSS is the process's)");
@@ -130,6 +130,12 @@ class BenchCommand : public Command {
           << (r.contains("error") ? nlohmann::json(r["error"]).dump() : "") << "\n";
       }
       if (!o) return Status::IOError(csv_ + ": cannot write");
+    }
+    const auto failed = std::count_if(rows.begin(), rows.end(), [](const nlohmann::json& r) { return r.contains("error"); });
+    if (failed > 0) {
+      std::fprintf(stderr, "estream bench: %lld of %zu runs failed (their error column says why)\n",
+                   static_cast<long long>(failed), rows.size());
+      return 1;
     }
     return 0;
   }

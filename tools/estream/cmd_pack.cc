@@ -17,7 +17,7 @@ namespace {
 class PackCommand : public Command {
  public:
   void Setup(CLI::App* sub) override {
-    sub->add_option("model", input_, "Source GGUF model (olmoe, qwen3moe, llama/Mixtral, lfm2moe)")->required();
+    sub->add_option("model", input_, "Source GGUF model (olmoe, qwen3moe, llama/Mixtral, deepseek2, lfm2moe)")->required();
     sub->add_option("-o,--output", output_, "Packed GGUF to write (written to a temporary name, then renamed)")
         ->required();
     sub->add_option("--permutation", permutation_,

@@ -20,6 +20,7 @@
 #include "config/profile.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
+#include "pack/packed_layout.h"
 #include "profiler/prompt_lengths.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
@@ -64,8 +65,8 @@ class PrefillCommand : public Command {
     sub->add_option("--top-k", top_k_, "how many next tokens to print (default 5)")->check(CLI::NonNegativeNumber);
     sub->add_flag("--logprobs", logprobs_, "score the prompt: per-token log-probabilities and perplexity");
     sub->add_flag("--embedding", embedding_, "output the final hidden state (after the final norm)");
-    sub->add_option("--pool", pool_, "embedding pooling: last (default) or mean")
-        ->check(CLI::IsMember({"last", "mean"}));
+    pool_opt_ = sub->add_option("--pool", pool_, "embedding pooling: last (default) or mean (implies --embedding)")
+                    ->check(CLI::IsMember({"last", "mean"}));
     sub->add_flag("--json", json_, "print one JSON object");
     AddThreadsFlag(sub, &threads_);
     sub->add_option("--dump-logits", dump_logits_,
@@ -134,8 +135,11 @@ class PrefillCommand : public Command {
         auto tok = Tokenizer::FromGguf(**file);
         if (tok.ok()) tokenizer_ = std::move(*tok);
         else tokenizer_status_ = tok.status();
+        if (!trace_.empty() && !io::IsPackedModel(**file))
+          return Status::InvalidArgument("--trace records the expert reads of a packed model; " + model_ +
+                                         " is not packed: run 'estream pack " + model_ + " -o MODEL.packed.gguf'");
       } else {
-        tokenizer_status_ = file.status();
+        return file.status();  // no model to load either: its own error, not a tokenizer hint
       }
     }
     ESTREAM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptTokens());
@@ -153,6 +157,8 @@ class PrefillCommand : public Command {
     int64_t longest = static_cast<int64_t>(ids.size());
     for (int n : sweep_) longest = std::max<int64_t>(longest, n);
     eo.budget_tokens = budget_tokens_ > 0 ? budget_tokens_ : longest;
+    if (!trace_.empty() && !std::ofstream(trace_))  // written after the run: check the path now
+      return Status::IOError("--trace " + trace_ + ": cannot create: " + std::strerror(errno));
     eo.trace_path = trace_;
     eo.verify_checksums = !no_verify_;
     eo.verify_every_read = verify_every_read_;
@@ -164,6 +170,7 @@ class PrefillCommand : public Command {
     req.tokens = ids;
     req.top_k = std::min(top_k_, engine->info().n_vocab);
     req.prompt_logprobs = logprobs_;
+    if (pool_opt_->count()) embedding_ = true;
     if (embedding_) req.embedding = pool_ == "mean" ? Request::Pooling::kMean : Request::Pooling::kLast;
     std::FILE* dump = nullptr;
     if (!dump_logits_.empty()) {
@@ -262,12 +269,13 @@ class PrefillCommand : public Command {
     std::printf("peak RSS: %s\n", FormatBytes(peak).c_str());
     if (resp.config.streamed) {
       const Response::StreamConfig& k = resp.config;
-      std::printf("streamed experts: G=%d B=%d Q=%d schedule %s (%s), arena %s of %s expert bytes (%.1f%%), budget %s"
+      std::printf("streamed experts: G=%d B=%d Q=%d schedule %s (%s), arena %s of %s expert bytes (%.1f%%), %s%s"
                   " (G/B/Q: %s)\n",
                   k.group_size, k.banks, k.queue_depth, k.schedule.c_str(), k.io_backend.c_str(),
                   FormatBytes(k.arena_bytes).c_str(), FormatBytes(k.expert_bytes).c_str(),
-                  100.0 * k.arena_bytes / std::max<uint64_t>(k.expert_bytes, 1), FormatBytes(k.budget_bytes).c_str(),
-                  k.source.c_str());
+                  100.0 * k.arena_bytes / std::max<uint64_t>(k.expert_bytes, 1),
+                  k.budget_bytes > 0 ? "budget " : "no budget (explicit sizes)",
+                  k.budget_bytes > 0 ? FormatBytes(k.budget_bytes).c_str() : "", k.source.c_str());
       std::printf("  expert %.3f s (bubble %.3f s, %.1f%% of the request), non-expert %.3f s; read %s at %.2f GB/s "
                   "(%lld groups read, %lld skipped, %lld cancelled)\n",
                   resp.expert_seconds, resp.bubble_seconds, 100 * resp.bubble_rate, resp.nonexpert_seconds,
@@ -362,6 +370,7 @@ class PrefillCommand : public Command {
   bool logprobs_ = false;
   bool embedding_ = false;
   std::string pool_ = "last";
+  CLI::Option* pool_opt_ = nullptr;
   bool json_ = false;
   int threads_ = 0;
   std::string dump_logits_;

@@ -15,7 +15,7 @@ namespace {
 class ProfileCommand : public Command {
  public:
   void Setup(CLI::App* sub) override {
-    sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack); the profile is stored in it")
+    sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack), given as MODEL or -m MODEL (once); the profile is stored in it")
         ->required();
     AddBudgetFlag(sub, &p_.budget_text, "memory budget of the whole process (bytes, or K/M/G suffix: 1500M)")
         ->required();

@@ -39,7 +39,7 @@ class ServeCommand : public Command {
     sub->add_option("--host", o_.host, "address to listen on (default 127.0.0.1)");
     sub->add_option("--port", o_.port, "port (default 8080; 0: any free port, printed at start)")->check(CLI::Range(0, 65535));
     sub->add_option("--api-key", o_.api_key, "require \"Authorization: Bearer KEY\" on every route but /health");
-    sub->add_option("-t,--threads", threads_, "engine compute threads (default: one per CPU)")->check(CLI::NonNegativeNumber);
+    sub->add_option("-t,--threads", threads_, "engine compute threads (default: one per CPU)")->check(CLI::Range(0, 1024));
     sub->add_option("--budget", budget_, "memory budget of the whole process (packed models: experts are streamed): 3G");
     AddExpertCacheFlag(sub, &expert_cache_, "auto");
     sub->add_option("--budget-tokens", budget_tokens_, "packed models with --budget: tokens of one batch the budget "
@@ -136,6 +136,11 @@ class ServeCommand : public Command {
       state = kFailed;
       pthread_kill(signals.native_handle(), SIGTERM);
       signals.join();
+      if (engine_or.status().code() == StatusCode::kResourceExhausted && o_.budget_bytes > 0)
+        return Status::ResourceExhausted(engine_or.status().message() + " (the figures are the engine's share: --budget " +
+                                         budget_ + " less the server's reserve of " +
+                                         FormatBytes(o_.server_reserve_bytes) +
+                                         ", HTTP threads x 4 x --max-body + 16 MiB; add the reserve to the figure)");
       return engine_or.status();
     }
     std::unique_ptr<Engine> engine = std::move(engine_or).value();
@@ -164,6 +169,7 @@ class ServeCommand : public Command {
 }  // namespace
 
 ESTREAM_REGISTER_COMMAND(ServeCommand, "serve",
-                         "HTTP server (OpenAI-style /v1/completions with echo+logprobs, /v1/embeddings, /v1/classify, /v1/rerank)");
+                         "HTTP server (OpenAI-style /v1/completions with echo+logprobs, /v1/embeddings, /v1/classify, /v1/rerank; "
+                         "/tokenize, /detokenize, /health, /v1/models, /metrics)");
 
 }  // namespace estream::cli

@@ -16,7 +16,7 @@ namespace {
 class SweepCommand : public Command {
  public:
   void Setup(CLI::App* sub) override {
-    sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack)")->required();
+    sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack), given as MODEL or -m MODEL (once)")->required();
     AddBudgetFlag(sub, &budget_, "memory budget of the whole process (bytes, or K/M/G suffix: 1500M)")->required();
     sub->add_option("--groups", p_.groups, "restrict G to these group sizes, e.g. 2,4")
         ->delimiter(',')->check(CLI::PositiveNumber);

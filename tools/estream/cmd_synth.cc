@@ -15,12 +15,13 @@ class SynthCommand : public Command {
     sub->add_option("--preset", opt_.preset, "Model shape: " + synth::SupportedPresetNames())->capture_default_str();
     sub->add_option("--arch", opt_.arch, "Architecture of the tiny preset: " + synth::SupportedArchNames() +
                                              " (default olmoe)");
-    sub->add_option("--layers", opt_.layers, "Number of blocks (default: the preset's)");
+    sub->add_option("--layers", opt_.layers, "Number of blocks (default: the preset's)")->check(CLI::Range(1, 1 << 24));
     sub->add_option("--experts", opt_.experts, "Experts per layer (default: the preset's; top-k is lowered to fit "
-                                               "unless --top-k is given)");
-    sub->add_option("--top-k", opt_.top_k, "Experts used per token (default: the preset's)");
-    sub->add_option("--ctx", opt_.ctx, "context_length metadata (default: the preset's)");
-    sub->add_option("--vocab", opt_.vocab, "Vocabulary size of the built-in BPE (default: the preset's)");
+                                               "unless --top-k is given)")
+        ->check(CLI::Range(1, 1 << 24));
+    sub->add_option("--top-k", opt_.top_k, "Experts used per token (default: the preset's)")->check(CLI::Range(1, 1 << 24));
+    sub->add_option("--ctx", opt_.ctx, "context_length metadata (default: the preset's)")->check(CLI::Range(1, 1 << 24));
+    sub->add_option("--vocab", opt_.vocab, "Vocabulary size of the built-in BPE (default: the preset's)")->check(CLI::Range(1, 1 << 24));
     sub->add_option("--type", type_, "Weight type or llama-quantize mix of the matrices: " +
                                          synth::SupportedSynthTypeNames() + " (norms and routers are f32)")
         ->capture_default_str();
@@ -28,7 +29,7 @@ class SynthCommand : public Command {
                     "Zipf exponent S of expert popularity (~1/rank^S; 0: uniform)")->capture_default_str();
     sub->add_option("--seed", opt_.seed, "Random seed (same seed, same bytes)")->capture_default_str();
     sub->add_option("--vocab-from", opt_.vocab_from, "Copy the tokenizer.* keys from this GGUF (vocab size follows it)");
-    sub->add_option("--threads", threads_, "Generator threads (default: all)");
+    sub->add_option("--threads", threads_, "Generator threads (default: all)")->check(CLI::Range(1, 1 << 24));
     sub->add_flag("-q,--quiet", quiet_, "No progress output");
   }
 

@@ -17,7 +17,7 @@ namespace estream::cli {
 
 inline CLI::Option* AddThreadsFlag(CLI::App* sub, int* threads,
                                    const std::string& help = "compute threads (default: one per CPU)") {
-  return sub->add_option("-t,--threads", *threads, help)->check(CLI::NonNegativeNumber);
+  return sub->add_option("-t,--threads", *threads, help)->check(CLI::Range(0, 1024));
 }
 
 // A duration flag's check: a finite number of seconds >= 0, with an error that says so (CLI11's
@@ -79,8 +79,9 @@ inline CLI::Option* AddExpertCacheFlag(CLI::App* sub, std::string* cache, const 
 
 inline Result<int64_t> ParseExpertCache(const std::string& text) {
   if (text == "auto") return int64_t{-1};
-  ESTREAM_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(text));
-  return static_cast<int64_t>(bytes);
+  Result<uint64_t> bytes = ParseSize(text);
+  if (!bytes.ok()) return Status::InvalidArgument("--expert-cache: " + bytes.status().message() + ", or auto");
+  return static_cast<int64_t>(*bytes);
 }
 
 }  // namespace estream::cli

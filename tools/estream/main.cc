@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,7 +33,7 @@ Result<uint64_t> ParseSize(const std::string& text) {
   if (text.empty()) return Status::InvalidArgument("empty size; give bytes or a number with K, M, G or T");
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || v < 0)
+  if (end == text.c_str() || !std::isfinite(v) || v < 0)  // strtod also reads "inf" and "nan"
     return Status::InvalidArgument("bad size '" + text + "'; give bytes or a number with K, M, G or T (e.g. 4G)");
   double mult = 1;
   std::string suffix(end);
@@ -42,6 +44,7 @@ Result<uint64_t> ParseSize(const std::string& text) {
   else if (suffix == "G" || suffix == "g" || suffix == "Gi") mult = 1024.0 * 1024 * 1024;
   else if (suffix == "T" || suffix == "t" || suffix == "Ti") mult = 1024.0 * 1024 * 1024 * 1024;
   else return Status::InvalidArgument("bad size suffix in '" + text + "'; use K, M, G or T (e.g. 4G)");
+  if (v * mult >= 0x1p63) return Status::InvalidArgument("size '" + text + "' is too large (at most 2^63 bytes)");
   return static_cast<uint64_t>(v * mult);
 }
 
@@ -67,6 +70,30 @@ std::function<void(const std::string&)> ProgressPrinter(const char* command) {
   };
 }
 
+// A command-line error as every other error: one line naming the command, exit code 1 (CLI11's
+// own report is two lines and a code per kind of error).
+int ReportParseError(int argc, char** argv, const std::vector<std::unique_ptr<Command>>& commands,
+                     const std::vector<CLI::App*>& subs, const CLI::ParseError& e) {
+  std::string message = e.what();
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (!subs[i]->parsed()) continue;
+    std::fprintf(stderr, "estream %s: error: %s (see 'estream %s --help')\n", commands[i]->name(), message.c_str(),
+                 commands[i]->name());
+    return 1;
+  }
+  std::string names;
+  for (const auto& c : commands) names += std::string(names.empty() ? "" : ", ") + c->name();
+  if (argc >= 2 && argv[1][0] != '-')
+    std::fprintf(stderr, "estream: error: unknown command '%s'; the commands are %s (see 'estream --help')\n",
+                 argv[1], names.c_str());
+  else
+    std::fprintf(stderr, "estream: error: %s; give a command: %s (see 'estream --help')\n", message.c_str(),
+                 names.c_str());
+  return 1;
+}
+
 }  // namespace estream::cli
 
 int main(int argc, char** argv) {
@@ -87,7 +114,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    return ReportParseError(argc, argv, commands, subs, e);
   }
   for (size_t i = 0; i < commands.size(); ++i) {
     if (!subs[i]->parsed()) continue;

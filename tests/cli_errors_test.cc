@@ -1,0 +1,94 @@
+// The CLI's error contract (docs/GUIDE.md section 8) for mistakes on the command line: every
+// error is one line on stderr, "estream <command>: error: ..." (or "estream: error: ..." before
+// a command is known), exit code 1, and names what to change. Runs the built binary on a tiny
+// model that the test makes with `estream synth` and `estream pack`.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "cli_test_util.h"
+#include "scratch_dir.h"
+
+namespace estream {
+namespace {
+
+using cli_test::CliResult;
+using test_util::ScratchDir;
+
+class CliErrors : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ScratchDir;
+    ASSERT_EQ(Run("synth --preset tiny -q -o " + Model()).exit_code, 0);
+    ASSERT_EQ(Run("pack -q " + Model() + " -o " + Packed()).exit_code, 0);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static CliResult Run(const std::string& args) { return cli_test::RunCli(args, dir_->File("stderr.txt")); }
+  static std::string Model() { return dir_->File("tiny.gguf"); }
+  static std::string Packed() { return dir_->File("tiny.packed.gguf"); }
+
+  // `args` fails with exit code 1 and one stderr line that starts with `prefix` and holds `what`.
+  static void ExpectError(const std::string& args, const std::string& prefix, const std::string& what) {
+    const CliResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << args << "\n" << r.err;
+  }
+
+  static ScratchDir* dir_;
+};
+ScratchDir* CliErrors::dir_ = nullptr;
+
+TEST_F(CliErrors, CommandLineMistakesAreOneLineAndExitCode1) {
+  ExpectError("frob", "estream: error: unknown command 'frob'", "prefill");
+  ExpectError("", "estream: error: ", "give a command");
+  ExpectError("prefill -m " + Model() + " -p hi --bogus", "estream prefill: error: ", "--bogus");
+  ExpectError("prefill -p hi", "estream prefill: error: ", "--model");
+  ExpectError("prefill -m " + Model() + " -p hi -t 100000", "estream prefill: error: ", "--threads");
+  ExpectError("synth --layers 0 -o " + dir_->File("x.gguf"), "estream synth: error: ", "--layers");
+  EXPECT_FALSE(std::ifstream(dir_->File("x.gguf")).good());
+  // --help and --version still print and succeed.
+  EXPECT_EQ(Run("prefill --help").exit_code, 0);
+  EXPECT_EQ(Run("--version").exit_code, 0);
+}
+
+TEST_F(CliErrors, SizesOutOfRangeAreRefused) {
+  ExpectError("prefill -m " + Packed() + " -p hi --budget 16777216T", "estream prefill: error: ", "too large");
+  ExpectError("prefill -m " + Packed() + " -p hi --budget nan", "estream prefill: error: ", "bad size 'nan'");
+  ExpectError("prefill -m " + Packed() + " -p hi --budget 1G --expert-cache lots", "estream prefill: error: ",
+              "or auto");
+}
+
+TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {
+  // A text prompt with a model that cannot be opened: the open error, not a tokenizer hint.
+  const CliResult r = Run("prefill -m " + dir_->File("nope.gguf") + " -p hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("nope.gguf: cannot open"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("tokenizer"), std::string::npos) << r.err;
+  ExpectError("prefill -m " + Model() + " -p hi --trace " + dir_->File("t.json"), "estream prefill: error: ",
+              "is not packed");
+  ExpectError("prefill -m " + Packed() + " -p hi --budget 100M --trace " + dir_->File("no/such/dir/t.json"),
+              "estream prefill: error: ", "cannot create");
+  ASSERT_EQ(Run("prefill -m " + Packed() + " -p hi --budget 100M --trace " + dir_->File("t.json")).exit_code, 0);
+  EXPECT_TRUE(std::ifstream(dir_->File("t.json")).good());
+}
+
+TEST_F(CliErrors, FailedRunsAndEmptyInputsSetTheExitCode) {
+  // bench: every run failing (a budget below the minimum) -> exit 1, the row says why.
+  const CliResult b = Run("bench -m " + Packed() + " --prompt-lengths 16 --budgets 1M");
+  EXPECT_EQ(b.exit_code, 1) << b.out << b.err;
+  EXPECT_NE(b.out.find("too small"), std::string::npos) << b.out;
+  // eval on a file without tasks.
+  std::ofstream(dir_->File("empty.txt")).flush();
+  ExpectError("eval --task hellaswag -m " + Model() + " " + dir_->File("empty.txt"), "estream eval: error: ",
+              "no hellaswag tasks");
+}
+
+}  // namespace
+}  // namespace estream
