@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -320,7 +321,7 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
       which.push_back(w1);
     }
     std::vector<Result<Response>> out = engine.RunBatch(batch);
-    int last_pass = -1;
+    std::set<int> seen_pass;  // passes are packed longest first: not in request order
     for (size_t i = 0; i < out.size(); ++i) {
       EvalItem& item = res.items[which[i]];
       if (!out[i].ok()) {
@@ -328,10 +329,9 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
         continue;
       }
       ScoreTask(kind, tasks[which[i]], cps[i], *out[i], &item);
-      if (out[i]->pass != last_pass) {  // passes of one window are listed once each
+      if (seen_pass.insert(out[i]->pass).second) {  // each pass of the window once
         res.forward_seconds += out[i]->seconds;
         res.tokens += out[i]->pass_tokens;
-        last_pass = out[i]->pass;
       }
     }
     w0 = w1;

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -133,16 +134,16 @@ class BenchBatchCommand : public Command {
           auto res = engine->RunBatch(reqs);
           tb.push_back(Now() - t0);
           uint64_t bb = 0;
-          int last = -1;
+          std::set<int> seen;  // passes are packed longest first: not in request order
           for (auto& r : res) {
             ESTREAM_RETURN_IF_ERROR(r.status());
-            if (r->pass != last && verbose_)
+            if (!seen.insert(r->pass).second) continue;
+            if (verbose_)
               std::printf("    pass %d: %d requests, %lld tokens, %.3f s: embed %.3f attention %.3f router %.3f "
                           "experts %.3f head %.3f (streamed: bubble %.3f, %.2f GB read)\n", r->pass, r->pass_requests,
                           static_cast<long long>(r->pass_tokens), r->seconds, r->timing.embed, r->timing.attention,
                           r->timing.router, r->timing.experts, r->timing.head, r->bubble_seconds, r->bytes_read / 1e9);
-            if (r->pass != last) bb += r->bytes_read;
-            last = r->pass;
+            bb += r->bytes_read;
             passes = std::max(passes, r->pass + 1);
           }
           bytes1 = b1;
