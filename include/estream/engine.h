@@ -92,7 +92,7 @@ struct EngineOptions {
   // Check each expert record's XXH3 before its experts run: the first time this engine reads the
   // record (default), or on every read (verify_every_read), or never. A record on disk that is
   // corrupt fails the request that first reads it; re-checking every read costs one extra pass
-  // over the streamed bytes (docs/PERFORMANCE.md, Expert virtualization).
+  // over the streamed bytes (docs/DESIGN.md, "When a checksum fails").
   bool verify_checksums = true;
   bool verify_every_read = false;
   // Chrome/Perfetto trace (JSON) of the last request's reads and compute steps; empty: none.
