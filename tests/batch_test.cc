@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -341,12 +342,16 @@ TEST_F(EvalTest, Winogrande) {
   const int n = 10;
   int correct = 0;
   std::vector<int> predicted(n);
+  std::vector<std::array<double, 2>> scores(n);
   for (int t = 0; t < n; ++t) {
     // Long tails (partial scoring) for most, a short one for t % 4 == 3.
     const std::string tail = t % 4 == 3 ? std::string(".") : std::string(" was ") + kWords[(t + 2) % 14] + " " +
                                                                    kWords[(t + 6) % 14] + " again.";
     const std::string sentence = std::string("When ") + kWords[t % 14] + " met _" + tail;
-    const std::string c[2] = {kWords[(t + 1) % 14], kWords[(t + 9) % 14]};
+    // Short tails with one-letter choices: at most 3 tokens after the common prefix, so the
+    // choice words are scored (and llama.cpp's rule for choice 2's first token applies).
+    const std::string c[2] = {t % 4 == 3 ? std::string(1, static_cast<char>('a' + t)) : kWords[(t + 1) % 14],
+                              t % 4 == 3 ? std::string(1, static_cast<char>('p' + t)) : kWords[(t + 9) % 14]};
     std::vector<std::vector<int32_t>> seqs;
     std::vector<size_t> base;
     const size_t blank = sentence.find('_');
@@ -356,33 +361,51 @@ TEST_F(EvalTest, Winogrande) {
     }
     const size_t cp = CommonPrefix(seqs);
     const bool partial = seqs[0].size() - cp > 3 && seqs[1].size() - cp > 3;
+    EXPECT_EQ(partial, t % 4 != 3) << t;
+    // llama-perplexity's rule for short tails: choice 2's first token is scored after the whole
+    // of sequence 1 (its "FIXME").
+    std::vector<int32_t> s1_then = seqs[0];
+    s1_then.push_back(seqs[1][cp]);
+    const double fixme = Logprobs(*engine_, s1_then).back();
     double sc[2];
     for (int s = 0; s < 2; ++s) {
       const std::vector<double> lp = Logprobs(*engine_, seqs[s]);
       const size_t b = partial ? base[s] : cp;
       const size_t last = seqs[s].size() - b > 1 ? 1 : 0;
       double sum = 0;
-      for (size_t p = b; p < seqs[s].size() - last; ++p) sum += lp[p];
+      for (size_t p = b; p < seqs[s].size() - last; ++p) sum += s == 1 && !partial && p == cp ? fixme : lp[p];
       sc[s] = sum / static_cast<double>(seqs[s].size() - b - last);
     }
     predicted[t] = sc[0] > sc[1] ? 0 : 1;
+    scores[t] = {sc[0], sc[1]};
     const int answer = t % 2 == 0 ? predicted[t] + 1 : 2 - predicted[t];  // even: right, odd: wrong
     correct += t % 2 == 0;
     const bool quote = t % 3 == 0;
     text += std::to_string(t) + "," + (quote ? "\"" + sentence + "\"" : sentence) + "," + c[0] + "," + c[1] + "," +
             std::to_string(answer) + "\n";
   }
+  // A last line that llama-perplexity does not score (its reader stops at the end of the text
+  // before using it), with or without the final newline: not scored here either.
+  const std::string last = "10,When the cat met _.,a dog,the sun,1";
   std::vector<std::string> warnings;
-  auto tasks = batch::LoadTasks(batch::EvalKind::kWinogrande, text, *tok_,
+  auto tasks = batch::LoadTasks(batch::EvalKind::kWinogrande, text + last, *tok_,
                                 {.name = "wg.csv", .warn = [&](const std::string& w) { warnings.push_back(w); }});
   ASSERT_TRUE(tasks.ok()) << tasks.status().message();
-  ASSERT_EQ(warnings.size(), 1u);  // the header
-  EXPECT_EQ(warnings[0], "warning: wg.csv line 1: no '_' in the sentence; skipped");
+  ASSERT_EQ(warnings.size(), 2u);  // the header, the last line
+  EXPECT_EQ(warnings[0], "note: wg.csv: the last line is not scored, as llama-perplexity does not score it (its "
+                         "reader stops at the end of the file before using the line)");
+  EXPECT_EQ(warnings[1], "warning: wg.csv line 1: no '_' in the sentence; skipped");
+  auto with_newline = batch::LoadTasks(batch::EvalKind::kWinogrande, text + last + "\n", *tok_, {.name = "wg.csv"});
+  ASSERT_TRUE(with_newline.ok());
+  EXPECT_EQ(with_newline->size(), static_cast<size_t>(n));
   auto r = batch::Evaluate(*engine_, batch::EvalKind::kWinogrande, *tasks);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->n_tasks, n);
   EXPECT_EQ(r->n_correct, correct);
-  for (const batch::EvalItem& it : r->items) EXPECT_EQ(it.predicted, predicted[it.index]) << it.index;
+  for (const batch::EvalItem& it : r->items) {
+    EXPECT_EQ(it.predicted, predicted[it.index]) << it.index;
+    for (int k = 0; k < 2; ++k) EXPECT_NEAR(it.scores[k], scores[it.index][k], 1e-5) << it.index;
+  }
 }
 
 // llama.cpp's multiple-choice binary format.

@@ -60,6 +60,17 @@ class TaskLoader {
   }
 
   Result<std::vector<EvalTask>> Winogrande(std::string_view data) const {
+    // llama-perplexity never scores a winogrande file's last line: its -f reader drops one final
+    // newline, and its CSV loop stops when a getline reaches the end of the text, before using
+    // that line. Its figures are the reference (one task fewer than the file's lines), so the
+    // same line is left out here, with a note.
+    if (!data.empty() && data.back() == '\n') data.remove_suffix(1);
+    const size_t last_newline = data.rfind('\n');
+    const std::string_view dropped = last_newline == std::string_view::npos ? data : data.substr(last_newline + 1);
+    data = last_newline == std::string_view::npos ? std::string_view() : data.substr(0, last_newline + 1);
+    if (dropped.find_first_not_of(" \t\r") != std::string_view::npos && o_.warn)
+      o_.warn("note: " + o_.name + ": the last line is not scored, as llama-perplexity does not score it (its "
+              "reader stops at the end of the file before using the line)");
     std::vector<EvalTask> all;
     std::istringstream ss{std::string(data)};
     std::string line;
@@ -215,13 +226,27 @@ int64_t CommonPrefix(const std::vector<std::vector<int32_t>>& seqs) {
 }
 
 // The request of a task: context = the first cp tokens, one continuation per candidate.
-Request MakeRequest(const EvalTask& t, int64_t cp) {
+// Winogrande: whether only the tokens after "first + choice" are scored (both sequences have more
+// than 3 tokens after their common prefix; llama.cpp's skip_choice), else all after the prefix.
+bool WinograndePartial(const EvalTask& t, int64_t cp) {
+  constexpr int64_t kMinTrailing = 3;
+  return static_cast<int64_t>(t.seqs[0].size()) - cp > kMinTrailing &&
+         static_cast<int64_t>(t.seqs[1].size()) - cp > kMinTrailing;
+}
+
+Request MakeRequest(EvalKind kind, const EvalTask& t, int64_t cp) {
   Request r;
   r.top_k = 0;
   r.tokens.assign(t.seqs[0].begin(), t.seqs[0].begin() + cp);
   for (const auto& s : t.seqs) r.continuations.emplace_back(s.begin() + cp, s.end());
   // Winogrande's partial scoring may start inside the common prefix.
   for (size_t i = 0; i < t.n_base.size(); ++i) r.prompt_logprobs = r.prompt_logprobs || t.n_base[i] < cp;
+  // When the choice words are scored, llama-perplexity scores choice 2's first token with the
+  // logits after the whole of sequence 1 (the row it reads is sequence 1's last; its "FIXME").
+  // Its figures are the reference, so that log-probability is taken here too: sequence 1's
+  // continuation gets choice 2's first token appended (causal: its other log-probabilities are
+  // unchanged).
+  if (kind == EvalKind::kWinogrande && !WinograndePartial(t, cp)) r.continuations[0].push_back(t.seqs[1][cp]);
   return r;
 }
 
@@ -229,16 +254,16 @@ void ScoreTask(EvalKind kind, const EvalTask& t, int64_t cp, const Response& r, 
   const size_t n = t.seqs.size();
   item->scores.assign(n, 0);
   if (kind == EvalKind::kWinogrande) {
-    constexpr int64_t kMinTrailing = 3;
-    const bool partial = static_cast<int64_t>(t.seqs[0].size()) - cp > kMinTrailing &&
-                         static_cast<int64_t>(t.seqs[1].size()) - cp > kMinTrailing;
+    const bool partial = WinograndePartial(t, cp);
     for (size_t s = 0; s < 2; ++s) {
       const int64_t len = static_cast<int64_t>(t.seqs[s].size());
       const int64_t base = partial ? t.n_base[s] : cp;
       const int64_t last = len - base > 1 ? 1 : 0;
       float sum = 0;  // llama.cpp sums in float
       for (int64_t p = std::max<int64_t>(base, 1); p < len - last; ++p)
-        sum += p >= cp ? r.continuations[s].logprobs[p - cp] : r.prompt_logprobs[p - 1];
+        sum += p < cp                       ? r.prompt_logprobs[p - 1]
+               : s == 1 && !partial && p == cp ? r.continuations[0].logprobs.back()  // (MakeRequest)
+                                             : r.continuations[s].logprobs[p - cp];
       item->scores[s] = sum / static_cast<float>(len - base - last);
     }
     item->predicted = item->scores[0] > item->scores[1] ? 0 : 1;
@@ -310,7 +335,7 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
         res.items[w1].error = "the candidates share no first token (the vocabulary adds no BOS): nothing to condition on";
         continue;
       }
-      Request r = MakeRequest(t, cp);
+      Request r = MakeRequest(kind, t, cp);
       int64_t n = static_cast<int64_t>(r.tokens.size());
       for (const auto& c : r.continuations) n += static_cast<int64_t>(c.size());
       if (!batch.empty() && wt + n > window) break;

@@ -13,13 +13,16 @@
 //    largest score wins (the first on ties). Tasks are taken in llama.cpp's random order
 //    (std::mt19937 seeded 1, one uniform pick per task among those left), n_tasks keeping the first N.
 //  - winogrande: CSV lines "index,sentence,choice1,choice2,answer" (answer 1 or 2; the sentence
-//    has a "_", may be double-quoted; lines that do not parse are skipped with a warning).
+//    has a "_", may be double-quoted; lines that do not parse are skipped with a warning; the
+//    file's last line is not scored, as llama-perplexity's reader stops before using it: a note).
 //    Sequence i = tokenize(first + choice_i + second). When both sequences have more than 3 tokens
 //    after their common prefix, only the tokens after "first + choice_i" are scored (partial
 //    scoring), else all tokens after the common prefix; the last token is left out when more than
-//    one remains; score = mean log-probability; choice 1 wins only if its score is larger.
-//    Known difference: when the choice words are scored (short tails), llama.cpp takes the first
-//    logits of choice 2 from the wrong row (its "FIXME"); estream uses the right ones.
+//    one remains; score = mean log-probability; choice 1 wins only if its score is larger. As in
+//    llama-perplexity (the reference), when the choice words are scored (short tails) choice 2's
+//    first token is scored with the logits after the whole of sequence 1 (its "FIXME": it reads
+//    that row instead of the common prefix's last). tests/batch_test.cc and
+//    scripts/eval_vs_llamacpp.py check the agreement.
 //  - multiple-choice: llama.cpp's binary format: u32 n_tasks, u32 offsets[n_tasks], then per task
 //    a string question and two answer sets (mc1, mc2), each u32 n (<= 100), n strings and n int32
 //    labels; strings are u32 length + bytes. Sequence i = tokenize(question + " " + answer_i) of
