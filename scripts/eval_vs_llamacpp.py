@@ -132,11 +132,14 @@ def main():
         if kind == 'winogrande':
             line += '; score gaps median %.1e, largest %.1e' % score_gaps(rows, [it['scores'] for it in es['items']])
         print(line)
-        if args.kv == 'both' and kind == 'winogrande':
-            rows16, _, _ = llama_rows(args, kind, path, n, 'f16')
-            med, big = score_gaps(rows16, [(float(r[2]), float(r[3])) for r in rows])
-            print('%-16s llama.cpp f16 KV against f32 KV: score gaps median %.1e, largest %.1e, verdicts differ at %s' % (
-                '', med, big, [i for i, (a, b) in enumerate(zip(rows, rows16)) if a[4] != b[4]]))
+        if args.kv == 'both':
+            rows16, right16, acc16 = llama_rows(args, kind, path, n, 'f16')
+            line = '%-16s llama.cpp f16 KV against f32 KV: accuracy %.4f%%, verdicts differ at %s' % (
+                '', acc16, [i for i, (a, b) in enumerate(zip(right, right16)) if a != b])
+            if kind == 'winogrande':
+                line += '; score gaps median %.1e, largest %.1e' % score_gaps(rows16, [(float(r[2]), float(r[3]))
+                                                                                        for r in rows])
+            print(line)
     print('task files in', d)
     return 0 if agree else 1
 
