@@ -12,7 +12,8 @@ task: which tasks each got right (from llama-perplexity's running accuracy), and
 the two candidates' scores, which llama-perplexity prints with 6 decimals. `--kv f32` gives
 llama.cpp an fp32 KV cache (its default, f16, rounds K and V); `--kv both` also runs it with f16
 and compares its two runs, which shows how far rounding alone moves the scores of that model.
-Exit status 0 when every task's verdict agrees. Not a CI test: CI has no llama.cpp build.
+Then `estream perplexity --llama-cpp` against llama-perplexity's final estimate on the first text
+file (windows of 128 tokens). Exit status 0 when every task's verdict agrees. Not a CI test: CI has no llama.cpp build.
 """
 import argparse
 import json
@@ -140,6 +141,15 @@ def main():
                 line += '; score gaps median %.1e, largest %.1e' % score_gaps(rows16, [(float(r[2]), float(r[3]))
                                                                                         for r in rows])
             print(line)
+    # Perplexity by llama-perplexity's rule (estream perplexity --llama-cpp) on the first text file.
+    es = json.loads(subprocess.run([args.estream, 'perplexity', '-m', args.model, '-f', args.text[0], '--ctx', '128',
+                                    '--llama-cpp', '--json', '-t', str(args.threads)],
+                                   capture_output=True, text=True, check=True).stdout)
+    r = subprocess.run([args.llama_perplexity, '-m', args.model, '-f', args.text[0], '-c', '128', '-b', '128',
+                        '-t', str(args.threads), '-ctk', 'f32', '-ctv', 'f32'], capture_output=True, text=True)
+    m = re.search(r'Final estimate: PPL = ([\d.]+)', r.stdout + r.stderr)
+    print('%-16s %s, ctx 128: %.4f / %s (estream --llama-cpp / llama.cpp)' % (
+        'perplexity', os.path.basename(args.text[0]), es['perplexity'], m.group(1) if m else 'none'))
     print('task files in', d)
     return 0 if agree else 1
 

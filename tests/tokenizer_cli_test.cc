@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -161,6 +162,45 @@ TEST(PerplexityCli, WindowsAddUpAndMatchPrefill) {
   EXPECT_EQ(jp["n_tokens"].get<int64_t>(), n_text);
   EXPECT_NEAR(j1["log_likelihood"].get<double>(), jp["log_likelihood"].get<double>(),
               1e-6 * std::abs(jp["log_likelihood"].get<double>()));
+}
+
+// --llama-cpp: llama-perplexity's rule (its figures agree to 1e-7 on the tiny models: PERFORMANCE.md,
+// "estream eval against llama-perplexity"): the file less one final newline, whole windows only,
+// each window's tokens ctx/2 + 1 .. ctx - 1 scored; each window's sum equals prefill's.
+TEST(PerplexityCli, LlamaCppRuleScoresTheSecondHalfOfWholeWindows) {
+  const fs::path model = kModels / "qwen3moe-tiny-f32.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no tiny model at " << model;
+  const fs::path text = PerplexityText();
+  const std::string body = Slurp(text);
+  std::ofstream(text, std::ios::binary | std::ios::app) << "\n";  // dropped, as llama-perplexity drops it
+  const int ctx = 32;
+  CliRun r = Estream("perplexity -m " + Q(model) + " -f " + Q(text) + " --ctx 32 --llama-cpp -t 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["llama_cpp"], true);
+  const fs::path stripped = kBin / ("tokenizer_cli_test_ppl_body_" + std::to_string(getpid()) + ".txt");
+  std::ofstream(stripped, std::ios::binary) << body;
+  CliRun t = Estream("tokenize -m " + Q(model) + " -f " + Q(stripped) + " --json");
+  fs::remove(stripped);
+  fs::remove(text);
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const std::vector<int32_t> ids = nlohmann::json::parse(t.out)["ids"];
+  ASSERT_EQ(j["n_text_tokens"].get<size_t>(), ids.size());
+  const auto& windows = j["windows"];
+  ASSERT_EQ(windows.size(), ids.size() / ctx);
+  ASSERT_GE(windows.size(), 2u);
+  for (size_t w = 0; w < 2; ++w) {
+    EXPECT_EQ(windows[w]["n_tokens"], ctx);
+    EXPECT_EQ(windows[w]["n_scored"], ctx - 1 - ctx / 2);
+    std::string list;
+    for (int i = 0; i < ctx; ++i) list += (i ? "," : "") + std::to_string(ids[w * ctx + i]);
+    CliRun p = Estream("prefill -m " + Q(model) + " --tokens " + list + " --logprobs -t 1 --json");
+    ASSERT_EQ(p.rc, 0) << p.err;
+    const auto lp = nlohmann::json::parse(p.out)["logprobs"];  // lp[i]: token i + 1's
+    double want = 0;
+    for (int i = ctx / 2; i < ctx - 1; ++i) want += lp[i].get<double>();
+    EXPECT_NEAR(windows[w]["log_likelihood"].get<double>(), want, 1e-6 * std::abs(want)) << w;
+  }
 }
 
 TEST(PerplexityCli, ClearErrors) {

@@ -9,6 +9,12 @@
 // and all but the first are scored (the first has no context). A last, shorter window is run
 // too when it scores at least one token.
 //
+// --llama-cpp scores as llama-perplexity does, so that the figure equals its "Final estimate":
+// the file less one final newline (its -f reader drops it), tokenized with the vocabulary's
+// BOS/EOS, cut into whole windows of exactly N tokens (a shorter rest is not run), the first
+// token of each replaced by BOS when the vocabulary adds one, and only each window's second half
+// scored: tokens N/2 + 1 .. N - 1, every one with at least N/2 tokens of context.
+//
 // Reported: per window the tokens, the log-likelihood and perplexity; overall the perplexity
 // exp(-sum log p / n_scored) over all scored tokens, tokens/s (all window tokens over the summed
 // forward-pass time), the wall time and the process's peak RSS.
@@ -55,6 +61,9 @@ class PerplexityCommand : public Command {
     sub->add_option("--max-windows", max_windows_, "score at most this many windows (default: all)")
         ->check(CLI::PositiveNumber);
     sub->add_flag("--no-bos", no_bos_, "do not start each window with the BOS token the vocabulary asks for");
+    sub->add_flag("--llama-cpp", llama_cpp_,
+                  "score as llama-perplexity does (whole windows of --ctx tokens, BOS first, only each window's "
+                  "second half scored): the same figure as its final estimate");
     sub->add_flag("--json", json_, "print one JSON object");
   }
 
@@ -76,7 +85,10 @@ class PerplexityCommand : public Command {
                    "estream perplexity: warning: %s is not valid UTF-8 (first bad byte at offset %zu); "
                    "each ill-formed sequence is scored as U+FFFD\n", file_.c_str(), bad);
     const auto tok_start = std::chrono::steady_clock::now();
-    const std::vector<int32_t> ids = tok->Encode(text, /*add_special=*/false, /*parse_special=*/false);
+    const std::vector<int32_t> ids =
+        llama_cpp_ ? tok->Encode(text.ends_with('\n') ? text.substr(0, text.size() - 1) : text, /*add_special=*/true,
+                                 /*parse_special=*/false)
+                   : tok->Encode(text, /*add_special=*/false, /*parse_special=*/false);
     const double tokenize_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - tok_start).count();
 
@@ -90,8 +102,11 @@ class PerplexityCommand : public Command {
       return Status::OutOfRange("--ctx " + std::to_string(ctx) + " is longer than the model's context length " +
                                 std::to_string(info.n_ctx));
     const bool bos = tok->add_bos() && !no_bos_;
-    const int64_t text_per_window = bos ? ctx - 1 : ctx;
-    const int64_t min_text = bos ? 1 : 2;  // a window must score at least one token
+    if (llama_cpp_ && static_cast<int64_t>(ids.size()) < ctx)
+      return Status::InvalidArgument(file_ + ": the text is " + std::to_string(ids.size()) + " tokens long; --llama-cpp "
+                                     "needs at least one whole window of --ctx " + std::to_string(ctx) + " tokens");
+    const int64_t text_per_window = llama_cpp_ ? ctx : bos ? ctx - 1 : ctx;
+    const int64_t min_text = llama_cpp_ ? ctx : bos ? 1 : 2;  // a window must score at least one token
     if (static_cast<int64_t>(ids.size()) < min_text)
       return Status::InvalidArgument(file_ + ": the text is " + std::to_string(ids.size()) +
                                      " tokens long; perplexity needs at least " + std::to_string(min_text));
@@ -104,14 +119,17 @@ class PerplexityCommand : public Command {
       Request req;
       req.top_k = 0;
       req.prompt_logprobs = true;
-      if (bos) req.tokens.push_back(tok->bos_id());
+      if (bos && !llama_cpp_) req.tokens.push_back(tok->bos_id());
       req.tokens.insert(req.tokens.end(), ids.begin() + begin, ids.begin() + begin + n_text);
+      if (bos && llama_cpp_) req.tokens[0] = tok->bos_id();
       ESTREAM_ASSIGN_OR_RETURN(Response resp, engine->Run(req));
       WindowResult w;
       w.first_text_token = begin;
       w.n_tokens = static_cast<int64_t>(req.tokens.size());
-      w.n_scored = static_cast<int64_t>(resp.prompt_logprobs.size());
-      for (float lp : resp.prompt_logprobs) w.log_likelihood += lp;
+      // prompt_logprobs[p - 1] is token p's; --llama-cpp scores tokens ctx / 2 + 1 .. ctx - 1.
+      const size_t first = llama_cpp_ ? static_cast<size_t>(ctx / 2) : 0;
+      for (size_t p = first; p < resp.prompt_logprobs.size(); ++p) w.log_likelihood += resp.prompt_logprobs[p];
+      w.n_scored = static_cast<int64_t>(resp.prompt_logprobs.size() - first);
       w.seconds = resp.seconds;
       windows.push_back(w);
       if (!json_)
@@ -137,6 +155,7 @@ class PerplexityCommand : public Command {
       j["file"] = file_;
       j["ctx"] = ctx;
       j["bos"] = bos;
+      j["llama_cpp"] = llama_cpp_;
       j["n_text_tokens"] = ids.size();
       j["tokenize_seconds"] = tokenize_seconds;
       j["n_windows"] = windows.size();
@@ -173,7 +192,7 @@ class PerplexityCommand : public Command {
   int64_t ctx_ = 0;
   int threads_ = 0;
   int64_t max_windows_ = 0;
-  bool no_bos_ = false, json_ = false;
+  bool no_bos_ = false, json_ = false, llama_cpp_ = false;
 };
 
 }  // namespace
