@@ -13,7 +13,8 @@ the two candidates' scores, which llama-perplexity prints with 6 decimals. `--kv
 llama.cpp an fp32 KV cache (its default, f16, rounds K and V); `--kv both` also runs it with f16
 and compares its two runs, which shows how far rounding alone moves the scores of that model.
 Then `estream perplexity --llama-cpp` against llama-perplexity's final estimate on the first text
-file (windows of 128 tokens). Exit status 0 when every task's verdict agrees. Not a CI test: CI has no llama.cpp build.
+file (windows of 128 tokens). Exit status 0 when every task's verdict agrees. Not a CI test: CI
+has no llama.cpp build.
 """
 import argparse
 import json
