@@ -96,6 +96,7 @@ struct EngineOptions {
   bool verify_checksums = true;
   bool verify_every_read = false;
   // Chrome/Perfetto trace (JSON) of the last request's reads and compute steps; empty: none.
+  // Packed models only, and a path that can be created: Load refuses anything else.
   std::string trace_path;
   // estream's own tests and tools only (not owned; must outlive the Engine); null in normal use.
   const EngineHooks* hooks = nullptr;

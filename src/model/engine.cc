@@ -5,7 +5,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <numeric>
@@ -87,16 +90,22 @@ Engine::~Engine() = default;
 Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOptions options) {
   if (options.n_threads < 0)
     return Status::InvalidArgument(fmt::format("n_threads = {} must be >= 0 (0 = one per CPU)", options.n_threads));
-  if (options.budget_bytes > 0 || options.group_size > 0 || options.banks > 0) {
-    // Streaming needs the packed layout; refuse before loading (a resident load of a big plain
-    // GGUF would itself exceed the budget the user asked for).
+  const bool streams = options.budget_bytes > 0 || options.group_size > 0 || options.banks > 0;
+  if (streams || !options.trace_path.empty()) {
+    // Streaming needs the packed layout, and the trace records a packed model's expert reads;
+    // refuse before loading (a resident load of a big plain GGUF would itself exceed the budget
+    // the user asked for).
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> header, GgufFile::Open(path));
     if (!io::IsPackedModel(*header))
       return Status::InvalidArgument(fmt::format(
-          "{}: a memory budget (or group size / banks) needs a packed model: run 'estream pack {} -o "
-          "MODEL.packed.gguf' and use that file",
-          path, path));
+          "{}: {} needs a packed model{}: run 'estream pack {} -o MODEL.packed.gguf' and use that file", path,
+          streams ? "a memory budget (or group size / banks)" : "a trace (--trace, trace_path)",
+          streams ? "" : " (it records the expert reads), and this one is not packed", path));
   }
+  // The trace is written after each request, where a failed write cannot fail it: check the path
+  // now.
+  if (!options.trace_path.empty() && !std::ofstream(options.trace_path))
+    return Status::IOError(fmt::format("--trace {}: cannot create: {}", options.trace_path, std::strerror(errno)));
   model::ModelLoadOptions mo;
   // Repacking is chosen per type inside the loader (kernels::CanRepack); see docs/PERFORMANCE.md
   // for why experts are (or are not) repacked by default.

@@ -20,7 +20,6 @@
 #include "config/profile.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
-#include "pack/packed_layout.h"
 #include "profiler/prompt_lengths.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
@@ -135,9 +134,6 @@ class PrefillCommand : public Command {
         auto tok = Tokenizer::FromGguf(**file);
         if (tok.ok()) tokenizer_ = std::move(*tok);
         else tokenizer_status_ = tok.status();
-        if (!trace_.empty() && !io::IsPackedModel(**file))
-          return Status::InvalidArgument("--trace records the expert reads of a packed model; " + model_ +
-                                         " is not packed: run 'estream pack " + model_ + " -o MODEL.packed.gguf'");
       } else {
         return file.status();  // no model to load either: its own error, not a tokenizer hint
       }
@@ -157,8 +153,6 @@ class PrefillCommand : public Command {
     int64_t longest = static_cast<int64_t>(ids.size());
     for (int n : sweep_) longest = std::max<int64_t>(longest, n);
     eo.budget_tokens = budget_tokens_ > 0 ? budget_tokens_ : longest;
-    if (!trace_.empty() && !std::ofstream(trace_))  // written after the run: check the path now
-      return Status::IOError("--trace " + trace_ + ": cannot create: " + std::strerror(errno));
     eo.trace_path = trace_;
     eo.verify_checksums = !no_verify_;
     eo.verify_every_read = verify_every_read_;
