@@ -201,6 +201,12 @@ TEST(PerplexityCli, LlamaCppRuleScoresTheSecondHalfOfWholeWindows) {
     for (int i = ctx / 2; i < ctx - 1; ++i) want += lp[i].get<double>();
     EXPECT_NEAR(windows[w]["log_likelihood"].get<double>(), want, 1e-6 * std::abs(want)) << w;
   }
+  // A window too short to have a second half to score.
+  const fs::path again = PerplexityText();
+  CliRun bad = Estream("perplexity -m " + Q(model) + " -f " + Q(again) + " --ctx 2 --llama-cpp -t 1");
+  fs::remove(again);
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_NE(bad.err.find("--ctx 3 or more"), std::string::npos) << bad.err;
 }
 
 TEST(PerplexityCli, ClearErrors) {

@@ -102,14 +102,15 @@ class PerplexityCommand : public Command {
       return Status::OutOfRange("--ctx " + std::to_string(ctx) + " is longer than the model's context length " +
                                 std::to_string(info.n_ctx));
     const bool bos = tok->add_bos() && !no_bos_;
-    if (llama_cpp_ && static_cast<int64_t>(ids.size()) < ctx)
-      return Status::InvalidArgument(file_ + ": the text is " + std::to_string(ids.size()) + " tokens long; --llama-cpp "
-                                     "needs at least one whole window of --ctx " + std::to_string(ctx) + " tokens");
-    const int64_t text_per_window = llama_cpp_ ? ctx : bos ? ctx - 1 : ctx;
-    const int64_t min_text = llama_cpp_ ? ctx : bos ? 1 : 2;  // a window must score at least one token
+    if (llama_cpp_ && ctx < 3)
+      return Status::InvalidArgument("--llama-cpp scores the second half of each window: give --ctx 3 or more");
+    const int64_t text_per_window = llama_cpp_ || !bos ? ctx : ctx - 1;
+    // A window must score at least one token; --llama-cpp runs whole windows only.
+    const int64_t min_text = llama_cpp_ ? ctx : bos ? 1 : 2;
     if (static_cast<int64_t>(ids.size()) < min_text)
       return Status::InvalidArgument(file_ + ": the text is " + std::to_string(ids.size()) +
-                                     " tokens long; perplexity needs at least " + std::to_string(min_text));
+                                     " tokens long; perplexity needs at least " + std::to_string(min_text) +
+                                     (llama_cpp_ ? " (--llama-cpp: one whole window of --ctx tokens)" : ""));
 
     std::vector<WindowResult> windows;
     for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += text_per_window) {
