@@ -233,7 +233,7 @@ void AttentionShapes(benchmark::internal::Benchmark* b) {
   for (int isa : {5, 3})
 #endif
     for (int threads : {1, 2})
-      for (int t : {512, 1024, 4096}) {
+      for (int t : {128, 512, 1024, 4096}) {
         b->Args({t, 32, 4, 128, threads, isa});  // Qwen3-30B-A3B
         b->Args({t, 16, 16, 128, threads, isa});  // OLMoE-1B-7B (head_dim 2048 / 16; until 2026-12-02 64)
       }

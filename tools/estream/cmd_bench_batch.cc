@@ -139,10 +139,11 @@ class BenchBatchCommand : public Command {
             ESTREAM_RETURN_IF_ERROR(r.status());
             if (!seen.insert(r->pass).second) continue;
             if (verbose_)
-              std::printf("    pass %d: %d requests, %lld tokens, %.3f s: embed %.3f attention %.3f router %.3f "
+              std::printf("    pass %d: %d requests, %lld tokens, %.3f s: embed %.3f attention %.3f [projections %.3f, kernel %.3f] "
+                          "router %.3f "
                           "experts %.3f head %.3f (streamed: bubble %.3f, %.2f GB read)\n", r->pass, r->pass_requests,
                           static_cast<long long>(r->pass_tokens), r->seconds, r->timing.embed, r->timing.attention,
-                          r->timing.router, r->timing.experts, r->timing.head, r->bubble_seconds, r->bytes_read / 1e9);
+                          r->timing.attention_projections, r->timing.attention_kernel, r->timing.router, r->timing.experts, r->timing.head, r->bubble_seconds, r->bytes_read / 1e9);
             bb += r->bytes_read;
             passes = std::max(passes, r->pass + 1);
           }
