@@ -10,7 +10,10 @@
 //    score must match; bad files are refused with one line;
 //  - batch::CandidateProbabilities / BestCandidate (classify).
 // The CLI smoke tests (a score killed and resumed, eval's exit status) are batch_cli_test.cc.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -136,6 +139,46 @@ TEST(Score, MixedLinesInInputOrder) {
   EXPECT_EQ(s.status().code(), StatusCode::kIOError);
   EXPECT_NE(s.status().message().find("missing.jsonl"), std::string::npos);
   EXPECT_FALSE(std::ifstream(none).good());
+}
+
+// The output is checked before anything is written to it: a directory, a device or a pipe, the
+// input itself, a file whose JSON lines are not results (an input swapped for the output: even
+// its last line without a newline is not cut as "torn"), and a file another run holds locked are
+// refused with one line, and none of them is changed.
+TEST(Score, RefusesOutputsThatAreNotItsOwnFile) {
+  ScratchDir dir;
+  const std::string in = dir.File("in.jsonl"), out = dir.File("out.jsonl");
+  const std::string input = json({{"id", 1}, {"tokens", Ids(5, 1)}}).dump() + "\n" +
+                            json({{"id", 2}, {"tokens", Ids(4, 2)}}).dump();  // no final newline
+  WriteFile(in, input);
+  std::unique_ptr<Engine> e = LoadEngine(32);
+  ASSERT_TRUE(e);
+  auto refused = [&](const std::string& output, StatusCode code, const std::string& words) {
+    auto s = batch::Score(*e, nullptr, {.input = in, .output = output});
+    ASSERT_FALSE(s.ok()) << output;
+    EXPECT_EQ(s.status().code(), code) << s.status().message();
+    EXPECT_NE(s.status().message().find(words), std::string::npos) << s.status().message();
+    EXPECT_EQ(s.status().message().find('\n'), std::string::npos);
+  };
+  refused(in, StatusCode::kInvalidArgument, "is the input file");
+  refused(dir.path(), StatusCode::kIOError, "Is a directory");
+  refused("/dev/null", StatusCode::kInvalidArgument, "not a regular file");
+  const std::string other = dir.File("other.jsonl");
+  WriteFile(other, input);
+  refused(other, StatusCode::kInvalidArgument, "not a result of estream score");
+  EXPECT_EQ(ReadFile(in), input);
+  EXPECT_EQ(ReadFile(other), input);
+
+  // A second run on an output that a first one holds (its lock, taken here as Score takes it).
+  const int fd = open(out.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  refused(out, StatusCode::kIOError, "being written by another");
+  close(fd);
+  auto s = batch::Score(*e, nullptr, {.input = in, .output = out});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->lines_ok, 2);
+  EXPECT_EQ(ReadJsonl(out).size(), 2u);
 }
 
 TEST(Score, ShardsMergeToTheSingleProcessOutput) {

@@ -1,6 +1,7 @@
 #include "batch/score.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,25 +41,45 @@ ojson Head(const ScoreLine& l) {
   return o;
 }
 
-// Reads the output (if any): the keys done and whether each is an error line; cuts a torn last
-// line.
-Status ReadDone(const ScoreOptions& o, std::unordered_set<std::string>* done,
+// A line of an existing output that estream score wrote: an object keyed by "id" (or "line")
+// with "n_tokens" (a result) or "error". Anything else that parses as an object (an input line,
+// say) means the output is not score's file.
+bool IsScoreLine(const json& j) { return j.is_object() && (j.contains("n_tokens") || j.contains("error")); }
+
+// Reads the output open at fd (if it has any bytes): the keys done and whether each is an error
+// line; cuts a torn last line. Refuses, changing nothing, a file that holds JSON objects that
+// are not result lines (the input given as the output, or another program's file).
+Status ReadDone(int fd, const ScoreOptions& o, std::unordered_set<std::string>* done,
                 std::unordered_map<std::string, bool>* failed) {
-  std::ifstream in(o.output, std::ios::binary);
-  if (!in) return Status::Ok();  // no file yet
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  char buf[1 << 16];
+  for (off_t at = 0;;) {
+    const ssize_t n = pread(fd, buf, sizeof buf, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::IOError(o.output + ": read failed: " + std::strerror(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    at += n;
+  }
   size_t good_end = 0;  // bytes of whole, parseable lines
   size_t pos = 0;
   int64_t line_no = 0;
+  auto not_ours = [&](int64_t line) {
+    return Status::InvalidArgument(o.output + " line " + std::to_string(line) +
+                                   " is a JSON object but not a result of estream score (is it an input "
+                                   "file?); give --output a new file or one that an earlier run wrote");
+  };
   while (pos < text.size()) {
     const size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) break;  // torn: no newline
     ++line_no;
-    json j = json::parse(text.begin() + pos, text.begin() + nl, nullptr, false);
+    const size_t line_end = nl == std::string::npos ? text.size() : nl;
+    json j = json::parse(text.begin() + pos, text.begin() + line_end, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && !IsScoreLine(j)) return not_ours(line_no);
+    if (nl == std::string::npos) break;  // torn: no newline
     Result<std::string> key = j.is_discarded() ? Result<std::string>(Status::InvalidArgument("not JSON"))
                                                : ResultKey(j);
     if (!key.ok()) {
-      if (text.find('\n', nl + 1) == std::string::npos && nl + 1 >= text.size()) break;  // torn last line
+      if (nl + 1 >= text.size()) break;  // torn last line
       if (o.warn) o.warn("warning: " + o.output + " line " + std::to_string(line_no) + " is not a result; ignored");
     } else {
       done->insert(*key);
@@ -71,10 +92,35 @@ Status ReadDone(const ScoreOptions& o, std::unordered_set<std::string>* done,
     if (o.warn)
       o.warn(o.output + " ends with a torn line (" + std::to_string(text.size() - good_end) +
              " bytes); cutting it and resuming");
-    if (truncate(o.output.c_str(), static_cast<off_t>(good_end)) != 0)
+    if (ftruncate(fd, static_cast<off_t>(good_end)) != 0)
       return Status::IOError(o.output + ": cannot cut the torn last line: " + std::strerror(errno));
   }
   return Status::Ok();
+}
+
+// Opens the output for appending (created when absent) and locks it: a regular file (it is read
+// back to resume, and fsynced), not the input, and not being written by another Score (a
+// requeued job whose old task still runs would duplicate every line).
+Result<int> OpenOutput(const ScoreOptions& o) {
+  const int fd = open(o.output.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError(o.output + ": cannot open for writing: " + std::strerror(errno));
+  auto fail = [&](Status st) {
+    close(fd);
+    return st;
+  };
+  struct stat out_st, in_st;
+  if (fstat(fd, &out_st) != 0) return fail(Status::IOError(o.output + ": cannot stat: " + std::strerror(errno)));
+  if (!S_ISREG(out_st.st_mode))
+    return fail(Status::InvalidArgument(o.output + " is not a regular file: the output is appended to, fsynced and "
+                                        "read back to resume; give a file path"));
+  if (stat(o.input.c_str(), &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
+    return fail(Status::InvalidArgument(o.output + " is the input file: give the results another file"));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+    return fail(errno == EWOULDBLOCK
+                    ? Status::IOError(o.output + " is being written by another estream score run; wait for "
+                                          "it to end or give another output")
+                    : Status::IOError(o.output + ": cannot lock: " + std::strerror(errno)));
+  return fd;
 }
 
 // Appends `text` to fd and fsyncs it.
@@ -208,10 +254,15 @@ Result<ScoreSummary> Score(Engine& engine, const Tokenizer* tokenizer, const Sco
   ScoreSummary sum;
   std::unordered_set<std::string> done;
   std::unordered_map<std::string, bool> failed;
-  ESTREAM_RETURN_IF_ERROR(ReadDone(options, &done, &failed));
-
   std::ifstream in(options.input, std::ios::binary);
   if (!in) return Status::IOError(options.input + ": cannot open: " + std::strerror(errno));
+  ESTREAM_ASSIGN_OR_RETURN(const int fd, OpenOutput(options));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }  // also releases the lock
+  } closer{fd};
+  ESTREAM_RETURN_IF_ERROR(ReadDone(fd, options, &done, &failed));
+
   const int32_t n_vocab = engine.info().n_vocab;
 
   // Every input line of the shard: parsed, or skipped when the output already has it. Every
@@ -240,13 +291,6 @@ Result<ScoreSummary> Score(Engine& engine, const Tokenizer* tokenizer, const Sco
     items.push_back(std::move(it));
   }
   if (in.bad()) return Status::IOError(options.input + ": read failed");
-
-  const int fd = open(options.output.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IOError(options.output + ": cannot open for writing: " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{fd};
 
   const int64_t window_tokens = 4 * engine.pass_tokens();
   int64_t tokens_done = 0;  // the progress's: every line that went to the engine, as total_tokens

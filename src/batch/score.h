@@ -29,7 +29,10 @@
 //
 // Resume: at start the output is read; a torn last line (no newline, or not JSON) is cut off, and
 // every id (or line number, for id-less lines) it holds is skipped: a rerun after a crash or
-// Ctrl-C completes the file without duplicating or losing a line.
+// Ctrl-C completes the file without duplicating or losing a line. The output must be a regular
+// file other than the input; it is locked (flock) for the call, so a second run on the same
+// output fails instead of duplicating lines; and an output holding JSON objects that are not
+// result lines (no "n_tokens", no "error": an input file, say) is refused without being changed.
 //
 // Shards (ScoreOptions::shard, shard.h): only the lines of that shard are scored, into the
 // shard's own output, resumable as above; the whole input is read, so ids repeated across shards
@@ -64,13 +67,13 @@ struct ScoreProgress {
 
 struct ScoreOptions {
   std::string input;   // the JSONL input
-  std::string output;  // the results, appended to (resume); created when absent
-  ShardSpec shard;     // default: the whole input
+  std::string output;  // the results, appended to (resume); created when absent; a regular file
+  ShardSpec shard = {};// default: the whole input
   // After each window written (may be empty).
-  std::function<void(const ScoreProgress&)> progress;
+  std::function<void(const ScoreProgress&)> progress = {};
   // One line per problem found in an existing output ("warning: OUT line 3 is not a result;
   // ignored", "OUT ends with a torn line (12 bytes); cutting it and resuming"); may be empty.
-  std::function<void(const std::string&)> warn;
+  std::function<void(const std::string&)> warn = {};
 };
 
 struct ScoreSummary {
