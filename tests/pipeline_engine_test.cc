@@ -301,7 +301,7 @@ TEST(PipelineEngine, ExpertCacheReadsLessOnRepeatedRequestsWithIdenticalResults)
   EXPECT_EQ(runs[1]->experts_cached, 12);
   EXPECT_LT(runs[1]->bytes_read, runs[0]->bytes_read);
   // Every group of this prompt is active, so each cached record is one record not read.
-  if (r0->experts_needed == 48) EXPECT_EQ(runs[0]->bytes_read - runs[1]->bytes_read, 12 * stride);
+  if (r0->experts_needed == 48) { EXPECT_EQ(runs[0]->bytes_read - runs[1]->bytes_read, 12 * stride); }
   EXPECT_GT(runs[2]->experts_cached, 0);
   EXPECT_LT(runs[2]->bytes_read, runs[0]->bytes_read);
 
@@ -416,7 +416,7 @@ TEST(PipelineEngine, TruncatedWhileInUseFailsWithoutCrash) {
   ASSERT_EQ(truncate(path.c_str(), static_cast<off_t>(region + 4096)), 0);
   auto r = RunOnce(**e);
   EXPECT_FALSE(r.ok());
-  if (!r.ok()) EXPECT_NE(r.status().message().find("layer 2"), std::string::npos) << r.status().message();
+  if (!r.ok()) { EXPECT_NE(r.status().message().find("layer 2"), std::string::npos) << r.status().message(); }
 }
 
 // The CLI in a fresh process (so VmHWM is this run's): the minimum budget is named, and a run at
@@ -456,7 +456,7 @@ TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
     ASSERT_NE(pk, std::string::npos) << out;
     const uint64_t peak = std::strtoull(out.c_str() + pk + 17, nullptr, 10);
     EXPECT_GT(peak, 0u);
-    if (kCheckRss) EXPECT_LE(peak, budget) << sched << ": " << out;
+    if (kCheckRss) { EXPECT_LE(peak, budget) << sched << ": " << out; }
     EXPECT_NE(out.find("\"streamed\":true"), std::string::npos) << out;
   }
   // With the expert cache filling what a roomier budget leaves (and repeated runs that use it),
@@ -465,7 +465,7 @@ TEST(PipelineEngine, PeakRssStaysUnderTheBudget) {
   const std::string out = RunCli(base + " --json --repeat 3 --expert-cache auto --budget " + std::to_string(roomy));
   const size_t pk = out.find("\"peak_rss_bytes\":");
   ASSERT_NE(pk, std::string::npos) << out;
-  if (kCheckRss) EXPECT_LE(std::strtoull(out.c_str() + pk + 17, nullptr, 10), roomy) << out;
+  if (kCheckRss) { EXPECT_LE(std::strtoull(out.c_str() + pk + 17, nullptr, 10), roomy) << out; }
   const size_t cb = out.find("\"cache_banks\":");
   ASSERT_NE(cb, std::string::npos) << out;
   EXPECT_GT(std::strtol(out.c_str() + cb + 14, nullptr, 10), 0) << out;

@@ -579,7 +579,7 @@ TEST(ProfileModel, ReportWithARefusedPeakReset) {
   ASSERT_GE(r->report.size(), 1u);
   EXPECT_EQ(r->report[0].point, "chosen");
   for (const profiler::ReportPoint& point : r->report)
-    if (point.error.empty()) EXPECT_TRUE(point.peak_rss_exact);
+    if (point.error.empty()) { EXPECT_TRUE(point.peak_rss_exact); }
 
   ASSERT_EQ(setenv(profiler::kRefuseClearRefsEnv, "1", 1), 0);
   progress.clear();

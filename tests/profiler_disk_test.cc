@@ -188,7 +188,7 @@ TEST(ProfilerDisk, CacheDirFollowsXdgThenHome) {
   EXPECT_EQ(profiler::DiskCacheDir(), "/some/xdg/estream");
   setenv("XDG_CACHE_HOME", "", 1);
   const char* home = std::getenv("HOME");
-  if (home != nullptr && *home != '\0') EXPECT_EQ(profiler::DiskCacheDir(), std::string(home) + "/.cache/estream");
+  if (home != nullptr && *home != '\0') { EXPECT_EQ(profiler::DiskCacheDir(), std::string(home) + "/.cache/estream"); }
   if (old_xdg) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
   else unsetenv("XDG_CACHE_HOME");
 }

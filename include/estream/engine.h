@@ -97,7 +97,7 @@ struct EngineOptions {
   bool verify_every_read = false;
   // Chrome/Perfetto trace (JSON) of the last request's reads and compute steps; empty: none.
   // Packed models only, and a path that can be created: Load refuses anything else.
-  std::string trace_path;
+  std::string trace_path = {};
   // estream's own tests and tools only (not owned; must outlive the Engine); null in normal use.
   const EngineHooks* hooks = nullptr;
 };
@@ -120,7 +120,7 @@ struct Request {
   // Response (Request::logits is then ignored): called in position order with rows
   // [first_pos, first_pos + n_rows) of n_vocab floats each (row-major). Runs on the calling
   // thread. A non-OK Status aborts the request with that Status.
-  std::function<Status(int64_t first_pos, int64_t n_rows, const float* logits)> logits_sink;
+  std::function<Status(int64_t first_pos, int64_t n_rows, const float* logits)> logits_sink = {};
 
   // Response::prompt_logprobs / log_likelihood / perplexity.
   bool prompt_logprobs = false;

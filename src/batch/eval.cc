@@ -340,7 +340,6 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
       for (const auto& c : r.continuations) n += static_cast<int64_t>(c.size());
       if (!batch.empty() && wt + n > window) break;
       wt += n;
-      for (const auto& s : t.seqs) res.tokens_separate += static_cast<int64_t>(s.size());
       batch.push_back(std::move(r));
       cps.push_back(cp);
       which.push_back(w1);
@@ -354,6 +353,7 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
         continue;
       }
       ScoreTask(kind, tasks[which[i]], cps[i], *out[i], &item);
+      for (const auto& seq : tasks[which[i]].seqs) res.tokens_separate += static_cast<int64_t>(seq.size());
       if (seen_pass.insert(out[i]->pass).second) {  // each pass of the window once
         res.forward_seconds += out[i]->seconds;
         res.tokens += out[i]->pass_tokens;

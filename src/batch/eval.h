@@ -68,7 +68,7 @@ struct EvalTask {
 struct LoadTasksOptions {
   int64_t n_tasks = 0;   // > 0: use N tasks, chosen as llama-perplexity's --*-tasks choose them
   std::string name;      // the file's name in messages
-  std::function<void(const std::string&)> warn;  // one line per skipped winogrande line; may be empty
+  std::function<void(const std::string&)> warn = {};  // one line per skipped winogrande line; may be empty
 };
 
 // The tasks of `data` (a whole file's bytes) in the order they are scored, tokenized with
@@ -98,7 +98,7 @@ struct EvalResult {
   double standard_error = 0;  // sqrt(p (1 - p) / (n - 1))
   double wilson_lo = 0, wilson_hi = 0;  // 95% Wilson score interval
   int64_t tokens = 0;           // tokens of the forward passes
-  int64_t tokens_separate = 0;  // tokens if every candidate were run alone
+  int64_t tokens_separate = 0;  // tokens if every candidate of the scored tasks were run alone
   double forward_seconds = 0;   // wall time of the forward passes
   std::vector<EvalItem> items;  // in task order
 

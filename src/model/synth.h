@@ -77,7 +77,7 @@ namespace estream::synth {
 
 struct SynthOptions {
   std::string preset = "tiny";
-  std::string arch;               // architecture of `tiny` (empty: olmoe)
+  std::string arch = {};          // architecture of `tiny` (empty: olmoe)
   // Overrides; 0 keeps the preset's value.
   int layers = 0;
   int experts = 0;
@@ -88,10 +88,10 @@ struct SynthOptions {
   // A llama-quantize mix (q2_K, q3_K_S/M/L, q4_K_S/M, q5_K_S/M, q6_K, q4_1, q5_0, q5_1, iq4_nl,
   // iq4_xs, mxfp4_moe; see ApplySynthType): per-tensor types as llama-quantize chooses them
   // (without an importance matrix). Empty: every matrix is `type`.
-  std::string mix;
+  std::string mix = {};
   float router_skew = 0.5f;       // S >= 0: expert popularity ~ 1/rank^S
   uint64_t seed = 1;
-  std::string vocab_from;         // copy tokenizer.* from this GGUF (n_vocab follows it)
+  std::string vocab_from = {};    // copy tokenizer.* from this GGUF (n_vocab follows it)
 };
 
 // The weight types and mixes synth writes, for --help and errors.

@@ -38,9 +38,9 @@ struct ProfileModelParams {
   std::string model_path;          // a packed model; the profile is stored in it
   uint64_t budget_bytes = 0;       // > 0
   std::string budget_text;         // the budget as the user wrote it (for suggested commands)
-  std::string calib_path;          // calibration text; empty: the built-in text
+  std::string calib_path = {};     // calibration text; empty: the built-in text
   int calib_tokens = kDefaultCalibrationTokens;
-  std::vector<int> groups;         // candidate group sizes; empty: DefaultGroupSizes
+  std::vector<int> groups = {};    // candidate group sizes; empty: DefaultGroupSizes
   bool refresh_disk = false;       // measure the disk again instead of using the per-device cache
   bool recalibrate = false;        // calibrate again even if the model holds a profile
   bool report = false;             // run the choice and its neighbours end to end

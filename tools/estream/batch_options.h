@@ -30,11 +30,11 @@ struct BatchEngineFlags {
                     "the longest of 16384, 12288 and 8192, at most the context, whose activations the budget "
                     "holds beside the full streaming arena, else min(context, 4096)); with a budget it bounds "
                     "--batch-tokens")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--batch-tokens", batch_tokens,
                     "most tokens of one forward pass, all packed requests together (default: the budget's "
                     "--budget-tokens when streamed, else max(context length, 8192))")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     AddScheduleFlag(sub, &schedule, "packed models with --budget: on-demand, after-routing, early (default)");
     AddExpertCacheFlag(sub, &expert_cache, "auto");
   }

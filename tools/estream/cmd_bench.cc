@@ -34,7 +34,7 @@ class BenchCommand : public Command {
         ->check(CLI::IsMember({"on-demand", "after-routing", "early"}));
     sub->add_option("--budgets", budgets_, "memory budgets, e.g. 1G,2G (K/M/G suffixes; default: none, the resident run only)")->delimiter(',');
     sub->add_flag("--resident", resident_, "also run with all experts resident (no budget)");
-    sub->add_option("--repeat", repeat_, "runs per configuration (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
+    sub->add_option("--repeat", repeat_, "runs per configuration (median reported)")->capture_default_str()->check(PositiveInt());
     AddThreadsFlag(sub, &threads_);
     sub->add_flag("--in-process", in_process_, "run every prompt length on one engine per configuration in this "
                   "process (load once; op rates and CPU time per thread; peak RSS is the process's)");

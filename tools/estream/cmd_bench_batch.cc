@@ -39,14 +39,14 @@ class BenchBatchCommand : public Command {
     sub->add_option("-m,--model", model_, "GGUF or packed model")->required();
     sub->add_option("--batch-sizes", sizes_, "prompts per batch (default 1,4,16,64)")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
-    sub->add_option("--prompt-length", length_, "tokens per prompt (default 128)")->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
+    sub->add_option("--prompt-length", length_, "tokens per prompt (default 128)")->check(PositiveInt());
     sub->add_option("--repeat", repeat_, "alternated runs of each variant (median reported; default 5)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--mc", mc_, "multiple choice instead: CONTEXT,ENDINGS,ENDING_LEN tokens (e.g. 100,4,20)")
         ->delimiter(',')
         ->expected(3)
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--json", json_, "write the results as JSON to FILE");
     sub->add_flag("-v,--verbose", verbose_, "print each batch pass's time split");
     sub->add_flag("--batch-only", batch_only_,

@@ -31,7 +31,7 @@ class EvalCommand : public Command {
                     "--multiple-choice")->required();
     sub->add_option("--tasks", n_tasks_, "use N tasks, chosen as llama-perplexity's --hellaswag-tasks / "
                     "--winogrande-tasks / --multiple-choice-tasks choose them (default: all)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_flag("--json", json_, "print one JSON object with the accuracy and every item's scores");
     flags_.Setup(sub);
   }

@@ -59,7 +59,7 @@ class PerplexityCommand : public Command {
         ->check(CLI::Range(2, 1 << 30));
     AddThreadsFlag(sub, &threads_);
     sub->add_option("--max-windows", max_windows_, "score at most this many windows (default: all)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_flag("--no-bos", no_bos_, "do not start each window with the BOS token the vocabulary asks for");
     sub->add_flag("--llama-cpp", llama_cpp_,
                   "score as llama-perplexity does (whole windows of --ctx tokens, BOS first, only each window's "

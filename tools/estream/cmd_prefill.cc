@@ -61,7 +61,7 @@ class PrefillCommand : public Command {
     prompt_opt_ = sub->add_option("-p,--prompt", prompt_, "prompt text (tokenized with the model's vocabulary)");
     file_opt_ = sub->add_option("-f,--file", prompt_file_, "file holding the prompt text");
     sub->add_flag("--no-bos", no_bos_, "with -p/-f: do not add the BOS/EOS tokens the vocabulary asks for");
-    sub->add_option("--top-k", top_k_, "how many next tokens to print (default 5)")->check(CLI::NonNegativeNumber);
+    sub->add_option("--top-k", top_k_, "how many next tokens to print (default 5)")->check(NonNegativeInt());
     sub->add_flag("--logprobs", logprobs_, "score the prompt: per-token log-probabilities and perplexity");
     sub->add_flag("--embedding", embedding_, "output the final hidden state (after the final norm)");
     pool_opt_ = sub->add_option("--pool", pool_, "embedding pooling: last (default) or mean (implies --embedding)")
@@ -82,17 +82,17 @@ class PrefillCommand : public Command {
                     "'estream profile' stored for this budget, else are re-solved from its stored profile, else a "
                     "default rule");
     sub->add_option("--group-size", group_size_, "packed models: experts per group/bank (G; default: from --budget)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--banks", banks_, "packed models: banks of the arena (B; default: from --budget)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--queue-depth", queue_depth_, "packed models: reads in flight (Q; default: from --budget, else 8)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     AddScheduleFlag(sub, &schedule_, "packed models: when expert groups are read: on-demand, after-routing, "
                     "early (default)");
     AddIoFlag(sub, &io_, "packed models: ");
     sub->add_option("--budget-tokens", budget_tokens_,
                     "packed models: longest prompt the budget plans activations for (default: the prompt's length)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     AddExpertCacheFlag(sub, &expert_cache_, "0: each run streams as if it were the first; with --repeat, auto "
                        "measures warm runs");
     sub->add_flag("--no-verify", no_verify_, "packed models: skip the per-record checksum check of streamed reads");
@@ -101,7 +101,7 @@ class PrefillCommand : public Command {
     sub->add_option("--trace", trace_, "packed models: write a Chrome/Perfetto trace (JSON) of the reads and compute "
                     "steps of the (last) request to FILE");
     sub->add_option("--repeat", repeat_, "run the prompt N times (model loaded once) and report the median time")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
   }
 
  private:

@@ -21,9 +21,9 @@ class ProfileCommand : public Command {
         ->required();
     sub->add_option("--calib", p_.calib_path, "calibration text file (default: built-in text of about 1K tokens)");
     sub->add_option("--calib-tokens", p_.calib_tokens, "tokens of the calibration request (default 1024)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--groups", p_.groups, "candidate group sizes, e.g. 1,2,4 (default 1,2,4,8,16 up to the experts "
-                    "per layer)")->delimiter(',')->check(CLI::PositiveNumber);
+                    "per layer)")->delimiter(',')->check(PositiveInt());
     sub->add_flag("--refresh-disk", p_.refresh_disk, "measure the disk again instead of using the per-device cache");
     sub->add_flag("--recalibrate", p_.recalibrate, "run the calibration again even if the model holds a profile");
     sub->add_flag("--report", p_.report, "run the chosen configuration and its neighbours end to end and print "

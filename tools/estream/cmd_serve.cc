@@ -45,11 +45,11 @@ class ServeCommand : public Command {
     sub->add_option("--budget-tokens", budget_tokens_, "packed models with --budget: tokens of one batch the budget "
                     "plans activations for (default the longest of 16384, 12288 and 8192, at most the context, whose "
                     "activations the budget holds beside the full streaming arena, else min(context, 4096); a smaller "
-                    "value leaves more for the expert cache)")->check(CLI::PositiveNumber);
+                    "value leaves more for the expert cache)")->check(PositiveInt());
     sub->add_option("--max-batch-tokens", max_batch_tokens_, "most tokens of one batch (all requests packed "
-                    "together); a request over it gets 413 (default: the engine's pass length)")->check(CLI::PositiveNumber);
+                    "together); a request over it gets 413 (default: the engine's pass length)")->check(PositiveInt());
     sub->add_option("--max-queue", o_.scheduler.max_queue, "most requests waiting; more get 429 (default 64)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--aging", o_.scheduler.aging_seconds, "seconds of waiting that make up for the largest "
                     "request's size in the shortest-first queue (default 2): a request is never overtaken by one that "
                     "arrived more than this later")->check(SecondsCheck());
@@ -68,7 +68,7 @@ class ServeCommand : public Command {
         ->check(SecondsCheck());
     sub->add_option("--max-body", max_body_, "largest request body (default 256K); larger: 413");
     sub->add_option("--http-threads", o_.http_threads, "HTTP worker threads (default --max-queue + 8)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(NonNegativeInt());
     sub->add_option("--shutdown-grace", o_.shutdown_grace_seconds, "on SIGTERM/SIGINT, seconds queued work may "
                     "still run (default 10)")->check(SecondsCheck());
     sub->add_option("--alias", alias_, "model id in replies and /v1/models (default: the file name)");

@@ -19,20 +19,20 @@ class SweepCommand : public Command {
     sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack), given as MODEL or -m MODEL (once)")->required();
     AddBudgetFlag(sub, &budget_, "memory budget of the whole process (bytes, or K/M/G suffix: 1500M)")->required();
     sub->add_option("--groups", p_.groups, "restrict G to these group sizes, e.g. 2,4")
-        ->delimiter(',')->check(CLI::PositiveNumber);
+        ->delimiter(',')->check(PositiveInt());
     sub->add_option("--queue-depths", p_.queue_depths, "restrict Q to these queue depths, e.g. 4,8")
-        ->delimiter(',')->check(CLI::PositiveNumber);
+        ->delimiter(',')->check(PositiveInt());
     sub->add_option("--banks", p_.banks, "restrict B to these bank counts, e.g. 2,4,8 (no b_max search)")
-        ->delimiter(',')->check(CLI::PositiveNumber);
+        ->delimiter(',')->check(PositiveInt());
     sub->add_option("--calib", p_.calib_path, "calibration text file (default: built-in text of about 1K tokens)");
     sub->add_option("--calib-tokens", p_.calib_tokens, "tokens of the calibration request (default 1024)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     sub->add_option("--budget-tokens", p_.budget_tokens,
                     "longest prompt the budget plans activations for (default: the calibration request's length)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     AddThreadsFlag(sub, &p_.n_threads);
     sub->add_option("--repeat", p_.repeat, "runs per point (model loaded once); the median is reported (default 1)")
-        ->check(CLI::PositiveNumber);
+        ->check(PositiveInt());
     AddIoFlag(sub, &io_);
     sub->add_flag("--json", json_, "print one JSON object");
     sub->footer(profiler::kSweepGridHelp);

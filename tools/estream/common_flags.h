@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -39,6 +40,23 @@ inline CLI::Validator SecondsCheck() {
       },
       "SECONDS");
 }
+
+// Integer flags' checks, with errors that say what is wanted (CLI11's PositiveNumber and
+// NonNegativeNumber print their range up to DBL_MAX in full). Every value of a list is checked.
+inline CLI::Validator IntCheck(long long least, const std::string& what) {
+  return CLI::Validator(
+      [least, what](std::string& v) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long x = std::strtoll(v.c_str(), &end, 10);
+        if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || x < least)
+          return "expected " + what + ", got '" + v + "'";
+        return {};
+      },
+      "INT");
+}
+inline CLI::Validator PositiveInt() { return IntCheck(1, "a positive integer"); }
+inline CLI::Validator NonNegativeInt() { return IntCheck(0, "an integer >= 0"); }
 
 // A share in [0, 1] (e.g. 0.01).
 inline CLI::Validator ShareCheck() {

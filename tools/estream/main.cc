@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -55,6 +56,8 @@ Result<uint64_t> ParseBudget(const std::string& text) {
 }
 
 Result<std::string> ReadFileText(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(path + " is a directory: give a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream ss;
