@@ -52,6 +52,12 @@ TEST_F(CliErrors, CommandLineMistakesAreOneLineAndExitCode1) {
   ExpectError("prefill -p hi", "estream prefill: error: ", "--model");
   ExpectError("prefill -m " + Model() + " -p hi -t 100000", "estream prefill: error: ", "--threads");
   ExpectError("synth --layers 0 -o " + dir_->File("x.gguf"), "estream synth: error: ", "--layers");
+  // Integer flags: what is wanted, in one short line (CLI11's own check printed DBL_MAX in full).
+  ExpectError("eval --task hellaswag -m " + Model() + " f.txt --tasks 0", "estream eval: error: ",
+              "--tasks: expected a positive integer, got '0'");
+  ExpectError("prefill -m " + Model() + " -p hi --top-k abc", "estream prefill: error: ",
+              "--top-k: expected an integer >= 0, got 'abc'");
+  ExpectError("eval --task hellaswag -m " + Model() + " " + dir_->path(), "estream eval: error: ", "is a directory");
   EXPECT_FALSE(std::ifstream(dir_->File("x.gguf")).good());
   // --help and --version still print and succeed.
   EXPECT_EQ(Run("prefill --help").exit_code, 0);
