@@ -66,7 +66,8 @@ class ScoreCommand : public Command {
         "              {\"id\": \"q7\", \"continuations\": [{\"logprob\": -1.2, \"logprobs\": [-1.2], \"n_tokens\": 1, "
         "\"is_greedy\": true}, ...]}\n"
         "A bad line gives {\"id\": ..., \"error\": \"...\"} and the run goes on; the exit status is 1 if any line "
-        "failed. Rerunning with the same --output resumes: ids already written are skipped.\n"
+        "failed. Rerunning with the same --output resumes: ids already written are skipped (error lines too: delete "
+        "them from the output to retry them). The output is a regular file, locked while a run writes it.\n"
         "Sharded: estream score -m M --input IN.jsonl --shard 0/4 --output OUT.0.jsonl   (... 1/4, 2/4, 3/4)\n"
         "         estream score --merge OUT.0.jsonl OUT.1.jsonl OUT.2.jsonl OUT.3.jsonl --input IN.jsonl -o ALL.jsonl\n");
   }
@@ -95,6 +96,9 @@ class ScoreCommand : public Command {
     if (model_.empty()) return Status::InvalidArgument("--model is required (the model to score with)");
     if (input_.empty()) return Status::InvalidArgument("--input is required (the JSONL file to score)");
     if (output_.empty()) return Status::InvalidArgument("--output is required (where the results go)");
+    if (output_ == "-")
+      return Status::InvalidArgument("--output - (standard output) is not supported: the output is a file that a "
+                                     "rerun resumes; give a path");
     batch::ScoreOptions so;
     so.input = input_;
     so.output = output_;
