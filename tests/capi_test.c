@@ -347,6 +347,26 @@ int main(int argc, char** argv) {
     }
   }
 
+  /* ---- a request longer than one forward pass: an input error, not a memory one ---- */
+  {
+    estream_model* m4 = NULL;
+    estream_request r;
+    estream_batch* b = NULL;
+    estream_load_options_init(&o);
+    o.n_threads = 1;
+    o.batch_tokens = 4;
+    CHECK_OK(estream_model_load(path, &o, &m4));
+    estream_request_init(&r);
+    r.prompt.ids = prompt;
+    r.prompt.n = 6;
+    r.top_k = 1;
+    CHECK_OK(estream_run_batch(m4, &r, 1, &b));
+    CHECK(estream_batch_status(b, 0) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(strstr(estream_batch_error(b, 0), "raise batch_tokens (--batch-tokens)") != NULL);
+    estream_batch_free(b);
+    estream_model_free(m4);
+  }
+
   estream_model_free(m);
   estream_model_free(NULL);
   if (g_failures > 0) {

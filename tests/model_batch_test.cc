@@ -163,8 +163,10 @@ TEST(Batch, BadRequestsFailAlone) {
   ASSERT_FALSE(got[3].ok());
   EXPECT_NE(got[3].status().message().find("continuation 1 is empty"), std::string::npos);
   ASSERT_FALSE(got[4].ok());
-  EXPECT_EQ(got[4].status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(got[4].status().code(), StatusCode::kInvalidArgument);  // input size, not memory
   EXPECT_NE(got[4].status().message().find("300"), std::string::npos);
+  EXPECT_NE(got[4].status().message().find("raise batch_tokens (--batch-tokens)"), std::string::npos)
+      << got[4].status().message();
   ASSERT_FALSE(got[5].ok());
   EXPECT_EQ(got[5].status().code(), StatusCode::kOutOfRange);
   for (int i : {0, 6}) {

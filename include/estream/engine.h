@@ -277,8 +277,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Runs one prefill. Errors: InvalidArgument (empty prompt, token id out of range, negative
-  // top_k), OutOfRange (prompt longer than the context length), ResourceExhausted (activation
-  // buffers cannot be allocated), or the Status of logits_sink. Thread safety: see above.
+  // top_k, a request longer than one forward pass: pass_tokens()), OutOfRange (prompt longer
+  // than the context length), ResourceExhausted (activation buffers cannot be allocated), or the
+  // Status of logits_sink. Thread safety: see above.
   Result<Response> Run(const Request& request);
 
   // Runs a batch: results[i] is requests[i]'s Response, or its error; a request with bad input

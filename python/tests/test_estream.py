@@ -257,6 +257,14 @@ def test_bad_inputs_raise_and_model_stays_usable(model):
     assert model.score([]) == []
 
 
+def test_request_longer_than_a_pass_is_an_input_error():
+    m = estream.Model(str(MODEL), batch_tokens=4, threads=1)
+    with pytest.raises(ValueError, match=r"raise batch_tokens \(--batch-tokens\)") as e:
+        m.score("hello world")
+    assert not isinstance(e.value, MemoryError)
+    assert len(m.score(PROMPT[:4]).tokens) == 4
+
+
 # ---- threads --------------------------------------------------------------------------------
 
 def test_two_threads_share_one_model(model):

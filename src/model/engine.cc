@@ -218,14 +218,17 @@ Status Engine::Impl::Validate(const Request& req) const {
                                                    "[0, {})", cont[i], i, j, c.n_vocab));
   }
   const int64_t n = RequestTokens(req);
-  if (n > pass_tokens)
-    return Status::ResourceExhausted(fmt::format(
-        "request of {} tokens{} is longer than the {} tokens one forward pass holds ({}); shorten it{}", n,
+  if (n > pass_tokens) {
+    // An input-size error like a prompt longer than the context, not a budget too small (the
+    // budget was planned for this pass length); the option is named as the C++, C and Python
+    // front ends spell it, then the CLI's flag.
+    return Status::InvalidArgument(fmt::format(
+        "request of {} tokens{} is longer than the {} tokens one forward pass holds{}: shorten it{} or raise {}", n,
         req.continuations.empty() ? "" : " (prompt + continuations)", pass_tokens,
-        vexp && vexp->streamed() ? "the memory budget was planned for that many: raise --budget-tokens, "
-                                   "EngineOptions::budget_tokens"
-                                 : "raise --batch-tokens, EngineOptions::batch_tokens",
-        req.continuations.empty() ? "" : " or split its continuations"));
+        vexp && vexp->streamed() ? " (the memory budget was planned for that many)" : "",
+        req.continuations.empty() ? "" : ", split its continuations",
+        vexp && vexp->streamed() ? "budget_tokens (--budget-tokens)" : "batch_tokens (--batch-tokens)"));
+  }
   return Status::Ok();
 }
 
