@@ -9,6 +9,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -263,6 +264,29 @@ def test_request_longer_than_a_pass_is_an_input_error():
         m.score("hello world")
     assert not isinstance(e.value, MemoryError)
     assert len(m.score(PROMPT[:4]).tokens) == 4
+
+
+def test_budget_load_ignores_memory_freed_before(tmp_path):
+    # The load's own peak counts, not the process's peak from memory used and freed earlier. In a
+    # fresh process (this one's RSS holds the other tests' models), as a script would run it.
+    packed = tmp_path / "olmoe.packed.gguf"
+    subprocess.run([str(CLI), "pack", str(MODEL), "-o", str(packed), "-q", "-t", "1"], check=True,
+                   capture_output=True)
+    script = f"""
+import estream, numpy as np
+P, kw = {str(packed)!r}, dict(threads=1, budget="150M", budget_tokens=300)
+ref = estream.Model(P, **kw).score({PROMPT!r}).logprobs
+a = np.ones(200 * 2**20 // 8)  # 200 MiB touched, then freed: the process's peak is above 150M
+del a
+assert (estream.Model(P, **kw).score({PROMPT!r}).logprobs == ref).all()
+try:
+    estream.Model(P, threads=1, budget="20M", budget_tokens=300)
+except MemoryError as e:
+    print(e)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "memory budget 20.0 MiB is too small" in r.stdout, r.stdout
 
 
 # ---- threads --------------------------------------------------------------------------------

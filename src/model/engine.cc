@@ -81,7 +81,9 @@ struct Engine::Impl {
   // Response::expert_seconds ... config (streamed or not); writes the trace when asked for.
   void FillStreamStats(Response* resp);
   // The experts of a packed model (virtual_experts.h): resident, or streamed within the budget.
-  Status OpenPackedExperts(const EngineOptions& o);
+  // peak_before_load: the process's peak RSS before the model was loaded (the budget check's
+  // baseline, virtual_experts.h).
+  Status OpenPackedExperts(const EngineOptions& o, uint64_t peak_before_load);
 };
 
 Engine::Engine() : impl_(std::make_unique<Impl>()) {}
@@ -115,13 +117,14 @@ Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOpti
   mo.prefault = options.prefault || options.budget_bytes > 0;
   std::unique_ptr<Engine> engine(new Engine());
   Impl& im = *engine->impl_;
+  const uint64_t peak_before_load = PeakRssBytes();
   {
     ScopedOmpThreads threads(options.n_threads > 0 ? options.n_threads : omp_get_num_procs());
     ESTREAM_ASSIGN_OR_RETURN(im.model, model::Model::Load(path, mo));
   }
   im.n_threads = options.n_threads > 0 ? options.n_threads : omp_get_num_procs();
   if (im.model->experts_packed()) {
-    ESTREAM_RETURN_IF_ERROR(im.OpenPackedExperts(options));
+    ESTREAM_RETURN_IF_ERROR(im.OpenPackedExperts(options, peak_before_load));
   }
   const model::ModelConfig& c = im.model->config();
   if (options.batch_tokens < 0)
@@ -547,11 +550,12 @@ Status Engine::Impl::RequestOutputs(const Request& req, const float* h, Response
 
 namespace estream {
 
-Status Engine::Impl::OpenPackedExperts(const EngineOptions& o) {
+Status Engine::Impl::OpenPackedExperts(const EngineOptions& o, uint64_t peak_before_load) {
   Engine::Impl* im = this;
   model::VirtualExpertsOptions vo;
   static_cast<EngineOptions&>(vo) = o;
   vo.n_threads = im->n_threads;
+  vo.peak_rss_before_load = peak_before_load;
   if (o.hooks && o.hooks->trace) {
     im->trace = o.hooks->trace;
   } else if (!o.trace_path.empty()) {

@@ -255,13 +255,19 @@ Status VirtualExperts::SolveBanks() {
     k.banks = options_.banks > 0 ? options_.banks : 2;
     return Status::Ok();
   }
-  const uint64_t peak = PeakRssBytes();
+  // The load's own peak (see the header, "Budget"): a process peak from before the load (memory
+  // the host program used and freed) is not the model's and must not refuse it.
+  const uint64_t process_peak = PeakRssBytes();
+  const bool load_set_peak = process_peak > options_.peak_rss_before_load;
+  const uint64_t peak = load_set_peak ? process_peak : rss;
   const uint64_t minimum = k.other_bytes + stride;
   if (peak > k.budget_bytes || minimum > k.budget_bytes)
     return Status::ResourceExhausted(fmt::format(
-        "memory budget {} is too small for {}: loading its dense part peaked at {}, and the dense part plus the "
-        "activations of a {}-token prompt ({}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); "
-        "raise --budget, or lower the planned prompt length (--budget-tokens)", Mib(k.budget_bytes), model_->path(), Mib(peak),
+        "memory budget {} is too small for {}: {}, and the dense part plus the activations of a {}-token prompt "
+        "({}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); raise --budget, or lower the planned "
+        "prompt length (--budget-tokens)", Mib(k.budget_bytes), model_->path(),
+        load_set_peak ? fmt::format("loading its dense part peaked at {}", Mib(peak))
+                      : fmt::format("the process holds {} with its dense part loaded", Mib(peak)),
         k.budget_tokens, Mib(k.other_bytes), Mib(stride), Mib(std::max(minimum, peak)),
         std::ceil(static_cast<double>(std::max(minimum, peak)) / (1 << 20))));
   const uint64_t avail = k.budget_bytes - k.other_bytes;

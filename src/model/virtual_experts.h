@@ -38,9 +38,14 @@
 // budget_tokens, say), B is lowered to what fits; when not even one bank of G fits, the rule
 // (4) decides. A stored choice or profile that does not parse is ignored (source_note says why).
 // A budget below the load's own peak or below other + one bank of one expert is refused with
-// ResourceExhausted giving the minimum. Then the expert cache (SolveCache) gets every whole bank
-// of G experts the budget still leaves (auto), capped by expert_cache_bytes and by the model's
-// number of groups: other + (B + C) x G x stride <= budget.
+// ResourceExhausted giving the minimum. The load's own peak is the process's peak RSS (VmHWM) when
+// the load raised it above peak_rss_before_load; when it did not (the host process used and freed
+// more memory before, e.g. a Python program's freed arrays), the load stayed under that earlier
+// peak, which is not the load's: its figure is then the RSS it left, as other counts it (the
+// kernel's peak reset, /proc/self/clear_refs, is not used: it would change the process's VmHWM
+// and ru_maxrss under the host program). Then the expert cache (SolveCache) gets every whole
+// bank of G experts the budget still leaves (auto), capped by expert_cache_bytes and by the
+// model's number of groups: other + (B + C) x G x stride <= budget.
 // Streamed, the engine ends every pass with EndRequest, but the expert cache's banks keep their
 // groups from one pass to the next (pipeline/expert_stream.h, "Expert cache").
 //
@@ -90,6 +95,9 @@ constexpr uint64_t kBudgetMargin = uint64_t{24} << 20;
 // estream/engine.h), with n_threads resolved (>= 1) and the engine's trace recorder.
 struct VirtualExpertsOptions : EngineOptions {
   pipeline::TraceRecorder* trace = nullptr;  // not owned; may be null
+  // The process's peak RSS (PeakRssBytes) before the model's dense part was loaded; 0: unknown
+  // (the load's peak is then the process's). See "Budget" above.
+  uint64_t peak_rss_before_load = 0;
 };
 
 // Upper bound of the activation memory of one request of n_tokens tokens with n_threads threads
