@@ -168,6 +168,15 @@ int main(int argc, char** argv) {
     CHECK(strcmp(out, "Hello") == 0);
     CHECK_OK(estream_tokenize(m, "", 0, 0, ids, 128, &n2));
     CHECK(n2 == 0);
+    /* A NULL output buffer: with capacity 0 a size query, with a capacity an error (not a crash) */
+    CHECK(estream_tokenize(m, text, (size_t)-1, 0, NULL, 0, &n2) == ESTREAM_BUFFER_TOO_SMALL);
+    CHECK(n2 == n);
+    CHECK(estream_tokenize(m, "hello", (size_t)-1, 0, NULL, 64, &n2) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(n2 == 0 && strstr(estream_last_error(), "tokens is NULL") != NULL);
+    CHECK(estream_detokenize(m, ids, n, 0, NULL, 0, &len) == ESTREAM_BUFFER_TOO_SMALL);
+    CHECK(len == strlen(text));
+    CHECK(estream_detokenize(m, ids, n, 0, NULL, 64, &len) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(strstr(estream_last_error(), "text is NULL") != NULL);
   }
 
   /* ---- a batch: scores, a bad request, embeddings and candidates ---- */
@@ -314,10 +323,19 @@ int main(int argc, char** argv) {
     CHECK(estream_batch_status(b, 5) == ESTREAM_INVALID_ARGUMENT);
     estream_batch_free(b);
 
-    /* an empty batch is fine */
+    /* an empty call is a no-op returning OK, in both batch calls; the last stats stay */
     CHECK_OK(estream_run_batch(m, r, 0, &b));
-    CHECK(estream_batch_size(b) == 0);
+    CHECK(b != NULL && estream_batch_size(b) == 0);
     estream_batch_free(b);
+    CHECK_OK(estream_run_batch(m, NULL, 0, &b));
+    CHECK(b != NULL && estream_batch_size(b) == 0);
+    estream_batch_free(b);
+    CHECK_OK(estream_embed(m, NULL, 0, ESTREAM_POOLING_LAST, NULL, 0));
+    CHECK_OK(estream_embed(m, two, 0, ESTREAM_POOLING_MEAN, emb_helper, 512));
+    CHECK_OK(estream_model_last_stats(m, (memset(&st, 0, sizeof(st)), st.struct_size = sizeof(st), &st)));
+    CHECK(st.requests == 1 && st.passes == 1); /* the last run: estream_run_batch of r[0] above */
+    CHECK(estream_embed(m, two, 1, ESTREAM_POOLING_MEAN, NULL, 256) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(estream_embed(m, two, 1, ESTREAM_POOLING_MEAN, NULL, 0) == ESTREAM_BUFFER_TOO_SMALL);
     estream_batch_free(NULL);
     free(golden);
   }

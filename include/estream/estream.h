@@ -36,7 +36,11 @@
  *    accepts NULL.
  *  - Outputs of variable size go either into caller-owned buffers (with the capacity given and
  *    the size needed always written back: ESTREAM_BUFFER_TOO_SMALL when it does not fit, then
- *    call again with a larger buffer), or stay in an estream_batch until estream_batch_free.
+ *    call again with a larger buffer; a NULL buffer with capacity 0 asks for the size, a NULL
+ *    buffer with a capacity above 0 is INVALID_ARGUMENT), or stay in an estream_batch until
+ *    estream_batch_free.
+ *  - n = 0 inputs (estream_run_batch, estream_embed) is an empty call: OK, nothing runs (the
+ *    model's last stats are left as they were).
  *  - Structs passed in or filled in begin with `size_t struct_size`; set it to sizeof(the
  *    struct) (the *_init functions do), so that later versions can add fields at the end
  *    without breaking binaries built against this header.
@@ -257,13 +261,15 @@ ESTREAM_API int estream_model_last_stats(const estream_model* model, estream_sta
 /* ---- one-call helpers (caller-owned outputs) ------------------------------------------- */
 
 /* Embeddings of prompts[0..n), one batch: out[i * n_embd + d], row-major; out_len (floats) must
- * be >= n * n_embd (else BUFFER_TOO_SMALL). Fails if any prompt fails (the message names it). */
+ * be >= n * n_embd (else BUFFER_TOO_SMALL). Fails if any prompt fails (the message names it).
+ * n = 0: OK, nothing written (prompts and out may be NULL). */
 ESTREAM_API int estream_embed(estream_model* model, const estream_tokens* prompts, size_t n, int pooling, float* out,
                               size_t out_len);
 
 /* Candidate scoring (multiple choice, labels, reranking): log p(candidate j | context) into
  * log_likelihoods[j] for j < n, and, when is_greedy is not NULL, whether greedy decoding from the
- * context would produce it. One forward pass computes the context once. */
+ * context would produce it. One forward pass computes the context once. n = 0 (no candidates to
+ * choose from) is INVALID_ARGUMENT, as an empty candidate list is in Python. */
 ESTREAM_API int estream_score_candidates(estream_model* model, estream_tokens context, const estream_tokens* candidates,
                                          size_t n, double* log_likelihoods, int* is_greedy);
 

@@ -271,6 +271,9 @@ int estream_tokenize(const estream_model* model, const char* text, size_t text_l
     if (model == nullptr || n_tokens == nullptr)
       return Fail(ESTREAM_INVALID_ARGUMENT, "estream_tokenize: model or n_tokens is NULL");
     if (text == nullptr && text_len != 0) return Fail(ESTREAM_INVALID_ARGUMENT, "estream_tokenize: text is NULL");
+    if (tokens == nullptr && capacity != 0)
+      return Fail(ESTREAM_INVALID_ARGUMENT, "estream_tokenize: tokens is NULL but capacity is " +
+                                                std::to_string(capacity) + " (NULL with capacity 0 asks for the size)");
     if (model->tokenizer == nullptr) return Fail(ESTREAM_NOT_SUPPORTED, model->tokenizer_error);
     if (text_len == static_cast<size_t>(-1)) text_len = std::strlen(text);
     const std::vector<int32_t> ids = model->tokenizer->Encode(std::string_view(text == nullptr ? "" : text, text_len),
@@ -292,6 +295,9 @@ int estream_detokenize(const estream_model* model, const int32_t* tokens, size_t
     if (model == nullptr || text_len == nullptr)
       return Fail(ESTREAM_INVALID_ARGUMENT, "estream_detokenize: model or text_len is NULL");
     if (tokens == nullptr && n != 0) return Fail(ESTREAM_INVALID_ARGUMENT, "estream_detokenize: tokens is NULL");
+    if (text == nullptr && capacity != 0)
+      return Fail(ESTREAM_INVALID_ARGUMENT, "estream_detokenize: text is NULL but capacity is " +
+                                                std::to_string(capacity) + " (NULL with capacity 0 asks for the size)");
     if (model->tokenizer == nullptr) return Fail(ESTREAM_NOT_SUPPORTED, model->tokenizer_error);
     const std::string s = model->tokenizer->Decode(std::span<const int32_t>(tokens, n), render_special != 0);
     *text_len = s.size();
@@ -316,8 +322,12 @@ int estream_run_batch(estream_model* model, const estream_request* requests, siz
     *batch = nullptr;
     if (model == nullptr) return Fail(ESTREAM_INVALID_ARGUMENT, "estream_run_batch: model is NULL");
     if (requests == nullptr && n != 0) return Fail(ESTREAM_INVALID_ARGUMENT, "estream_run_batch: requests is NULL");
+    if (n == 0) {  // nothing to run: an empty batch; the model's last stats stay those of its last run
+      *batch = new estream_batch();
+      return static_cast<int>(ESTREAM_OK);
+    }
     // An array of a caller's struct version: its stride is its struct_size.
-    const size_t stride = n > 0 ? requests[0].struct_size : sizeof(estream_request);
+    const size_t stride = requests[0].struct_size;
     std::vector<Request> reqs(n);
     for (size_t i = 0; i < n; ++i) {
       const auto* ri = reinterpret_cast<const estream_request*>(reinterpret_cast<const char*>(requests) + i * stride);
@@ -475,8 +485,11 @@ int estream_embed(estream_model* model, const estream_tokens* prompts, size_t n,
     if (prompts == nullptr && n != 0) return Fail(ESTREAM_INVALID_ARGUMENT, "estream_embed: prompts is NULL");
     if (pooling != ESTREAM_POOLING_LAST && pooling != ESTREAM_POOLING_MEAN)
       return Fail(ESTREAM_INVALID_ARGUMENT, "estream_embed: pooling must be ESTREAM_POOLING_LAST or ESTREAM_POOLING_MEAN");
+    if (out == nullptr && out_len != 0)
+      return Fail(ESTREAM_INVALID_ARGUMENT, "estream_embed: out is NULL but out_len is " + std::to_string(out_len));
+    if (n == 0) return static_cast<int>(ESTREAM_OK);  // nothing to embed, as estream_run_batch with n = 0
     const size_t n_embd = static_cast<size_t>(model->engine->info().n_embd);
-    if (out == nullptr || out_len < n * n_embd)
+    if (out == nullptr || out_len / n_embd < n)  // (n * n_embd may not fit a size_t)
       return Fail(ESTREAM_BUFFER_TOO_SMALL, "estream_embed: " + std::to_string(n) + " embeddings need " +
                                                 std::to_string(n * n_embd) + " floats, the buffer holds " +
                                                 std::to_string(out == nullptr ? 0 : out_len));
