@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
   o.schedule = 7;
   CHECK(estream_model_load(path, &o, &m) == ESTREAM_INVALID_ARGUMENT);
   CHECK(estream_model_load(path, NULL, NULL) == ESTREAM_INVALID_ARGUMENT);
+  estream_load_options_init(&o);
+  o.n_threads = 3000; /* the CLI's -t range is 0..1024 */
+  CHECK(estream_model_load(path, &o, &m) == ESTREAM_INVALID_ARGUMENT);
+  CHECK(m == NULL && strstr(estream_last_error(), "1024") != NULL);
 
   /* ---- load ---- */
   estream_load_options_init(&o);

@@ -49,8 +49,11 @@ namespace estream {
 // recorder); defined in src/model/engine_hooks.h. Applications leave EngineOptions::hooks null.
 struct EngineHooks;
 
+// The most threads an Engine takes (EngineOptions::n_threads; the CLI's -t range too).
+inline constexpr int kMaxThreads = 1024;
+
 struct EngineOptions {
-  // OpenMP threads used by Run. 0 = one per available CPU (omp_get_num_procs()).
+  // OpenMP threads used by Run: 0 (one per available CPU, omp_get_num_procs()) to kMaxThreads.
   int n_threads = 0;
   // Repack quantised weights at load into the kernels' native layout (kernels::RepackWeights).
   // kAuto repacks when the kernels have a packed path for the type; the GGUF pages of a repacked

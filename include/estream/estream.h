@@ -104,7 +104,7 @@ typedef enum estream_schedule {
 
 typedef struct estream_load_options {
   size_t struct_size;     /* sizeof(estream_load_options) */
-  int n_threads;          /* compute threads; 0 = one per CPU */
+  int n_threads;          /* compute threads, 0 (one per CPU) to 1024 */
   uint64_t budget_bytes;  /* packed models: peak-memory budget (experts streamed); 0 = none */
   int schedule;           /* estream_schedule (streamed runs) */
   int64_t budget_tokens;  /* longest prompt the budget plans for; 0 = the longest of 16384, 12288, 8192 (at most the context) the budget holds beside the full streaming arena, else min(context, 4096) */

@@ -90,8 +90,9 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOptions options) {
-  if (options.n_threads < 0)
-    return Status::InvalidArgument(fmt::format("n_threads = {} must be >= 0 (0 = one per CPU)", options.n_threads));
+  if (options.n_threads < 0 || options.n_threads > kMaxThreads)
+    return Status::InvalidArgument(fmt::format("n_threads = {} must be between 0 and {} (0 = one per CPU)",
+                                               options.n_threads, kMaxThreads));
   const bool streams = options.budget_bytes > 0 || options.group_size > 0 || options.banks > 0;
   if (streams || !options.trace_path.empty()) {
     // Streaming needs the packed layout, and the trace records a packed model's expert reads;
