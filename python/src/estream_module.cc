@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -58,8 +59,60 @@ using Clock = std::chrono::steady_clock;
     default:
       break;
   }
-  PyErr_SetString(type, st.message().c_str());
+  // A message may quote bytes of a file (a path, a tensor name) that are not UTF-8: replaced.
+  const std::string& m = st.message();
+  PyObject* text = PyUnicode_DecodeUTF8(m.data(), static_cast<Py_ssize_t>(m.size()), "replace");
+  if (text == nullptr) throw py::error_already_set();
+  PyErr_SetObject(type, text);
+  Py_DECREF(text);
   throw py::error_already_set();
+}
+
+std::string TypeName(py::handle h) { return std::string(py::str(h.get_type().attr("__name__"))); }
+
+// bytes, bytearray and memoryview are sequences of ints to Python, yet never token ids here: they
+// are text not yet decoded (taking b"hi" as the ids 104, 105 would score the wrong input).
+bool IsBytesLike(py::handle h) {
+  return PyBytes_Check(h.ptr()) || PyByteArray_Check(h.ptr()) || PyMemoryView_Check(h.ptr());
+}
+[[noreturn]] void RaiseBytesLike(const std::string& what, py::handle h) {
+  throw py::type_error(what + ": got " + TypeName(h) + ", which is not taken as token ids: decode it to a str " +
+                       "(b.decode(\"utf-8\")) or give the ids as a list of ints");
+}
+
+// The UTF-8 of a str. A str without one (lone surrogates, as os.fsdecode or
+// errors="surrogateescape" leave for undecodable bytes) raises Python's UnicodeEncodeError (a
+// ValueError), its reason naming `what`.
+std::string Utf8(py::handle s, const std::string& what) {
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(s.ptr(), &n);
+  if (p != nullptr) return std::string(p, static_cast<size_t>(n));
+  if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+    PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    const std::string reason = what + ": surrogates are not text; replace them first, e.g. "
+                                      "s.encode(\"utf-8\", \"replace\").decode()";
+    if (value != nullptr) PyUnicodeEncodeError_SetReason(value, reason.c_str());  // else: Python's own
+    PyErr_Restore(type, value, tb);
+  }
+  throw py::error_already_set();
+}
+
+// An int argument (a Python int or anything with __index__, not a bool) within [lo, hi]: TypeError
+// for another type, ValueError naming it and the range otherwise.
+int64_t IntArg(py::handle h, const char* name, int64_t lo, int64_t hi, const char* note) {
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
+    throw py::type_error(std::string(name) + ": expected an int, got " + TypeName(h));
+  int overflow = 0;
+  py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(h.ptr()));
+  if (!i) throw py::error_already_set();
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow != 0 || v < lo || v > hi)
+    throw py::value_error(std::string(name) + " = " + std::string(py::str(i)) + " must be between " +
+                          std::to_string(lo) + " and " + std::to_string(hi) + note);
+  return v;
 }
 
 // One input: a text or token ids.
@@ -81,10 +134,9 @@ bool IsIntLike(py::handle h) {
 // Token ids from a 1-D integer array or a sequence of ints; TypeError / ValueError otherwise.
 std::vector<int32_t> ToIds(py::handle h, const char* what) {
   std::vector<int32_t> ids;
-  auto check_range = [&](long long v) {
-    if (v < INT32_MIN || v > INT32_MAX)
-      throw py::value_error(std::string(what) + ": token id " + std::to_string(v) + " is out of range");
-    return static_cast<int32_t>(v);
+  // Ids beyond int32 (the engine checks the vocabulary's range), reported as given.
+  auto out_of_range = [&](const std::string& v) {
+    return py::value_error(std::string(what) + ": token id " + v + " is out of range");
   };
   if (py::isinstance<py::array>(h)) {
     py::array a = py::reinterpret_borrow<py::array>(h);
@@ -93,28 +145,40 @@ std::vector<int32_t> ToIds(py::handle h, const char* what) {
       throw py::type_error(std::string(what) + ": token ids must be integers, got an array of dtype " +
                            std::string(py::str(a.dtype())));
     if (a.ndim() != 1) throw py::value_error(std::string(what) + ": token ids must be a 1-D array");
+    ids.reserve(static_cast<size_t>(a.size()));
+    if (kind == 'u') {  // as uint64: 2**64 - 1 is not -1
+      auto u64 = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+      if (!u64) throw py::error_already_set();
+      const uint64_t* p = u64.data();
+      for (py::ssize_t i = 0; i < u64.size(); ++i) {
+        if (p[i] > static_cast<uint64_t>(INT32_MAX)) throw out_of_range(std::to_string(p[i]));
+        ids.push_back(static_cast<int32_t>(p[i]));
+      }
+      return ids;
+    }
     auto a64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
     if (!a64) throw py::error_already_set();
     const int64_t* p = a64.data();
-    ids.reserve(static_cast<size_t>(a64.size()));
-    for (py::ssize_t i = 0; i < a64.size(); ++i) ids.push_back(check_range(p[i]));
+    for (py::ssize_t i = 0; i < a64.size(); ++i) {
+      if (p[i] < INT32_MIN || p[i] > INT32_MAX) throw out_of_range(std::to_string(p[i]));
+      ids.push_back(static_cast<int32_t>(p[i]));
+    }
     return ids;
   }
+  if (IsBytesLike(h)) RaiseBytesLike(what, h);
   if (!py::isinstance<py::sequence>(h) || py::isinstance<py::str>(h))
-    throw py::type_error(std::string(what) + ": expected a str or a list of token ids, got " +
-                         std::string(py::str(h.get_type().attr("__name__"))));
+    throw py::type_error(std::string(what) + ": expected a str or a list of token ids, got " + TypeName(h));
   py::sequence seq = py::reinterpret_borrow<py::sequence>(h);
   ids.reserve(seq.size());
   for (py::handle x : seq) {
-    if (!IsIntLike(x))
-      throw py::type_error(std::string(what) + ": token ids must be ints, got " +
-                           std::string(py::str(x.get_type().attr("__name__"))));
+    if (!IsIntLike(x)) throw py::type_error(std::string(what) + ": token ids must be ints, got " + TypeName(x));
     const long long v = PyLong_AsLongLong(x.ptr());
     if (v == -1 && PyErr_Occurred()) {
       PyErr_Clear();
-      throw py::value_error(std::string(what) + ": token id " + std::string(py::str(x)) + " is out of range");
+      throw out_of_range(std::string(py::str(x)));
     }
-    ids.push_back(check_range(v));
+    if (v < INT32_MIN || v > INT32_MAX) throw out_of_range(std::to_string(v));
+    ids.push_back(static_cast<int32_t>(v));
   }
   return ids;
 }
@@ -123,7 +187,7 @@ Input ToInput(py::handle h, const std::string& what) {
   Input in;
   if (py::isinstance<py::str>(h)) {
     in.is_text = true;
-    in.text = h.cast<std::string>();
+    in.text = Utf8(h, what);
   } else {
     in.ids = ToIds(h, what.c_str());
   }
@@ -150,9 +214,10 @@ Inputs ToInputs(py::handle obj, const char* what) {
       out.items.push_back(ToInput(a[py::int_(i)], std::string(what) + "[" + std::to_string(i) + "]"));
     return out;
   }
+  if (IsBytesLike(obj)) RaiseBytesLike(what, obj);
   if (!py::isinstance<py::sequence>(obj))
     throw py::type_error(std::string(what) + ": expected a str, a list of token ids, or a list of those; got " +
-                         std::string(py::str(obj.get_type().attr("__name__"))));
+                         TypeName(obj));
   py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
   if (seq.size() > 0 && IsIntLike(seq[0])) {  // one list of token ids
     out.single = true;
@@ -188,25 +253,30 @@ py::array_t<T> ToArray(const std::vector<T>& v) {
 
 class Model {
  public:
-  Model(const std::string& path, py::object budget, int threads, const std::string& schedule, int64_t batch_tokens,
-        int64_t budget_tokens)
+  Model(const std::string& path, py::object budget, py::object threads, const std::string& schedule,
+        py::object batch_tokens, py::object budget_tokens)
       : path_(path) {
     EngineOptions eo;
-    if (threads < 0) throw py::value_error("threads = " + std::to_string(threads) + " is negative; 0 = one per CPU");
-    if (batch_tokens < 0 || budget_tokens < 0)
-      throw py::value_error("batch_tokens and budget_tokens must be >= 0 (0 = the engine's default)");
-    eo.n_threads = threads;
-    eo.batch_tokens = batch_tokens;
-    eo.budget_tokens = budget_tokens;
+    // The CLI's range for -t (Engine::Load's kMaxThreads).
+    eo.n_threads = static_cast<int>(IntArg(threads, "threads", 0, kMaxThreads, " (0 = one per CPU)"));
+    constexpr int64_t kMaxTokens = std::numeric_limits<int64_t>::max();
+    eo.batch_tokens = IntArg(batch_tokens, "batch_tokens", 0, kMaxTokens, " (0 = the engine's default)");
+    eo.budget_tokens = IntArg(budget_tokens, "budget_tokens", 0, kMaxTokens, " (0 = the engine's default)");
     if (!budget.is_none()) {
       if (py::isinstance<py::str>(budget)) {
-        Result<uint64_t> b = frontend::ParseSize(budget.cast<std::string>());
+        Result<uint64_t> b = frontend::ParseSize(Utf8(budget, "budget"));
         if (!b.ok()) Raise(b.status());
         eo.budget_bytes = *b;
       } else if (IsIntLike(budget)) {
-        const long long b = budget.cast<long long>();
-        if (b < 0) throw py::value_error("budget must be >= 0 bytes");
-        eo.budget_bytes = static_cast<uint64_t>(b);
+        py::object b = py::reinterpret_steal<py::object>(PyNumber_Index(budget.ptr()));
+        if (!b) throw py::error_already_set();
+        const unsigned long long v = PyLong_AsUnsignedLongLong(b.ptr());  // fails for < 0 and >= 2**64
+        if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+          PyErr_Clear();
+          throw py::value_error("budget = " + std::string(py::str(b)) +
+                                " bytes is out of range: give 0 (none) to 2**64 - 1 bytes, or a size such as \"4G\"");
+        }
+        eo.budget_bytes = v;
       } else {
         throw py::type_error("budget: expected None, a number of bytes, or a size such as \"4G\"");
       }
@@ -265,7 +335,7 @@ class Model {
   py::object Tokenize(py::object text, bool add_special, bool parse_special) const {
     RequireTokenizer();
     if (py::isinstance<py::str>(text)) {
-      const std::string s = text.cast<std::string>();
+      const std::string s = Utf8(text, "tokenize");
       std::vector<int32_t> ids;
       {
         py::gil_scoped_release nogil;
@@ -273,13 +343,16 @@ class Model {
       }
       return py::cast(ids);
     }
+    if (IsBytesLike(text))
+      throw py::type_error("tokenize: expected a str, got " + TypeName(text) +
+                           "; decode it first (b.decode(\"utf-8\"))");
     if (!py::isinstance<py::sequence>(text))
-      throw py::type_error("tokenize: expected a str or a list of str");
+      throw py::type_error("tokenize: expected a str or a list of str, got " + TypeName(text));
     std::vector<std::string> texts;
     size_t i = 0;
     for (py::handle x : py::reinterpret_borrow<py::sequence>(text)) {
       if (!py::isinstance<py::str>(x)) throw py::type_error("tokenize: item " + std::to_string(i) + " is not a str");
-      texts.push_back(x.cast<std::string>());
+      texts.push_back(Utf8(x, "tokenize[" + std::to_string(i) + "]"));
       ++i;
     }
     std::vector<std::vector<int32_t>> out(texts.size());
@@ -292,7 +365,14 @@ class Model {
 
   py::object Detokenize(py::object tokens, bool render_special) const {
     RequireTokenizer();
-    auto decode = [&](const std::vector<int32_t>& ids) {
+    // Ids the vocabulary has no text for are refused as score refuses them (Engine::Run), not
+    // rendered as U+FFFD (what TextTokenizer::Decode does with them).
+    const int32_t n_vocab = tokenizer_->n_vocab();
+    auto decode = [&](const std::vector<int32_t>& ids, const std::string& what) {
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] < 0 || ids[i] >= n_vocab)
+          throw py::value_error(what + ": token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                                " is out of range [0, " + std::to_string(n_vocab) + ")");
       const std::string s = tokenizer_->Decode(ids, render_special);
       // Tokens may cut a UTF-8 character: invalid bytes become U+FFFD, as bytes.decode(errors="replace").
       PyObject* u = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
@@ -300,13 +380,15 @@ class Model {
       return py::reinterpret_steal<py::str>(u);
     };
     if (py::isinstance<py::str>(tokens)) throw py::type_error("detokenize: expected token ids, got a str");
+    if (IsBytesLike(tokens)) RaiseBytesLike("detokenize", tokens);
     if (py::isinstance<py::sequence>(tokens) && py::len(tokens) == 0) return py::str("");  // no ids: ""
     Inputs in = ToInputs(tokens, "detokenize");
-    if (in.single) return decode(in.items[0].ids);
+    if (in.single) return decode(in.items[0].ids, "detokenize");
     py::list out;
-    for (const Input& x : in.items) {
+    for (size_t i = 0; i < in.items.size(); ++i) {
+      const Input& x = in.items[i];
       if (x.is_text) throw py::type_error("detokenize: expected lists of token ids, got a str");
-      out.append(decode(x.ids));
+      out.append(decode(x.ids, "detokenize[" + std::to_string(i) + "]"));
     }
     return out;
   }
@@ -383,7 +465,7 @@ class Model {
   }
 
   py::object Classify(py::object prompt, py::object labels) {
-    if (py::isinstance<py::str>(labels) || !py::isinstance<py::sequence>(labels))
+    if (py::isinstance<py::str>(labels) || IsBytesLike(labels) || !py::isinstance<py::sequence>(labels))
       throw py::type_error("classify: labels must be a list of str (or of token-id lists)");
     py::sequence ls = py::reinterpret_borrow<py::sequence>(labels);
     if (ls.size() == 0) throw py::value_error("classify: labels is empty; give at least one label");
@@ -432,7 +514,7 @@ class Model {
   }
 
   py::list ScoreCandidates(py::object context, py::object candidates) {
-    if (py::isinstance<py::str>(candidates) || !py::isinstance<py::sequence>(candidates))
+    if (py::isinstance<py::str>(candidates) || IsBytesLike(candidates) || !py::isinstance<py::sequence>(candidates))
       throw py::type_error("score_candidates: candidates must be a list of str (or of token-id lists)");
     Input ctx = ToInput(context, "score_candidates: context");
     std::vector<Input> cands;
@@ -663,14 +745,15 @@ Model(path, budget=None, threads=0, schedule="early", batch_tokens=0, budget_tok
 path: a GGUF file (or one packed by `estream pack`).
 budget: None, bytes, or a size such as "4G": a packed model then streams its experts and the
   process's peak RSS stays within the budget. Ignored for unpacked GGUF files.
-threads: compute threads (0 = one per CPU).
+threads: compute threads, 0 (one per CPU) to 1024.
 schedule: "early" (default), "after-routing" or "on-demand" (streamed runs).
 batch_tokens: most tokens of one forward pass (0 = the engine's default).
 budget_tokens: longest prompt the budget plans activations for (0 = the longest of 16384, 12288 and 8192, at most the context, whose activations the budget holds beside the full streaming arena, else min(context, 4096)).
 
 Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option),
 MemoryError (budget too small).)doc")
-      .def(py::init<const std::string&, py::object, int, const std::string&, int64_t, int64_t>(), py::arg("path"),
+      .def(py::init<const std::string&, py::object, py::object, const std::string&, py::object, py::object>(),
+           py::arg("path"),
            py::arg("budget") = py::none(), py::arg("threads") = 0, py::arg("schedule") = "early",
            py::arg("batch_tokens") = 0, py::arg("budget_tokens") = 0)
       .def("tokenize", &Model::Tokenize, py::arg("text"), py::arg("add_special") = true,
@@ -680,7 +763,7 @@ MemoryError (budget too small).)doc")
            "\"<|im_start|>\" in the text.")
       .def("detokenize", &Model::Detokenize, py::arg("tokens"), py::arg("render_special") = false,
            "The text of token ids (a str), or of each list of a list. Bytes that do not form UTF-8 (tokens cutting "
-           "a character) become U+FFFD.")
+           "a character) become U+FFFD; an id outside the vocabulary raises ValueError.")
       .def("score", &Model::ScoreTexts, py::arg("inputs"),
            "Log-likelihood of each input under the model: a Score (tokens, logprobs, total, perplexity) for one "
            "input (a str or a list of token ids), a list of Score for a list of inputs (one batch). Text is "

@@ -258,6 +258,77 @@ def test_bad_inputs_raise_and_model_stays_usable(model):
     assert model.score([]) == []
 
 
+def test_bytes_are_not_token_ids(model):
+    # bytes are sequences of ints to Python; taken as ids, b"hello" would score [104, 101, ...].
+    for x in (b"hello", bytearray(b"hello"), memoryview(b"hello")):
+        with pytest.raises(TypeError, match="decode"):
+            model.score(x)
+        with pytest.raises(TypeError, match="decode"):
+            model.classify("a", [x])
+        with pytest.raises(TypeError, match="decode"):
+            model.tokenize(x)
+        with pytest.raises(TypeError):
+            model.classify("a", x)
+    with pytest.raises(TypeError, match=r"score\[1\]"):
+        model.score(["text", b"bytes"])
+    with pytest.raises(TypeError):
+        model.next_token(b"hi")
+    with pytest.raises(TypeError):
+        model.embed([b"hi"])
+    with pytest.raises(TypeError):
+        model.score_candidates(b"hi", [" yes"])
+    with pytest.raises(TypeError):
+        model.detokenize(b"")
+
+
+def test_lone_surrogates_raise_unicode_error(model):
+    # No UTF-8 exists for them: UnicodeEncodeError (a ValueError) naming the argument.
+    with pytest.raises(UnicodeEncodeError, match="score"):
+        model.score("x\ud800")
+    with pytest.raises(UnicodeEncodeError, match="tokenize"):
+        model.tokenize("\udcff")
+    with pytest.raises(ValueError, match=r"tokenize\[1\]"):
+        model.tokenize(["ok", "\udcff"])
+    with pytest.raises(ValueError, match=r"labels\[0\]"):
+        model.classify("a", ["\ud800"])
+    with pytest.raises(ValueError, match="budget"):
+        estream.Model(str(MODEL), budget="4\ud800G")
+    assert model.tokenize("x") == model.tokenize("x")  # still usable
+
+
+def test_option_ranges():
+    for bad in (2**64, 2**70, -1):
+        with pytest.raises(ValueError, match="budget"):
+            estream.Model(str(MODEL), budget=bad)
+    with pytest.raises(ValueError, match="1024"):
+        estream.Model(str(MODEL), threads=3000)
+    with pytest.raises(ValueError, match="threads"):
+        estream.Model(str(MODEL), threads=2**40)
+    with pytest.raises(ValueError, match="batch_tokens"):
+        estream.Model(str(MODEL), batch_tokens=2**63)
+    with pytest.raises(ValueError, match="budget_tokens"):
+        estream.Model(str(MODEL), budget_tokens=-1)
+    with pytest.raises(TypeError, match="threads"):
+        estream.Model(str(MODEL), threads="2")
+    with pytest.raises(TypeError, match="threads"):
+        estream.Model(str(MODEL), threads=True)
+    assert estream.Model(str(MODEL), threads=np.int64(1)).info["threads"] == 1
+
+
+def test_token_id_errors(model):
+    for bad in ([-5], [1, 512], [[1, 2], [600]]):
+        with pytest.raises(ValueError, match="out of range"):
+            model.detokenize(bad)
+    with pytest.raises(ValueError, match=r"detokenize\[1\]: token id 600 at position 0"):
+        model.detokenize([[1, 2], [600]])
+    with pytest.raises(ValueError, match="18446744073709551615"):
+        model.score(np.array([1, 2**64 - 1], dtype=np.uint64))
+    with pytest.raises(ValueError, match="18446744073709551615"):
+        model.score([1, np.uint64(2**64 - 1)])
+    with pytest.raises(ValueError, match="-2147483649"):
+        model.score(np.array([1, -2**31 - 1], dtype=np.int64))
+
+
 def test_request_longer_than_a_pass_is_an_input_error():
     m = estream.Model(str(MODEL), batch_tokens=4, threads=1)
     with pytest.raises(ValueError, match=r"raise batch_tokens \(--batch-tokens\)") as e:
