@@ -207,6 +207,59 @@ TEST_F(ServerEngine, ClassifyAndRerankEqualTheLibrary) {
   }
 }
 
+// text_offset counts characters (code points) of "text", as OpenAI's and vLLM's do, not bytes:
+// with a non-ASCII prompt each token's text starts at its offset.
+TEST_F(ServerEngine, EchoTextOffsetsCountCharacters) {
+  const std::string prompt = "café naïve ok — 東京 ✓";
+  auto r = Post(port(), "/v1/completions", json({{"prompt", prompt}, {"echo", true}, {"logprobs", 0}}).dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json ch = r.json()["choices"][0];
+  const std::string text = ch["text"];
+  // The text as code points (it is valid UTF-8: the whole prompt).
+  auto code_points = [](const std::string& s) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < s.size();) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+      out.push_back(s.substr(i, n));
+      i += n;
+    }
+    return out;
+  };
+  const std::vector<std::string> chars = code_points(text);
+  const std::vector<int32_t> ids = tok_->Encode(prompt, true, false);
+  const json offsets = ch["logprobs"]["text_offset"];
+  ASSERT_EQ(offsets.size(), ids.size());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const size_t at = offsets[t];
+    ASSERT_LE(at, chars.size()) << t;
+    // Where a token's text is whole characters, it is the text from its offset on.
+    const std::string piece = tok_->Decode(std::vector<int32_t>{ids[t]});
+    if (!Tokenizer::IsValidUtf8(piece)) continue;
+    std::string from;
+    for (size_t k = at; k < chars.size() && from.size() < piece.size(); ++k) from += chars[k];
+    EXPECT_EQ(from, piece) << "token " << t << " at offset " << at;
+  }
+  const size_t last = offsets.back();
+  EXPECT_LE(last, chars.size());  // = at a final token with no text (EOS)
+  EXPECT_NE(text.size(), chars.size());  // the prompt is not ASCII: bytes would not do
+}
+
+// With a template that puts {document} before {query}, a document holding "{query}" stays as
+// typed (the placeholders are replaced in one pass over the template).
+TEST_F(ServerEngine, RerankTemplateIsFilledInOnePass) {
+  ApiContext ctx;
+  ctx.tokenizer = tok_;
+  ctx.info = &engine_->info();
+  ctx.rerank_template = "Document: {document}\nQuery: {query}\nRelevant:";
+  Prepared p;
+  auto e = PrepareRerank(R"({"query": "capital", "documents": ["about {query} and {document}"]})", ctx, &p);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_EQ(p.requests.size(), 1u);
+  EXPECT_EQ(p.requests[0].tokens,
+            tok_->Encode("Document: about {query} and {document}\nQuery: capital\nRelevant:", true, false));
+}
+
 TEST_F(ServerEngine, TokenizeAndDetokenize) {
   auto r = Post(port(), "/tokenize", R"({"content": "Hello, world!", "add_special": true})");
   ASSERT_EQ(r.status, 200) << r.body;

@@ -395,5 +395,19 @@ TEST(ServerHttp, ShutdownFinishesQueuedWorkAndStopsListening) {
   EXPECT_EQ(Get(f.port(), "/health").status, -1);             // not listening any more
 }
 
+// Token ids past 2^63 are reported as sent, not wrapped to negative numbers.
+TEST(ServerHttp, HugeTokenIdsAreReportedAsSent) {
+  Fixture f(Opts());
+  for (const char* id : {"18446744073709551615", "9223372036854775808", "-9223372036854775808", "4294967296"}) {
+    for (const auto& [path, body] : {std::pair<std::string, std::string>{"/v1/completions", std::string(R"({"prompt": [1, )") + id + "]}"},
+                                     {"/detokenize", std::string(R"({"tokens": [)") + id + "]}"}}) {
+      auto r = Post(f.port(), path, body);
+      ExpectOpenAiError(r, 400);
+      EXPECT_NE(r.json()["error"]["message"].get<std::string>().find(std::string("token id ") + id + " "), std::string::npos)
+          << path << ": " << r.body;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace estream::server

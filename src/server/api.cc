@@ -57,9 +57,11 @@ std::optional<ApiError> Ids(const json& a, const std::string& field, std::vector
   if (!a.is_array()) return Bad("\"" + field + "\" must be an array of token ids", field);
   for (const json& x : a) {
     if (!x.is_number_integer()) return Bad("\"" + field + "\" must hold integer token ids", field);
-    const int64_t v = x.get<int64_t>();
-    if (v < INT32_MIN || v > INT32_MAX) return Bad("token id " + std::to_string(v) + " in \"" + field + "\" is out of range", field);
-    out->push_back(static_cast<int32_t>(v));
+    // An id past 2^63 - 1 is an unsigned number to nlohmann: read as int64_t it would wrap.
+    const bool in_range = x.is_number_unsigned() ? x.get<uint64_t>() <= INT32_MAX
+                                                 : x.get<int64_t>() >= INT32_MIN && x.get<int64_t>() <= INT32_MAX;
+    if (!in_range) return Bad("token id " + x.dump() + " in \"" + field + "\" is out of range", field, "invalid_token");
+    out->push_back(static_cast<int32_t>(x.get<int64_t>()));
   }
   return std::nullopt;
 }
@@ -118,6 +120,15 @@ std::string Piece(const ApiContext& ctx, int32_t id) { return TokenString(ctx.to
 std::string Decode(const ApiContext& ctx, std::span<const int32_t> ids) {
   if (!ctx.tokenizer) return "";
   return ctx.tokenizer->Decode(ids);
+}
+
+// Characters (Unicode code points) of UTF-8 text: the bytes that do not continue a character. A
+// token holding part of a character counts 1 if it holds its first byte, else 0, so the counts of
+// a text's tokens add up to the text's.
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
 }
 
 ojson TopJson(const ApiContext& ctx, const std::vector<TokenLogprob>& top) {
@@ -349,11 +360,11 @@ std::optional<ApiError> PrepareCompletion(const std::string& body, const ApiCont
       ch["index"] = i;
       if (logprobs >= 0) {
         ojson tokens = ojson::array(), lps = ojson::array(), top = ojson::array(), offsets = ojson::array();
-        size_t offset = 0;
+        size_t offset = 0;  // in characters of "text", as OpenAI's (not bytes)
         for (size_t t = 0; t < ids.size(); ++t) {
           tokens.push_back(Piece(c, ids[t]));
           offsets.push_back(offset);
-          offset += Decode(c, std::span<const int32_t>(&ids[t], 1)).size();
+          offset += CodePoints(Decode(c, std::span<const int32_t>(&ids[t], 1)));
           const bool generated = !echo || t == p.size();
           if (generated) {
             lps.push_back(r.top[0].logprob);
@@ -512,8 +523,11 @@ std::optional<ApiError> PrepareRerank(const std::string& body, const ApiContext&
   if (!ctx.tokenizer) return Bad("the model has no vocabulary: /v1/rerank needs text", "query");
   int64_t top_n = static_cast<int64_t>(j["documents"].size());
   if (j.contains("top_n") && !j["top_n"].is_null()) {
-    if (!j["top_n"].is_number_integer() || j["top_n"].get<int64_t>() < 1) return Bad("\"top_n\" must be a positive integer", "top_n");
-    top_n = std::min(top_n, j["top_n"].get<int64_t>());
+    const json& n = j["top_n"];
+    // Read as int64_t, a number past 2^63 - 1 (unsigned to nlohmann) would wrap.
+    if (!n.is_number_integer() || (n.is_number_unsigned() ? n.get<uint64_t>() == 0 : n.get<int64_t>() < 1))
+      return Bad("\"top_n\" must be a positive integer", "top_n");
+    if (!n.is_number_unsigned() || n.get<uint64_t>() < static_cast<uint64_t>(top_n)) top_n = n.get<int64_t>();
   }
   bool return_documents = false;
   if (j.contains("return_documents") && !j["return_documents"].is_null()) {
@@ -533,14 +547,21 @@ std::optional<ApiError> PrepareRerank(const std::string& body, const ApiContext&
   out->requests.clear();
   out->prompt_tokens = 0;
   for (const std::string& doc : docs) {
-    std::string text = ctx.rerank_template;
-    auto replace = [&](const std::string& key, const std::string& value) {
-      const size_t at = text.find(key);
-      if (at != std::string::npos) text.replace(at, key.size(), value);
-    };
-    // Document first: a query that contains "{document}" must stay as typed.
-    replace("{document}", doc);
-    replace("{query}", query);
+    // One pass over the template: a query or document that contains "{query}" or "{document}"
+    // stays as typed, whatever the placeholders' order.
+    std::string text;
+    const std::string& t = ctx.rerank_template;
+    for (size_t at = 0; at < t.size();) {
+      if (t.compare(at, 7, "{query}") == 0) {
+        text += query;
+        at += 7;
+      } else if (t.compare(at, 10, "{document}") == 0) {
+        text += doc;
+        at += 10;
+      } else {
+        text += t[at++];
+      }
+    }
     Request r;
     r.top_k = 0;
     if (auto e = Text(ctx, text, true, "documents", &r.tokens)) return e;

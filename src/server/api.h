@@ -51,8 +51,9 @@ class Tokenizer;
 
 namespace estream::server {
 
-// {query} and {document} are replaced; the result is tokenized with add_special = true and
-// followed by the continuations " yes" and " no".
+// Every {query} and {document} is replaced (in one pass: a query or document holding either
+// stays as typed); the result is tokenized with add_special = true and followed by the
+// continuations " yes" and " no".
 inline constexpr const char* kDefaultRerankTemplate =
     "Judge whether the document answers the query. Answer \"yes\" or \"no\".\n"
     "Query: {query}\nDocument: {document}\nRelevant:";
