@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -296,7 +297,9 @@ TEST(ServerHttp, TimeoutIs504) {
   o.timeout_seconds = 0.2;
   Fixture f(o);
   f.fake.close();
-  ExpectOpenAiError(Post(f.port(), "/v1/embeddings", R"({"input": [1]})"), 504);
+  auto r = Post(f.port(), "/v1/embeddings", R"({"input": [1]})");
+  ExpectOpenAiError(r, 504);
+  EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("within 0.2 s (--timeout)"), std::string::npos) << r.body;
   f.fake.open();
   EXPECT_EQ(Post(f.port(), "/v1/embeddings", R"({"input": [2]})").status, 200);
 }
@@ -393,6 +396,186 @@ TEST(ServerHttp, ShutdownFinishesQueuedWorkAndStopsListening) {
   EXPECT_LT(s, 5.0);
   EXPECT_EQ(status, (std::vector<int>{200, 200, 200, 200}));  // within the grace: all finished
   EXPECT_EQ(Get(f.port(), "/health").status, -1);             // not listening any more
+}
+
+// A second server on a port in use fails to bind it (httplib's default SO_REUSEPORT let it bind
+// too, and the kernel split the connections between the two).
+TEST(ServerHttp, ASecondServerOnAPortInUseFailsToBind) {
+  Fixture f(Opts());
+  ServerOptions o = Opts();
+  o.port = f.port();
+  Server second(o);
+  const Status s = second.Start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot bind 127.0.0.1:" + std::to_string(f.port()) + " (in use"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(Get(f.port(), "/health").status, 200);
+}
+
+// The replies of the requests in flight fit the reply memory: a request whose reply alone needs
+// more gets 413 naming the limit, one with too many inputs 400; requests that fit one at a time
+// but not together wait for room instead of failing.
+TEST(ServerHttp, RepliesFitTheReplyMemory) {
+  ServerOptions o = Opts(/*max_batch_tokens=*/4096);
+  o.reply_memory_bytes = 32 * 1024;
+  Fixture f(o);
+  const int p = f.port();
+  std::vector<std::vector<int>> many(400, std::vector<int>{1});  // 400 embeddings: over 32 KiB
+  auto big = Post(p, "/v1/embeddings", json({{"input", many}}).dump());
+  ExpectOpenAiError(big, 413);
+  EXPECT_EQ(big.json()["error"]["code"], "reply_too_large");
+  EXPECT_NE(big.json()["error"]["message"].get<std::string>().find("--reply-memory"), std::string::npos) << big.body;
+  many.resize(2049);
+  auto too_many = Post(p, "/v1/embeddings", json({{"input", many}}).dump());
+  ExpectOpenAiError(too_many, 400);
+  EXPECT_EQ(too_many.json()["error"]["code"], "too_many_inputs");
+  // 60 embeddings take more than half of the reply memory: two such requests run one after the other.
+  many.resize(60);
+  const std::string body = json({{"input", many}}).dump();
+  f.fake.close();
+  std::vector<int> status(2, 0);
+  std::thread first([&] { status[0] = Post(p, "/v1/embeddings", body).status; });
+  while (f.fake.running.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread second([&] { status[1] = Post(p, "/v1/embeddings", body).status; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(Get(p, "/metrics").body.find("estream_queue_jobs 1\n"), std::string::npos);  // not queued: waiting
+  f.fake.open();
+  first.join();
+  second.join();
+  EXPECT_EQ(status, (std::vector<int>{200, 200}));
+  EXPECT_EQ(Post(p, "/v1/embeddings", body).json()["data"].size(), 60u);  // the memory was given back
+}
+
+// Opens a connection to 127.0.0.1:port; -1 on failure.
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A client that sends a request's headers one byte every 200 ms, never finishing them, until the
+// server closes the connection (or `give_up_s` pass); returns the seconds it was connected.
+double Trickle(int port, double give_up_s) {
+  const int fd = Connect(port);
+  EXPECT_GE(fd, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const std::string head = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + std::string(1000, 'a');
+  for (size_t i = 0; i < head.size() && elapsed() < give_up_s; ++i) {
+    if (::send(fd, &head[i], 1, MSG_NOSIGNAL) != 1) break;
+    pollfd pf{fd, POLLIN, 0};
+    if (::poll(&pf, 1, 200) > 0) break;  // the server closed it (or answered)
+  }
+  ::close(fd);
+  return elapsed();
+}
+
+// A request's headers must all come within header_timeout_seconds: a client trickling them a
+// byte at a time is disconnected, and /health is answered meanwhile.
+TEST(ServerHttp, AClientTricklingHeadersIsDisconnected) {
+  ServerOptions o = Opts();
+  o.header_timeout_seconds = 1;
+  o.http_threads = 3;
+  Fixture f(o);
+  double took[2] = {0, 0};
+  std::thread a([&] { took[0] = Trickle(f.port(), 20); });
+  std::thread b([&] { took[1] = Trickle(f.port(), 20); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(Get(f.port(), "/health").status, 200);
+  a.join();
+  b.join();
+  for (double t : took) {
+    EXPECT_GT(t, 0.8);
+    EXPECT_LT(t, 4.0);
+  }
+}
+
+// Shutdown does not wait on a client that trickles a request: it is closed shutdown_drain_seconds
+// after the stop began, and counted.
+TEST(ServerHttp, ShutdownDoesNotWaitForATricklingClient) {
+  ServerOptions o = Opts();
+  o.header_timeout_seconds = 60;
+  o.shutdown_drain_seconds = 1;
+  Fixture f(o);
+  double connected = 0;
+  std::thread slow([&] { connected = Trickle(f.port(), 30); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = std::chrono::steady_clock::now();
+  f.server->Shutdown();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  slow.join();
+  EXPECT_LT(s, 3.0);
+  EXPECT_LT(connected, 4.0);
+  EXPECT_EQ(f.server->connections_cut_off(), 1);
+}
+
+// Replies after which the server closes the connection say so, and advertise no keep-alive.
+TEST(ServerHttp, RepliesBeforeAClosedConnectionSayConnectionClose) {
+  ServerOptions o = Opts();
+  o.api_key = "sekrit";
+  o.max_body_bytes = 100;
+  Fixture f(o);
+  const std::string post = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n";
+  const std::string auth = "Authorization: Bearer sekrit\r\n";
+  struct Case {
+    const char* what;
+    std::string bytes, status;
+  };
+  const std::vector<Case> cases = {
+      {"401", post + "Content-Length: 2\r\n\r\n{}", "HTTP/1.1 401"},
+      {"411", post + auth + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", "HTTP/1.1 411"},
+      {"413", post + auth + "Content-Length: 1000\r\n\r\n{}", "HTTP/1.1 413"},
+      {"400 (Content-Length)", post + auth + "Content-Length: x\r\n\r\n{}", "HTTP/1.1 400"},
+  };
+  for (const Case& c : cases) {
+    const std::string reply = RawExchange(f.port(), c.bytes);
+    const std::string head = reply.substr(0, reply.find("\r\n\r\n"));
+    EXPECT_EQ(head.rfind(c.status, 0), 0u) << c.what << ": " << head;
+    EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << c.what << ": " << head;
+    EXPECT_EQ(head.find("Keep-Alive"), std::string::npos) << c.what << ": " << head;
+  }
+  // An answered request keeps the connection open.
+  const std::string ok = RawExchange(f.port(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(ok.find("Keep-Alive"), std::string::npos) << ok;
+}
+
+// A malformed or conflicting Content-Length is a 400 naming the header; the same value twice is
+// one length.
+TEST(ServerHttp, AMalformedOrConflictingContentLengthIs400) {
+  Fixture f(Opts());
+  const std::string post = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n";
+  for (const std::string& bad : {post + "Content-Length: -5\r\n\r\n{}", post + "Content-Length: 1e3\r\n\r\n{}",
+                                 post + "Content-Length: 2\r\nContent-Length: 40\r\n\r\n{}"}) {
+    const std::string reply = RawExchange(f.port(), bad);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    EXPECT_NE(reply.find("Content-Length"), std::string::npos) << reply;
+    EXPECT_EQ(reply.find("18446744073709551611"), std::string::npos) << reply;
+  }
+  const std::string huge = RawExchange(f.port(), post + "Content-Length: 99999999999999999999999\r\n\r\n{}");
+  EXPECT_EQ(huge.rfind("HTTP/1.1 413", 0), 0u) << huge;
+  const std::string body = R"({"input": [1, 2]})";
+  const std::string n = std::to_string(body.size());
+  const std::string twice = RawExchange(f.port(), post + "Content-Length: " + n + "\r\nContent-Length: " + n + "\r\n\r\n" + body);
+  EXPECT_EQ(twice.rfind("HTTP/1.1 200", 0), 0u) << twice;
+}
+
+// The alias routes (/embeddings, ...) count in /metrics as their /v1 routes, as their 499s do.
+TEST(ServerHttp, AliasRoutesCountAsTheirV1Routes) {
+  Fixture f(Opts());
+  ASSERT_EQ(Post(f.port(), "/embeddings", R"({"input": [1]})").status, 200);
+  ASSERT_EQ(Post(f.port(), "/completions", R"({"prompt": [1]})").status, 200);
+  for (int k = 0; k < 200 && f.server->metrics().requests("/v1/completions", 200) == 0; ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.server->metrics().requests("/v1/embeddings", 200), 1u);
+  EXPECT_EQ(f.server->metrics().requests("/v1/completions", 200), 1u);
+  EXPECT_EQ(f.server->metrics().requests("other", 200), 0u);
 }
 
 // Token ids past 2^63 are reported as sent, not wrapped to negative numbers.

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <numeric>
 #include <set>
+#include <string_view>
 
 #include "batch/candidates.h"
 #include "tokenizer/tokenizer.h"
@@ -74,6 +76,18 @@ std::optional<ApiError> Text(const ApiContext& ctx, const std::string& text, boo
   return std::nullopt;
 }
 
+ApiError TooMany(const std::string& field, size_t n) {
+  return Bad("\"" + field + "\" holds " + std::to_string(n) + " items; one request takes at most " +
+                 std::to_string(kMaxInputs) + ": split it",
+             field, "too_many_inputs");
+}
+
+// The length of `s` as a JSON string, quotes included (as Dump writes it).
+size_t JsonLength(const std::string& s) { return Dump(ojson(s)).size(); }
+
+// The longest token as a JSON string (ApiContext::max_piece_json), 64 while unknown.
+uint64_t PieceBound(const ApiContext& ctx) { return ctx.max_piece_json > 0 ? ctx.max_piece_json : 64; }
+
 // OpenAI's prompt forms: "text", ["text", ...], [ids], [[ids], ...]. One token list per prompt.
 std::optional<ApiError> PromptList(const json& p, const ApiContext& ctx, const std::string& field,
                                    std::vector<std::vector<int32_t>>* out) {
@@ -87,6 +101,7 @@ std::optional<ApiError> PromptList(const json& p, const ApiContext& ctx, const s
     out->emplace_back();
     return Ids(p, field, &out->back());
   }
+  if (p.size() > kMaxInputs) return TooMany(field, p.size());
   for (const json& x : p) {
     out->emplace_back();
     if (x.is_string()) {
@@ -245,6 +260,13 @@ std::string TokenString(const Tokenizer* tokenizer, int32_t id) {
   return out;
 }
 
+size_t MaxPieceJson(const Tokenizer* tokenizer) {
+  if (!tokenizer) return 13;
+  size_t n = 2;
+  for (int32_t id = 0; id < tokenizer->n_vocab(); ++id) n = std::max(n, JsonLength(TokenString(tokenizer, id)));
+  return n;
+}
+
 std::string Base64(const void* data, size_t n) {
   static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   const auto* p = static_cast<const unsigned char*>(data);
@@ -337,6 +359,22 @@ std::optional<ApiError> PrepareCompletion(const std::string& body, const ApiCont
     }
     out->prompt_tokens += static_cast<int64_t>(r.tokens.size());
     out->requests.push_back(std::move(r));
+  }
+  // The reply's bound (Prepared::reply_bytes). Per position listed in logprobs: the token, its
+  // logprob, its offset and `logprobs` alternatives as text, the same as a JSON tree (16-byte
+  // values in vectors that may have doubled, object entries of 48 bytes plus their key), and the
+  // engine's figures (prompt_logprobs, the alternatives kept by the sink). The text counts twice:
+  // the string it is dumped into grows by doubling.
+  const uint64_t P = PieceBound(ctx), K = static_cast<uint64_t>(std::max(0, logprobs));
+  out->reply_bytes = 1024;
+  for (const Request& r : out->requests) {
+    const uint64_t T = r.tokens.size();
+    const uint64_t text = 256 + (echo ? JsonLength(Decode(ctx, r.tokens)) : 2) + (max_tokens == 1 ? P : 0);
+    const uint64_t positions = logprobs < 0 ? 0 : (echo ? T : 0) + (max_tokens == 1 ? 1 : 0);
+    const uint64_t per_position_text = P + 50 + K * (P + 28);
+    const uint64_t per_position_tree = 256 + P + K * (128 + P);
+    out->reply_bytes += 2 * (text + positions * per_position_text) + positions * per_position_tree + 1024 +
+                        T * (4 + 32 + 8 * K);
   }
   // The prompts as the formatter needs them (requests are moved into the batch).
   auto prompt_ids = std::make_shared<std::vector<std::vector<int32_t>>>();
@@ -431,25 +469,58 @@ std::optional<ApiError> PrepareEmbeddings(const std::string& body, const ApiCont
     out->prompt_tokens += static_cast<int64_t>(r.tokens.size());
     out->requests.push_back(std::move(r));
   }
+  // The reply is written as text (no JSON tree: an embedding of n floats is 16 n bytes as a tree),
+  // into a string reserved at its bound: per input, n_embd numbers of at most 25 characters (or
+  // the base64 of n_embd floats), and the engine's embedding.
+  const uint64_t n_embd = static_cast<uint64_t>(std::max<int64_t>(0, ctx.info->n_embd));
+  const uint64_t per_input = 96 + (base64 ? (4 * n_embd + 2) / 3 * 4 + 2 : 25 * n_embd + 2);
   const std::string model = ctx.model_id;
+  const uint64_t text_bound = 256 + JsonLength(model) + out->requests.size() * per_input;
+  out->reply_bytes = text_bound + out->requests.size() * (n_embd * 4 + 256);
   const int64_t total = out->prompt_tokens;
-  out->format = [model, base64, total](std::vector<Result<Response>>& results) {
-    ojson data = ojson::array();
+  out->format = [model, base64, total, text_bound](std::vector<Result<Response>>& results) {
+    std::string o;
+    o.reserve(text_bound);
+    o += R"({"object":"list","data":[)";
+    char num[64];
     for (size_t i = 0; i < results.size(); ++i) {
       const std::vector<float>& e = results[i]->embedding;
-      ojson d;
-      d["object"] = "embedding";
-      d["index"] = i;
-      if (base64) d["embedding"] = Base64(e.data(), e.size() * sizeof(float));  // little-endian host
-      else d["embedding"] = e;
-      data.push_back(std::move(d));
+      if (i > 0) o += ',';
+      o += R"({"object":"embedding","index":)";
+      o += std::to_string(i);
+      o += R"(,"embedding":)";
+      if (base64) {
+        o += '"';
+        o += Base64(e.data(), e.size() * sizeof(float));  // little-endian host
+        o += '"';
+      } else {
+        o += '[';
+        for (size_t k = 0; k < e.size(); ++k) {
+          if (k > 0) o += ',';
+          // As nlohmann writes a float stored as a double: the shortest text that reads back as
+          // the same double (so as the same float), with ".0" on whole numbers; null if not finite.
+          const double x = e[k];
+          if (!std::isfinite(x)) {
+            o += "null";
+            continue;
+          }
+          const auto r = std::to_chars(num, num + sizeof(num), x);
+          const std::string_view t(num, static_cast<size_t>(r.ptr - num));
+          o += t;
+          if (t.find_first_of(".e") == std::string_view::npos) o += ".0";
+        }
+        o += ']';
+      }
+      o += '}';
     }
-    ojson o;
-    o["object"] = "list";
-    o["data"] = std::move(data);
-    o["model"] = model;
-    o["usage"] = {{"prompt_tokens", total}, {"total_tokens", total}};
-    return Dump(o);
+    o += R"(],"model":)";
+    o += Dump(ojson(model));
+    o += R"(,"usage":{"prompt_tokens":)";
+    o += std::to_string(total);
+    o += R"(,"total_tokens":)";
+    o += std::to_string(total);
+    o += "}}";
+    return o;
   };
   return std::nullopt;
 }
@@ -474,13 +545,17 @@ std::optional<ApiError> PrepareClassify(const std::string& body, const ApiContex
   }
   const json& labels = j["labels"];
   if (!labels.is_array() || labels.empty()) return Bad("\"labels\" must be a non-empty array", "labels");
+  if (labels.size() > kMaxInputs) return TooMany("labels", labels.size());
   std::vector<ojson> names;
   for (const json& l : labels) {
     std::vector<int32_t> ids;
     if (auto e = Continuation(l, ctx, "labels", &ids)) return e;
     r.continuations.push_back(std::move(ids));
     names.push_back(ojson::parse(l.dump()));
+    // The label twice (text and tree), its figures; the engine's continuation logprobs.
+    out->reply_bytes += 2 * 2 * (l.dump().size() + 16 * l.size()) + 1024 + 4 * r.continuations.back().size();
   }
+  out->reply_bytes += 2048;
   out->prompt_tokens = static_cast<int64_t>(r.tokens.size());
   for (const auto& c : r.continuations) out->prompt_tokens += static_cast<int64_t>(c.size());
   out->requests.clear();
@@ -520,6 +595,7 @@ std::optional<ApiError> PrepareRerank(const std::string& body, const ApiContext&
   if (!j.contains("query") || !j["query"].is_string()) return Bad("\"query\" must be a string", "query");
   if (!j.contains("documents") || !j["documents"].is_array() || j["documents"].empty())
     return Bad("\"documents\" must be a non-empty array of strings", "documents");
+  if (j["documents"].size() > kMaxInputs) return TooMany("documents", j["documents"].size());
   if (!ctx.tokenizer) return Bad("the model has no vocabulary: /v1/rerank needs text", "query");
   int64_t top_n = static_cast<int64_t>(j["documents"].size());
   if (j.contains("top_n") && !j["top_n"].is_null()) {
@@ -568,7 +644,10 @@ std::optional<ApiError> PrepareRerank(const std::string& body, const ApiContext&
     r.continuations = {yes, no};
     out->prompt_tokens += static_cast<int64_t>(r.tokens.size() + yes.size() + no.size());
     out->requests.push_back(std::move(r));
+    // A result as text and tree (the document twice if returned); the engine's scores.
+    out->reply_bytes += 2 * (512 + (return_documents ? JsonLength(doc) : 0)) + 256;
   }
+  out->reply_bytes += 2048;
   const std::string model = ctx.model_id;
   const int64_t total = out->prompt_tokens;
   out->format = [model, docs, top_n, return_documents, total](std::vector<Result<Response>>& results) {

@@ -60,6 +60,8 @@ inline constexpr const char* kDefaultRerankTemplate =
 inline constexpr const char* kRerankYes = " yes";
 inline constexpr const char* kRerankNo = " no";
 inline constexpr int kMaxLogprobs = 20;
+// The most prompts (inputs, documents, labels) one request may hold: OpenAI's limit for embeddings.
+inline constexpr size_t kMaxInputs = 2048;
 
 struct ApiError {
   int status = 400;
@@ -85,7 +87,13 @@ struct ApiContext {
   std::string model_id;                  // "model" in replies and /v1/models
   std::string rerank_template = kDefaultRerankTemplate;
   int threads = 1;                       // OpenMP threads of the logits sinks
+  size_t max_piece_json = 0;             // the longest token (TokenString) as a JSON string, with its
+                                         // quotes (MaxPieceJson); 0: not known yet (taken as 64)
 };
+
+// The longest TokenString of the vocabulary as a JSON string, quotes included (for
+// Prepared::reply_bytes); 13 without a vocabulary (a decimal id).
+size_t MaxPieceJson(const Tokenizer* tokenizer);
 
 // A reply: status and JSON body.
 struct Reply {
@@ -98,6 +106,11 @@ struct Reply {
 struct Prepared {
   std::vector<Request> requests;
   int64_t prompt_tokens = 0;  // every token the requests run (continuations included)
+  // An upper bound on the memory the reply takes from the moment the engine answers until it is
+  // sent: the engine's Responses, the JSON tree the reply is built in (completions, classify,
+  // rerank; embeddings are written as text directly) and its text. The server admits requests
+  // while the bounds of those in flight fit its reply memory (ServerOptions::reply_memory_bytes).
+  uint64_t reply_bytes = 0;
   std::function<std::string(std::vector<Result<Response>>& results)> format;
 };
 

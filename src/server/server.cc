@@ -9,27 +9,47 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "base/memory.h"
+#include "base/stats.h"
 
 namespace estream::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Times after which reads or writes on every connection fail (steady-clock nanoseconds; set by
+// Server::Shutdown so that a connection that trickles a request or does not read its reply cannot
+// hold the shutdown), and how many connections were closed by them.
+struct Cutoffs {
+  static constexpr int64_t kNever = INT64_MAX;
+  std::atomic<int64_t> read{kNever}, write{kNever};
+  std::atomic<int> closed{0};
+};
+
+int64_t NowNs() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
 // A buffered socket stream for httplib's request parser (which reads headers a byte at a time).
 // Owned by the HTTP thread that serves the connection; HasClientGone() is called from the same
-// thread while its handler waits for a job.
+// thread while its handler waits for a job. Reads fail after the per-read timeout without a byte,
+// after the request's own deadline (SetReadDeadline: its headers must come within a bound, so a
+// client trickling them a byte at a time cannot hold a thread for long) and after the shutdown
+// cut-off; writes after the write timeout and the shutdown cut-off.
 class SocketStream final : public httplib::Stream {
  public:
-  SocketStream(int sock, time_t read_sec, time_t read_usec, time_t write_sec, time_t write_usec)
+  SocketStream(int sock, time_t read_sec, time_t read_usec, time_t write_sec, time_t write_usec, const Cutoffs* cut)
       : sock_(sock),
         read_ms_(static_cast<int>(read_sec * 1000 + read_usec / 1000)),
-        write_ms_(static_cast<int>(write_sec * 1000 + write_usec / 1000)) {}
+        write_ms_(static_cast<int>(write_sec * 1000 + write_usec / 1000)),
+        cut_(cut) {}
 
   bool is_readable() const override { return begin_ < end_ || Poll(POLLIN, read_ms_); }
   bool is_writable() const override { return Poll(POLLOUT, write_ms_); }
@@ -62,6 +82,11 @@ class SocketStream final : public httplib::Stream {
   void get_local_ip_and_port(std::string& ip, int& port) const override { Name(false, ip, port); }
   socket_t socket() const override { return sock_; }
 
+  // Reads fail after `deadline_ns` (NowNs()'s clock; Cutoffs::kNever: no deadline).
+  void SetReadDeadline(int64_t deadline_ns) { read_deadline_ns_ = deadline_ns; }
+  // True once a read or write failed at the shutdown cut-off.
+  bool cut_off() const { return cut_off_; }
+
   // Waits up to `timeout_s` for the next request's bytes, waking every 100 ms to ask `stop`.
   template <typename Stop>
   bool WaitForRequest(time_t timeout_s, Stop stop) const {
@@ -69,7 +94,7 @@ class SocketStream final : public httplib::Stream {
     const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
     while (Clock::now() < deadline) {
       if (stop()) return false;
-      if (Poll(POLLIN, 100)) return true;
+      if (PollOnce(POLLIN, 100)) return true;
     }
     return false;
   }
@@ -87,12 +112,28 @@ class SocketStream final : public httplib::Stream {
   }
 
  private:
-  bool Poll(short events, int timeout_ms) const {
+  bool PollOnce(short events, int timeout_ms) const {
     pollfd p{sock_, events, 0};
     for (;;) {
       const int r = ::poll(&p, 1, timeout_ms);
       if (r < 0 && errno == EINTR) continue;
       return r > 0 && (p.revents & (events | POLLHUP | POLLERR));
+    }
+  }
+  // Waits up to `timeout_ms` for `events`, in slices of at most 100 ms so that a deadline or a
+  // cut-off set meanwhile (by Shutdown, from another thread) ends the wait within 100 ms.
+  bool Poll(short events, int timeout_ms) const {
+    const int64_t end = NowNs() + int64_t{timeout_ms} * 1000000;
+    for (;;) {
+      const bool reading = events & POLLIN;
+      const int64_t cut = reading ? cut_->read.load() : cut_->write.load();
+      const int64_t limit = std::min({end, cut, reading ? read_deadline_ns_ : Cutoffs::kNever});
+      const int64_t now = NowNs();
+      if (now >= limit) {
+        if (now >= cut) cut_off_ = true;
+        return false;
+      }
+      if (PollOnce(events, static_cast<int>(std::min<int64_t>((limit - now + 999999) / 1000000, 100)))) return true;
     }
   }
   ssize_t Recv(char* ptr, size_t size) {
@@ -118,6 +159,9 @@ class SocketStream final : public httplib::Stream {
 
   int sock_;
   int read_ms_, write_ms_;
+  const Cutoffs* cut_;
+  int64_t read_deadline_ns_ = Cutoffs::kNever;
+  mutable bool cut_off_ = false;
   char buf_[4096];
   size_t begin_ = 0, end_ = 0;
 };
@@ -127,12 +171,81 @@ class SocketStream final : public httplib::Stream {
 thread_local SocketStream* tls_stream = nullptr;
 thread_local bool tls_close_after = false;
 
+// The memory the replies of the requests in flight may take (ServerOptions::reply_memory_bytes):
+// a request takes its Prepared::reply_bytes before it is queued and gives it back once its reply
+// is sent (tls_reply_held: what this HTTP thread's current request holds).
+struct ReplyPool {
+  std::mutex mu;
+  uint64_t capacity = 0, used = 0;
+  bool TryTake(uint64_t n) {
+    std::lock_guard<std::mutex> l(mu);
+    if (used + n > capacity) return false;
+    used += n;
+    return true;
+  }
+  void Give(uint64_t n) {
+    std::lock_guard<std::mutex> l(mu);
+    used -= n;
+  }
+};
+thread_local uint64_t tls_reply_held = 0;
+
+// The metrics label of a request path: an engine route's alias without "/v1" counts as its /v1
+// route (as its 499s do), anything unknown as "other".
 const char* RouteLabel(const std::string& path) {
   static const char* kRoutes[] = {"/v1/completions", "/v1/embeddings", "/v1/classify", "/v1/rerank", "/tokenize",
                                   "/detokenize",     "/health",        "/v1/models",   "/metrics"};
   for (const char* r : kRoutes)
-    if (path == r) return r;
+    if (path == r || (std::strncmp(r, "/v1/", 4) == 0 && path == r + 3)) return r;
   return "other";
+}
+
+// Marks the connection to be closed after this reply, and says so in it: the request looks to
+// httplib as if it had asked for "Connection: close", so the reply carries that header and no
+// Keep-Alive (the library's Request here is its own non-const object, passed to handlers as const).
+void CloseAfter(const httplib::Request& req) {
+  tls_close_after = true;
+  auto& r = const_cast<httplib::Request&>(req);
+  r.headers.erase("Connection");
+  r.headers.emplace("Connection", "close");
+}
+
+// The body length a request's Content-Length headers give. Errors (a 400 message): a value that is
+// not a decimal number, or several headers that disagree (RFC 9112 section 6.3). A number past
+// 2^64 - 1 reads as UINT64_MAX (over any limit).
+std::optional<uint64_t> ContentLength(const httplib::Request& req, std::string* error) {
+  std::optional<uint64_t> len;
+  auto values = req.headers.equal_range("Content-Length");  // case-insensitive
+  for (auto it = values.first; it != values.second; ++it) {
+    const std::string& v = it->second;
+    uint64_t n = 0;
+    bool ok = !v.empty();
+    for (char c : v) {
+      if (c < '0' || c > '9') {
+        ok = false;
+        break;
+      }
+      const uint64_t d = static_cast<uint64_t>(c - '0');
+      n = n > (UINT64_MAX - d) / 10 ? UINT64_MAX : n * 10 + d;
+    }
+    if (!ok) {
+      *error = "the Content-Length header \"" + v.substr(0, 40) + "\" is not a number of bytes";
+      return std::nullopt;
+    }
+    if (len && *len != n) {
+      *error = "the request has several Content-Length headers that disagree: send one";
+      return std::nullopt;
+    }
+    len = n;
+  }
+  return len.value_or(0);
+}
+
+// Seconds as a person writes them: 1 -> "1", 1.5 -> "1.5", 0.25 -> "0.25".
+std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", s);
+  return buf;
 }
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
@@ -172,6 +285,10 @@ class Server::Http : public httplib::Server {
   // listen() again on the bound socket sets the backlog (capped by net.core.somaxconn).
   bool RaiseBacklog() { return ::listen(svr_sock_, SOMAXCONN) == 0; }
 
+  Cutoffs cutoffs;
+  double header_timeout_seconds = 10;
+  ReplyPool replies;
+
  private:
   bool process_and_close_socket(socket_t sock) override {
     // httplib writes a response's headers and body in two send()s; with Nagle's algorithm the
@@ -180,16 +297,25 @@ class Server::Http : public httplib::Server {
     ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     bool ret = false;
     {
-      SocketStream strm(sock, read_timeout_sec_, read_timeout_usec_, write_timeout_sec_, write_timeout_usec_);
+      SocketStream strm(sock, read_timeout_sec_, read_timeout_usec_, write_timeout_sec_, write_timeout_usec_, &cutoffs);
       tls_stream = &strm;
       auto stopped = [this] { return svr_sock_ == INVALID_SOCKET; };
       for (size_t count = keep_alive_max_count_; count > 0; --count) {
+        strm.SetReadDeadline(Cutoffs::kNever);
         if (!strm.WaitForRequest(keep_alive_timeout_sec_, stopped)) break;
+        // The request line and headers must all come within header_timeout_seconds of its first
+        // byte (the pre-routing hook lifts the deadline for the body).
+        strm.SetReadDeadline(NowNs() + static_cast<int64_t>(header_timeout_seconds * 1e9));
         tls_close_after = false;
         bool connection_closed = false;
         ret = process_request(strm, count == 1 || stopped(), connection_closed, nullptr);
+        if (tls_reply_held > 0) {  // the reply is sent (or failed): its memory is free again
+          replies.Give(tls_reply_held);
+          tls_reply_held = 0;
+        }
         if (!ret || connection_closed || tls_close_after) break;
       }
+      if (strm.cut_off()) ++cutoffs.closed;
       tls_stream = nullptr;
     }
     ::shutdown(sock, SHUT_RDWR);
@@ -207,7 +333,16 @@ Status Server::Start() {
   const int threads = options_.http_threads > 0 ? options_.http_threads : options_.scheduler.max_queue + 8;
   h.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   h.set_payload_max_length(options_.max_body_bytes);
-  h.set_read_timeout(10, 0);
+  // httplib's default socket options add SO_REUSEPORT, with which a second server on a port in use
+  // binds it too and the kernel splits the connections between the two: SO_REUSEADDR only (a
+  // restarted server can still bind while its old connections are in TIME_WAIT).
+  h.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  h.header_timeout_seconds = options_.header_timeout_seconds;
+  h.replies.capacity = options_.reply_memory_bytes;
+  h.set_read_timeout(5, 0);
   h.set_write_timeout(10, 0);
   h.set_keep_alive_timeout(5);
   h.set_keep_alive_max_count(10000);
@@ -217,15 +352,23 @@ Status Server::Start() {
       const std::string auth = req.get_header_value("Authorization");
       const std::string want = "Bearer " + options_.api_key;
       if (!ConstantTimeEquals(auth, want)) {
-        tls_close_after = true;  // the body (if any) is not read
+        CloseAfter(req);  // the body (if any) is not read
         SetError(res, Err(401, "missing or wrong API key: send the header \"Authorization: Bearer KEY\"",
                           "authentication_error", "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
       }
     }
+    if (tls_stream) tls_stream->SetReadDeadline(Cutoffs::kNever);  // the headers are in
+    std::string bad_length;
+    const std::optional<uint64_t> len = ContentLength(req, &bad_length);
+    if (!len) {
+      CloseAfter(req);
+      SetError(res, Err(400, bad_length, "invalid_request_error", "bad_content_length"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") {
       if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
-        tls_close_after = true;
+        CloseAfter(req);
         SetError(res, Err(411, "send the body with a Content-Length (chunked bodies are not accepted)",
                           "invalid_request_error"));
         return httplib::Server::HandlerResponse::Handled;
@@ -237,10 +380,10 @@ Status Server::Start() {
       auto types = const_cast<httplib::Request&>(req).headers.equal_range("Content-Type");  // case-insensitive
       for (auto it = types.first; it != types.second; ++it)
         if (it->second.rfind("application/x-www-form-urlencoded", 0) == 0) it->second = "application/json";
-      const uint64_t len = req.get_header_value<uint64_t>("Content-Length");
-      if (len > options_.max_body_bytes) {
-        tls_close_after = true;
-        SetError(res, Err(413, "the request body is " + std::to_string(len) + " bytes; this server accepts at most " +
+      if (*len > options_.max_body_bytes) {
+        CloseAfter(req);
+        const std::string size = *len == UINT64_MAX ? "over 2^64" : std::to_string(*len);
+        SetError(res, Err(413, "the request body is " + size + " bytes; this server accepts at most " +
                                    std::to_string(options_.max_body_bytes) + " (--max-body)",
                           "invalid_request_error", "body_too_large"));
         return httplib::Server::HandlerResponse::Handled;
@@ -282,11 +425,12 @@ Status Server::Start() {
       --in_flight_;
       res.status = r.status;
       if (gone) {
-        tls_close_after = true;
+        CloseAfter(req);
         metrics_.CountRequest(route, 499);
         return;
       }
-      res.set_content(r.body, "application/json");
+      res.body = std::move(r.body);  // set_content would copy it: a reply can be megabytes
+      res.set_header("Content-Type", "application/json");
       if (r.status == 429) res.set_header("Retry-After", std::to_string(scheduler_ ? scheduler_->RetryAfterSeconds() : 1));
     };
   };
@@ -349,6 +493,7 @@ void Server::SetBackend(BatchRunner runner, const ModelInfo& info, const Tokeniz
   ctx_.model_id = std::move(model_id);
   ctx_.rerank_template = options_.rerank_template;
   ctx_.threads = options_.compute_threads;
+  ctx_.max_piece_json = MaxPieceJson(tokenizer);
   SchedulerOptions so = options_.scheduler;
   if (pass_tokens > 0) so.max_batch_tokens = std::min(so.max_batch_tokens, pass_tokens);
   options_.scheduler = so;
@@ -372,6 +517,35 @@ Reply Server::HandleEngine(const char* route,
                          " tokens; one batch holds at most " + std::to_string(limit) +
                          " (--max-batch-tokens, within the memory budget): send fewer or shorter prompts",
                      "invalid_request_error", "request_too_large"));
+  // The reply's memory: taken before the job is queued (so what the engine answers always has room),
+  // given back once the reply is sent. While the replies in flight leave no room, wait for it.
+  const uint64_t reply_memory = options_.reply_memory_bytes;
+  if (p.reply_bytes > reply_memory)
+    return error(Err(413,
+                     std::string(route) + ": the reply to this request needs up to " + FormatBytes(p.reply_bytes) +
+                         " of memory; this server keeps " + FormatBytes(reply_memory) +
+                         " for replies (--reply-memory): send fewer inputs" +
+                         (std::string(route) == "/v1/embeddings" ? " (or \"encoding_format\": \"base64\")" : ""),
+                     "invalid_request_error", "reply_too_large"));
+  const auto start = Clock::now();
+  auto timed_out = [&] {
+    return options_.timeout_seconds > 0 &&
+           std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_seconds;
+  };
+  auto timeout_error = [&] {
+    return error(Err(504, "the request did not finish within " + FormatSeconds(options_.timeout_seconds) +
+                              " s (--timeout)", "timeout", "timeout"));
+  };
+  while (!http_->replies.TryTake(p.reply_bytes)) {
+    if (stopping_) return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
+    if (tls_stream && tls_stream->HasClientGone()) {
+      *client_gone = true;
+      return Reply{499, ""};
+    }
+    if (timed_out()) return timeout_error();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  tls_reply_held += p.reply_bytes;
   auto job = std::make_shared<Job>();
   job->requests = std::move(p.requests);
   job->tokens = p.prompt_tokens;
@@ -386,18 +560,15 @@ Reply Server::HandleEngine(const char* route,
     case Scheduler::Admit::kStopping:
       return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
   }
-  const auto start = Clock::now();
   while (!job->WaitFor(std::chrono::milliseconds(25))) {
     if (tls_stream && tls_stream->HasClientGone()) {
       scheduler_->Cancel(job);
       *client_gone = true;
       return Reply{499, ""};
     }
-    if (options_.timeout_seconds > 0 &&
-        std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_seconds) {
+    if (timed_out()) {
       scheduler_->Cancel(job);
-      return error(Err(504, "the request did not finish within " + std::to_string(options_.timeout_seconds) +
-                                " s (--timeout)", "timeout", "timeout"));
+      return timeout_error();
     }
   }
   if (job->dropped) return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
@@ -423,10 +594,20 @@ void Server::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     stopping_ = true;
     http_->stop();  // no new connections; open ones close after their current request
+    // A request still being sent this long after the stop began is not waited for (it would only
+    // get a 503 from an engine route), nor a reply its client does not read this long after the
+    // queued work ended: a client trickling bytes cannot hold the shutdown.
+    const auto drain = static_cast<int64_t>(options_.shutdown_drain_seconds * 1e9);
+    http_->cutoffs.read = NowNs() + drain;
     if (scheduler_) scheduler_->Stop(options_.shutdown_grace_seconds);
+    http_->cutoffs.write = NowNs() + drain;
     if (listener_.joinable()) listener_.join();
   });
 }
+
+int Server::connections_cut_off() const { return http_->cutoffs.closed.load(); }
+
+void Server::RequestStop() { stopping_ = true; }
 
 void Server::Wait() {
   while (!stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(50));

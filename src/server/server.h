@@ -16,7 +16,9 @@
 // (413 / 411, before it is read); bad JSON / fields (400); a job over the scheduler's
 // max_batch_tokens (413 naming the limit); a full queue (429 with Retry-After); the client
 // closing its connection while its job waits (the job is cancelled; counted as status 499);
-// timeout_seconds (504). During load every route but /metrics answers 503 (/health: {"status":
+// timeout_seconds (504); a request's headers not all sent within header_timeout_seconds (the
+// connection is closed). Replies after which the connection closes (401, 411, 413, a malformed
+// Content-Length's 400) say "Connection: close". During load every route but /metrics answers 503 (/health: {"status":
 // "loading model"}); after Shutdown starts, engine routes answer 503.
 #pragma once
 
@@ -38,15 +40,29 @@ class Tokenizer;
 
 namespace estream::server {
 
+// The memory one HTTP thread's request may take per byte of --max-body: the body, its parsed JSON
+// tree and the prompts made of it (a body of many tiny JSON values, such as thousands of empty
+// objects in an unread field, can take more: its tree is not bounded yet). `estream serve` keeps HTTP threads x this
+// x --max-body for them (plus the reply memory and 16 MiB) out of its budget.
+inline constexpr uint64_t kMemoryPerBodyByte = 4;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                  // 0: any free port (see Server::port())
   std::string api_key;              // empty: no auth
   size_t max_body_bytes = 1 << 20;  // larger bodies: 413
+  uint64_t reply_memory_bytes = 32 << 20;  // the replies of the requests in flight, all together
+                                           // (Prepared::reply_bytes): a request whose reply needs
+                                           // more gets 413; others wait for room
   int http_threads = 0;             // 0: scheduler.max_queue + 8 (a full queue still leaves
                                     // threads to answer 429, /health and /metrics)
   double timeout_seconds = 0;       // per request, submit to answer; 0: none
   double shutdown_grace_seconds = 10;  // Shutdown: queued work may finish for this long
+  double shutdown_drain_seconds = 2;   // Shutdown: a connection still sending a request this long
+                                       // after it began, or not reading its reply this long after
+                                       // the queued work ended, is closed
+  double header_timeout_seconds = 10;  // a request's line and headers must come within this
+                                       // long of its first byte, else the connection is closed
   SchedulerOptions scheduler;       // max_batch_tokens is lowered to the backend's pass limit
   std::string rerank_template = kDefaultRerankTemplate;
   uint64_t budget_bytes = 0;        // for /metrics
@@ -77,8 +93,13 @@ class Server {
   // shutdown_grace_seconds (the rest are answered 503), open connections close after their
   // current request. Returns when every server thread has ended. Idempotent.
   void Shutdown();
-  // Blocks until the listener ends (after Shutdown, from another thread or a signal).
+  // Blocks until the listener ends (after Shutdown or RequestStop, from another thread or a
+  // signal).
   void Wait();
+  // Makes Wait() run Shutdown (from a signal-handling thread that must not block).
+  void RequestStop();
+  // Connections Shutdown closed at its drain cut-off (still sending, or not reading their reply).
+  int connections_cut_off() const;
 
   Metrics& metrics() { return metrics_; }
   const ServerOptions& options() const { return options_; }

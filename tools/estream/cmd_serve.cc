@@ -6,12 +6,16 @@
 //
 // The server (src/server/) listens first, so /health answers 503 ("loading model") while the
 // model loads, then 200. SIGINT / SIGTERM: stop accepting, let queued work finish for
-// --shutdown-grace seconds (the rest is answered 503), exit 0.
+// --shutdown-grace seconds (the rest is answered 503), close connections still sending a request
+// 2 s after the signal or not reading a reply 2 s after the queued work ended, exit 0. A second
+// signal exits at once (status 1).
 //
 // One budget: --budget covers the whole process. The server keeps a reserve for HTTP buffers
-// (http threads x 4 x --max-body, for the body, its parsed JSON and the reply, + 16 MiB) and gives
+// (http threads x kMemoryPerBodyByte x --max-body, for the body, its parsed JSON and the prompts; --reply-memory for
+// the replies of the requests in flight, all together; + 16 MiB) and gives
 // the rest to the engine (EngineOptions::budget_bytes: arena, dense weights, activations of the
 // largest batch, which --max-batch-tokens bounds). /metrics reports both and the peak RSS.
+#include <malloc.h>
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -67,6 +71,8 @@ class ServeCommand : public Command {
     sub->add_option("--timeout", o_.timeout_seconds, "seconds a request may take before it gets 504 (default 0: none)")
         ->check(SecondsCheck());
     sub->add_option("--max-body", max_body_, "largest request body (default 256K); larger: 413");
+    sub->add_option("--reply-memory", reply_memory_, "memory for the replies of the requests in flight, all "
+                    "together (default 32M): a request whose reply needs more gets 413, others wait for room");
     sub->add_option("--http-threads", o_.http_threads, "HTTP worker threads (default --max-queue + 8)")
         ->check(NonNegativeInt());
     sub->add_option("--shutdown-grace", o_.shutdown_grace_seconds, "on SIGTERM/SIGINT, seconds queued work may "
@@ -85,11 +91,20 @@ class ServeCommand : public Command {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
+    // glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB), after
+    // which blocks that size come from the heaps of its per-thread arenas and stay resident once
+    // freed: every HTTP thread that built a multi-megabyte reply kept its pages, and the peak RSS
+    // grew with the number of threads that ever did (12 replies of 10 MB one after another: +110
+    // MiB). A fixed threshold (glibc's default, 128 KiB) hands large blocks back when freed.
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     ESTREAM_ASSIGN_OR_RETURN(uint64_t max_body, ParseSize(max_body_));
     if (max_body == 0) return Status::InvalidArgument("--max-body must be positive");
     o_.max_body_bytes = max_body;
+    ESTREAM_ASSIGN_OR_RETURN(o_.reply_memory_bytes, ParseSize(reply_memory_));
+    if (o_.reply_memory_bytes == 0) return Status::InvalidArgument("--reply-memory must be positive");
     const int http_threads = o_.http_threads > 0 ? o_.http_threads : o_.scheduler.max_queue + 8;
-    o_.server_reserve_bytes = static_cast<uint64_t>(http_threads) * 4 * max_body + (16ull << 20);
+    o_.server_reserve_bytes = static_cast<uint64_t>(http_threads) * server::kMemoryPerBodyByte * max_body +
+                              o_.reply_memory_bytes + (16ull << 20);
     EngineOptions eo;
     eo.n_threads = threads_;
     eo.budget_tokens = budget_tokens_;
@@ -100,7 +115,9 @@ class ServeCommand : public Command {
       if (o_.budget_bytes <= o_.server_reserve_bytes)
         return Status::InvalidArgument("--budget " + budget_ + " does not cover the server's own reserve of " +
                                        FormatBytes(o_.server_reserve_bytes) +
-                                       " (HTTP threads x 4 x --max-body + 16 MiB): raise it or lower --max-body / --max-queue");
+                                       " (HTTP threads x " + std::to_string(server::kMemoryPerBodyByte) +
+                                       " x --max-body + --reply-memory + 16 MiB): raise it or lower --max-body, --max-queue "
+                                       "or --reply-memory");
       eo.budget_bytes = o_.budget_bytes - o_.server_reserve_bytes;
     }
     o_.scheduler.max_batch_tokens = max_batch_tokens_ > 0 ? max_batch_tokens_ : (int64_t{1} << 40);
@@ -111,15 +128,20 @@ class ServeCommand : public Command {
     std::fprintf(stderr, "estream serve: listening on http://%s:%d (loading %s)\n", o_.host.c_str(), server.port(),
                  model_.c_str());
 
-    enum State { kLoading, kLoaded, kFailed };
+    enum State { kLoading, kLoaded, kFailed, kStopped };
     std::atomic<int> state{kLoading};
     std::thread signals([&] {
       int sig = 0;
       sigwait(&set, &sig);
-      if (state == kFailed) return;  // woken by ourselves: the load failed
+      if (state == kFailed || state == kStopped) return;  // woken by ourselves
       std::fprintf(stderr, "estream serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
       if (state == kLoading) std::_Exit(0);  // nothing served yet; the load cannot be interrupted
-      server.Shutdown();
+      server.RequestStop();                  // the main thread's Wait() shuts the server down
+      sigwait(&set, &sig);
+      if (state == kStopped) return;
+      std::fprintf(stderr, "estream serve: second %s: exiting now, without waiting for queued work\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      std::_Exit(1);
     });
 
     std::unique_ptr<Tokenizer> tokenizer;
@@ -140,7 +162,8 @@ class ServeCommand : public Command {
         return Status::ResourceExhausted(engine_or.status().message() + " (the figures are the engine's share: --budget " +
                                          budget_ + " less the server's reserve of " +
                                          FormatBytes(o_.server_reserve_bytes) +
-                                         ", HTTP threads x 4 x --max-body + 16 MiB; add the reserve to the figure)");
+                                         ", HTTP threads x " + std::to_string(server::kMemoryPerBodyByte) +
+                                         " x --max-body + --reply-memory + 16 MiB; add the reserve to the figure)");
       return engine_or.status();
     }
     std::unique_ptr<Engine> engine = std::move(engine_or).value();
@@ -154,13 +177,18 @@ class ServeCommand : public Command {
                  engine->n_threads(), static_cast<long long>(server.options().scheduler.max_batch_tokens),
                  o_.scheduler.max_queue, o_.budget_bytes ? (", budget " + FormatBytes(o_.budget_bytes)).c_str() : "");
     server.Wait();
+    state = kStopped;
+    pthread_kill(signals.native_handle(), SIGTERM);  // wakes it if no second signal came
     signals.join();
+    if (const int n = server.connections_cut_off())
+      std::fprintf(stderr, "estream serve: closed %d connection%s still sending a request or not reading a reply\n", n,
+                   n == 1 ? "" : "s");
     std::fprintf(stderr, "estream serve: stopped\n");
     return 0;
   }
 
  private:
-  std::string model_, budget_, alias_, max_body_ = "256K", expert_cache_ = "auto";
+  std::string model_, budget_, alias_, max_body_ = "256K", reply_memory_ = "32M", expert_cache_ = "auto";
   int threads_ = 0;
   int64_t budget_tokens_ = 0, max_batch_tokens_ = 0;
   server::ServerOptions o_;
