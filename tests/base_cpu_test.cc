@@ -62,7 +62,7 @@ TEST(Cpu, HostLevelMatchesTheFeaturesAndTheArchitecture) {
   EXPECT_FALSE(IsaAtLeast(host, Isa::kNeon));
   EXPECT_EQ(IsaAtLeast(host, Isa::kAvx2), f.avx2 && f.fma && f.f16c);
 #endif
-  if (const char* want = std::getenv("ESTREAM_EXPECT_HOST_ISA")) EXPECT_STREQ(IsaName(host), want);
+  if (const char* want = std::getenv("ESTREAM_EXPECT_HOST_ISA")) { EXPECT_STREQ(IsaName(host), want); }
 }
 
 // ESTREAM_ISA lowers the level along the host's chain, never raises it and never leaves it.
@@ -71,8 +71,8 @@ TEST(Cpu, ActiveLevelFollowsEstreamIsa) {
   EXPECT_TRUE(IsaAtLeast(HostIsa(), active));
   Isa wanted;
   const char* env = std::getenv("ESTREAM_ISA");
-  if (env != nullptr && ParseIsa(env, &wanted) && IsaAtLeast(HostIsa(), wanted)) EXPECT_EQ(active, wanted);
-  if (env == nullptr || *env == '\0') EXPECT_EQ(active, HostIsa());
+  if (env != nullptr && ParseIsa(env, &wanted) && IsaAtLeast(HostIsa(), wanted)) { EXPECT_EQ(active, wanted); }
+  if (env == nullptr || *env == '\0') { EXPECT_EQ(active, HostIsa()); }
   EXPECT_EQ(kernels::Kernels().isa, active);
 }
 
@@ -93,7 +93,7 @@ TEST(Cpu, EveryLevelOfTheHostHasAFullTable) {
   }
   // A level beyond the host's chain falls back to the host's table.
   for (Isa isa : {Isa::kAvx512, Isa::kI8mm})
-    if (!IsaAtLeast(HostIsa(), isa)) EXPECT_EQ(kernels::KernelsFor(isa).isa, HostIsa());
+    if (!IsaAtLeast(HostIsa(), isa)) { EXPECT_EQ(kernels::KernelsFor(isa).isa, HostIsa()); }
 }
 
 }  // namespace

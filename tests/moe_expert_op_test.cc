@@ -37,6 +37,10 @@
 
 // Counts every operator new of the test binary (the allocation test reads it around Invoke).
 static std::atomic<int64_t> g_news{0};
+// The replaced operator new takes its memory from malloc, so delete's free() matches it; GCC 12's
+// -Wmismatched-new-delete sees only the names.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(size_t n) {
   g_news.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;
@@ -44,6 +48,7 @@ void* operator new(size_t n) {
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace estream::moe {
 namespace {

@@ -58,7 +58,7 @@ struct ModelShape {
   // expert bias, tied LM head (arch_lfm2moe.cc); n_layer_dense_lead (above) dense layers. attn_layers: the attention layers of the preset's
   // own depth (pattern_depth); a deeper override continues with every 4th layer (i % 4 == 2).
   int conv_l = 0;            // shortconv.l_cache (0: no conv layers)
-  std::vector<int> attn_layers;
+  std::vector<int> attn_layers = {};
   int pattern_depth = 0;     // layers the preset's own pattern covers
 
   bool lfm2() const { return arch == "lfm2moe"; }
