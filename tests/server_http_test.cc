@@ -417,20 +417,20 @@ TEST(ServerHttp, ASecondServerOnAPortInUseFailsToBind) {
 // but not together wait for room instead of failing.
 TEST(ServerHttp, RepliesFitTheReplyMemory) {
   ServerOptions o = Opts(/*max_batch_tokens=*/4096);
-  o.reply_memory_bytes = 32 * 1024;
+  o.reply_memory_bytes = 200 * 1024;  // also holds each body's parsed tree (88 bytes an input here)
   Fixture f(o);
   const int p = f.port();
-  std::vector<std::vector<int>> many(400, std::vector<int>{1});  // 400 embeddings: over 32 KiB
+  std::vector<std::vector<int>> many(1000, std::vector<int>{1});  // 1000 embeddings: ~470 KB of reply
   auto big = Post(p, "/v1/embeddings", json({{"input", many}}).dump());
   ExpectOpenAiError(big, 413);
   EXPECT_EQ(big.json()["error"]["code"], "reply_too_large");
   EXPECT_NE(big.json()["error"]["message"].get<std::string>().find("--reply-memory"), std::string::npos) << big.body;
-  many.resize(2049);
+  many.resize(2049, std::vector<int>{1});
   auto too_many = Post(p, "/v1/embeddings", json({{"input", many}}).dump());
   ExpectOpenAiError(too_many, 400);
   EXPECT_EQ(too_many.json()["error"]["code"], "too_many_inputs");
-  // 60 embeddings take more than half of the reply memory: two such requests run one after the other.
-  many.resize(60);
+  // 300 embeddings take more than half of the reply memory: two such requests run one after the other.
+  many.resize(300);
   const std::string body = json({{"input", many}}).dump();
   f.fake.close();
   std::vector<int> status(2, 0);
@@ -443,7 +443,32 @@ TEST(ServerHttp, RepliesFitTheReplyMemory) {
   first.join();
   second.join();
   EXPECT_EQ(status, (std::vector<int>{200, 200}));
-  EXPECT_EQ(Post(p, "/v1/embeddings", body).json()["data"].size(), 60u);  // the memory was given back
+  EXPECT_EQ(Post(p, "/v1/embeddings", body).json()["data"].size(), 300u);  // the memory was given back
+}
+
+// A body's parsed JSON tree is counted before it is built (JsonTreeBytes) and held in the reply
+// memory: thousands of empty objects in a field no route reads (~20 bytes of tree per body byte)
+// get 413 on every route that parses a body, while a body of token ids runs.
+TEST(ServerHttp, ParsedBodiesFitTheReplyMemory) {
+  EXPECT_EQ(JsonTreeBytes("not json"), 0u);
+  EXPECT_GE(JsonTreeBytes(R"({"a": [1, 2, 3]})"), 48u + 96 + 24 + 3 * 32);
+  ServerOptions o = Opts(/*max_batch_tokens=*/4096);
+  o.reply_memory_bytes = 256 * 1024;
+  Fixture f(o);
+  const int p = f.port();
+  const json empties = json::array_t(8000, json::object());  // 24 KB of text, ~0.8 MB as a tree
+  for (const char* route : {"/v1/completions", "/v1/embeddings", "/tokenize"}) {
+    json body = {{"user", empties}};
+    body[std::string(route) == "/v1/embeddings" ? "input" : std::string(route) == "/tokenize" ? "content" : "prompt"] =
+        "hi";
+    auto r = Post(p, route, body.dump());
+    ExpectOpenAiError(r, 413);
+    EXPECT_EQ(r.json()["error"]["code"], "body_too_complex") << route << " " << r.body;
+    EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("--reply-memory"), std::string::npos) << r.body;
+  }
+  const std::vector<std::vector<int>> ids(40, std::vector<int>(60, 1));  // 2400 ids: ~77 KiB as a tree, fits
+  EXPECT_EQ(Post(p, "/v1/embeddings", json({{"input", ids}}).dump()).status, 200);
+  EXPECT_NE(Post(p, "/tokenize", json({{"content", "hello"}}).dump()).status, 413);
 }
 
 // Opens a connection to 127.0.0.1:port; -1 on failure.

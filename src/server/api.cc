@@ -39,6 +39,45 @@ std::optional<ApiError> ParseObject(const std::string& body, json* out) {
   return std::nullopt;
 }
 
+class TreeCounter final : public nlohmann::json_sax<json> {
+ public:
+  uint64_t bytes = 0;
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t& s) override { return Value() && Add(Heap(s)); }
+  bool binary(binary_t& b) override { return Value() && Add(b.size()); }
+  bool start_object(std::size_t) override { return Open(false, 48); }
+  bool key(string_t& k) override { return Add(96 + Heap(k)); }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(true, 24); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    bytes = 0;
+    return false;
+  }
+
+ private:
+  static uint64_t Heap(const string_t& s) { return s.size() > 15 ? s.size() + 1 : 0; }
+  bool Add(uint64_t n) {
+    bytes += n;
+    return true;
+  }
+  bool Value() { return Add(!in_array_.empty() && in_array_.back() ? 32 : 16); }
+  bool Open(bool array, uint64_t n) {
+    Value();
+    in_array_.push_back(array);
+    return Add(n);
+  }
+  bool Close() {
+    in_array_.pop_back();
+    return true;
+  }
+  std::vector<bool> in_array_;  // per open container: an array?
+};
+
 // Fields a route does not know -> 400 (for estream's own routes, where a typo would silently
 // change the meaning).
 std::optional<ApiError> RejectUnknown(const json& j, const std::set<std::string>& known) {
@@ -258,6 +297,12 @@ std::string TokenString(const Tokenizer* tokenizer, int32_t id) {
     out += buf;
   }
   return out;
+}
+
+uint64_t JsonTreeBytes(const std::string& body) {
+  TreeCounter counter;
+  json::sax_parse(body, &counter);
+  return counter.bytes;
 }
 
 size_t MaxPieceJson(const Tokenizer* tokenizer) {

@@ -95,6 +95,12 @@ struct ApiContext {
 // Prepared::reply_bytes); 13 without a vocabulary (a decimal id).
 size_t MaxPieceJson(const Tokenizer* tokenizer);
 
+// An upper bound on the memory nlohmann::json takes for the tree of `body`, counted from the
+// parser's SAX events without building the tree: a value 16 bytes (32 in an array, whose vector
+// may have doubled), an object 48 and a member 96, an array 24, strings past the 15 characters
+// kept inline their length. 0 when the body is not valid JSON (parsing it fails fast).
+uint64_t JsonTreeBytes(const std::string& body);
+
 // A reply: status and JSON body.
 struct Reply {
   int status = 200;

@@ -446,11 +446,22 @@ Status Server::Start() {
     SetError(res, Err(503, "the model is loading", "unavailable", "loading"));
     return true;
   };
-  h.Post("/tokenize", [this, json_reply, not_ready](const httplib::Request& req, httplib::Response& res) {
-    if (!not_ready(res)) json_reply(res, Tokenize(req.body, ctx_));
+  // The routes without the engine hold their body's JSON tree in the reply memory too (HandleEngine).
+  auto with_tree = [this](const std::string& body, Reply (*route)(const std::string&, const ApiContext&)) {
+    bool gone = false;
+    const uint64_t tree = JsonTreeBytes(body);
+    if (auto r = TakeReplyMemory(tree, "the request body, parsed,", &gone, [] { return std::optional<Reply>(); }))
+      return *r;
+    Reply r = route(body, ctx_);
+    http_->replies.Give(tree);
+    tls_reply_held -= tree;
+    return r;
+  };
+  h.Post("/tokenize", [json_reply, not_ready, with_tree](const httplib::Request& req, httplib::Response& res) {
+    if (!not_ready(res)) json_reply(res, with_tree(req.body, &Tokenize));
   });
-  h.Post("/detokenize", [this, json_reply, not_ready](const httplib::Request& req, httplib::Response& res) {
-    if (!not_ready(res)) json_reply(res, Detokenize(req.body, ctx_));
+  h.Post("/detokenize", [json_reply, not_ready, with_tree](const httplib::Request& req, httplib::Response& res) {
+    if (!not_ready(res)) json_reply(res, with_tree(req.body, &Detokenize));
   });
   h.Get("/v1/models", [this, json_reply, not_ready](const httplib::Request&, httplib::Response& res) {
     if (!not_ready(res)) json_reply(res, Models(ctx_));
@@ -501,14 +512,55 @@ void Server::SetBackend(BatchRunner runner, const ModelInfo& info, const Tokeniz
   ready_ = true;
 }
 
+std::optional<Reply> Server::TakeReplyMemory(uint64_t n, const std::string& what, bool* client_gone,
+                                             const std::function<std::optional<Reply>()>& timed_out) {
+  auto error = [](const ApiError& e) { return Reply{e.status, ErrorBody(e)}; };
+  const uint64_t capacity = options_.reply_memory_bytes;
+  if (n > capacity)
+    return error(Err(413,
+                     what + " needs up to " + FormatBytes(n) + " of memory; this server keeps " +
+                         FormatBytes(capacity) + " for requests in flight (--reply-memory): send fewer or larger values",
+                     "invalid_request_error", "body_too_complex"));
+  while (!http_->replies.TryTake(n)) {
+    if (stopping_) return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
+    if (tls_stream && tls_stream->HasClientGone()) {
+      *client_gone = true;
+      return Reply{499, ""};
+    }
+    if (auto r = timed_out()) return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  tls_reply_held += n;
+  return std::nullopt;
+}
+
 Reply Server::HandleEngine(const char* route,
                            std::optional<ApiError> (*prepare)(const std::string&, const ApiContext&, Prepared*),
                            const std::string& body, bool* client_gone) {
   auto error = [](const ApiError& e) { return Reply{e.status, ErrorBody(e)}; };
   if (!ready_) return error(Err(503, "the model is loading", "unavailable", "loading"));
   if (stopping_) return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
+  const auto start = Clock::now();
+  auto timed_out = [&] {
+    return options_.timeout_seconds > 0 &&
+           std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_seconds;
+  };
+  auto timeout_error = [&] {
+    return error(Err(504, "the request did not finish within " + FormatSeconds(options_.timeout_seconds) +
+                              " s (--timeout)", "timeout", "timeout"));
+  };
+  const std::function<std::optional<Reply>()> timeout_if_late = [&]() -> std::optional<Reply> {
+    if (timed_out()) return timeout_error();
+    return std::nullopt;
+  };
+  // The body's JSON tree takes reply memory while prepare builds and reads it (JsonTreeBytes).
+  const uint64_t tree = JsonTreeBytes(body);
+  if (auto r = TakeReplyMemory(tree, "the request body, parsed,", client_gone, timeout_if_late)) return *r;
   Prepared p;
-  if (auto e = prepare(body, ctx_, &p)) return error(*e);
+  std::optional<ApiError> prepared = prepare(body, ctx_, &p);
+  http_->replies.Give(tree);
+  tls_reply_held -= tree;
+  if (prepared) return error(*prepared);
   if (auto e = ValidateRequests(p.requests, *ctx_.info)) return error(*e);
   const int64_t limit = options_.scheduler.max_batch_tokens;
   if (p.prompt_tokens > limit)
@@ -527,25 +579,7 @@ Reply Server::HandleEngine(const char* route,
                          " for replies (--reply-memory): send fewer inputs" +
                          (std::string(route) == "/v1/embeddings" ? " (or \"encoding_format\": \"base64\")" : ""),
                      "invalid_request_error", "reply_too_large"));
-  const auto start = Clock::now();
-  auto timed_out = [&] {
-    return options_.timeout_seconds > 0 &&
-           std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_seconds;
-  };
-  auto timeout_error = [&] {
-    return error(Err(504, "the request did not finish within " + FormatSeconds(options_.timeout_seconds) +
-                              " s (--timeout)", "timeout", "timeout"));
-  };
-  while (!http_->replies.TryTake(p.reply_bytes)) {
-    if (stopping_) return error(Err(503, "the server is shutting down", "unavailable", "shutting_down"));
-    if (tls_stream && tls_stream->HasClientGone()) {
-      *client_gone = true;
-      return Reply{499, ""};
-    }
-    if (timed_out()) return timeout_error();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  tls_reply_held += p.reply_bytes;
+  if (auto r = TakeReplyMemory(p.reply_bytes, "", client_gone, timeout_if_late)) return *r;
   auto job = std::make_shared<Job>();
   job->requests = std::move(p.requests);
   job->tokens = p.prompt_tokens;

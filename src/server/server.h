@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,10 +41,11 @@ class Tokenizer;
 
 namespace estream::server {
 
-// The memory one HTTP thread's request may take per byte of --max-body: the body, its parsed JSON
-// tree and the prompts made of it (a body of many tiny JSON values, such as thousands of empty
-// objects in an unread field, can take more: its tree is not bounded yet). `estream serve` keeps HTTP threads x this
-// x --max-body for them (plus the reply memory and 16 MiB) out of its budget.
+// The memory one HTTP thread's request may take per byte of --max-body: the body and the prompts
+// made of it. Its parsed JSON tree (up to ~20 bytes per body byte for thousands of tiny values)
+// is counted before it is built (JsonTreeBytes) and held in the reply memory while it exists.
+// `estream serve` keeps HTTP threads x this x --max-body for them (plus the reply memory and 16
+// MiB) out of its budget.
 inline constexpr uint64_t kMemoryPerBodyByte = 4;
 
 struct ServerOptions {
@@ -51,7 +53,7 @@ struct ServerOptions {
   int port = 8080;                  // 0: any free port (see Server::port())
   std::string api_key;              // empty: no auth
   size_t max_body_bytes = 1 << 20;  // larger bodies: 413
-  uint64_t reply_memory_bytes = 32 << 20;  // the replies of the requests in flight, all together
+  uint64_t reply_memory_bytes = 32 << 20;  // the parsed bodies and replies of the requests in flight
                                            // (Prepared::reply_bytes): a request whose reply needs
                                            // more gets 413; others wait for room
   int http_threads = 0;             // 0: scheduler.max_queue + 8 (a full queue still leaves
@@ -108,6 +110,12 @@ class Server {
   class Http;
   Reply HandleEngine(const char* route, std::optional<ApiError> (*prepare)(const std::string&, const ApiContext&, Prepared*),
                      const std::string& body, bool* client_gone);
+  // Takes n bytes of the reply memory (ServerOptions::reply_memory_bytes) for `what`, waiting
+  // while the requests in flight leave no room. Otherwise a reply: 413 when n alone exceeds it,
+  // 503 when the server stops, 499 (*client_gone) when the client went away, or timed_out()'s
+  // reply (engine routes: 504 after --timeout).
+  std::optional<Reply> TakeReplyMemory(uint64_t n, const std::string& what, bool* client_gone,
+                                       const std::function<std::optional<Reply>()>& timed_out);
   std::string RenderMetrics();
 
   ServerOptions options_;

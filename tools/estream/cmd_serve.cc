@@ -11,8 +11,8 @@
 // signal exits at once (status 1).
 //
 // One budget: --budget covers the whole process. The server keeps a reserve for HTTP buffers
-// (http threads x kMemoryPerBodyByte x --max-body, for the body, its parsed JSON and the prompts; --reply-memory for
-// the replies of the requests in flight, all together; + 16 MiB) and gives
+// (http threads x kMemoryPerBodyByte x --max-body, for the bodies and the prompts; --reply-memory for the
+// parsed JSON and the replies of the requests in flight, all together; + 16 MiB) and gives
 // the rest to the engine (EngineOptions::budget_bytes: arena, dense weights, activations of the
 // largest batch, which --max-batch-tokens bounds). /metrics reports both and the peak RSS.
 #include <malloc.h>
@@ -71,8 +71,9 @@ class ServeCommand : public Command {
     sub->add_option("--timeout", o_.timeout_seconds, "seconds a request may take before it gets 504 (default 0: none)")
         ->check(SecondsCheck());
     sub->add_option("--max-body", max_body_, "largest request body (default 256K); larger: 413");
-    sub->add_option("--reply-memory", reply_memory_, "memory for the replies of the requests in flight, all "
-                    "together (default 32M): a request whose reply needs more gets 413, others wait for room");
+    sub->add_option("--reply-memory", reply_memory_, "memory for the parsed request bodies and the replies of the "
+                    "requests in flight, all together (default 32M): a request whose body or reply needs more gets "
+                    "413, others wait for room");
     sub->add_option("--http-threads", o_.http_threads, "HTTP worker threads (default --max-queue + 8)")
         ->check(NonNegativeInt());
     sub->add_option("--shutdown-grace", o_.shutdown_grace_seconds, "on SIGTERM/SIGINT, seconds queued work may "
