@@ -219,7 +219,7 @@ class Parser {
       case GgufType::kF32: { float x{}; ESTREAM_RETURN_IF_ERROR(Pod(&x, field)); v->f = x; break; }
       case GgufType::kF64: { double x{}; ESTREAM_RETURN_IF_ERROR(Pod(&x, field)); v->f = x; break; }
       case GgufType::kBool: {
-        uint8_t x;
+        uint8_t x{};
         ESTREAM_RETURN_IF_ERROR(Pod(&x, field));
         if (x > 1) return Corrupt(at, field, fmt::format("bool value {} (must be 0 or 1)", x));
         v->u = x;
