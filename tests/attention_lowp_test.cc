@@ -85,7 +85,7 @@ const KernelTable& RefTable(LowpPv pv) {
   return pv == LowpPv::kInt8 ? int8 : bf16;
 }
 // Null without AVX-512.
-const KernelTable* Avx512Table() {
+[[maybe_unused]] const KernelTable* Avx512Table() {
 #if !defined(__x86_64__)
   return nullptr;
 #else
@@ -96,7 +96,7 @@ const KernelTable* Avx512Table() {
 }
 
 // Null without AVX2 (vnni false) or without AVX2 + AVX-VNNI (vnni true).
-const KernelTable* Avx2Table(bool vnni) {
+[[maybe_unused]] const KernelTable* Avx2Table(bool vnni) {
 #if !defined(__x86_64__)
   return nullptr;
 #else

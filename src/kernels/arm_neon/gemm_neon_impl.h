@@ -367,7 +367,8 @@ void NeonMicro(const uint8_t* w, const float* ws, const BlockQ8A* x, const NeonX
       xv[i][1] = vld1q_s8(x[i * kb + b].qs + 16);
       ax[i] = aux + i * kb + b;
     }
-    ESTREAM_NEON_UNROLL
+    // One or two halves: GCC unrolls this constant trip count by itself (with the pragma it warned
+    // "ignoring loop annotation" where one half left no loop).
     for (int h = 0; h < PackedHalves(kT); ++h) {
       int32x4_t iacc[MR][4];
       ESTREAM_NEON_UNROLL
