@@ -209,9 +209,6 @@ int estream_model_load(const char* path, const estream_load_options* options, es
       if (rc != ESTREAM_OK) return rc;
     }
     EngineOptions eo;
-    if (o.n_threads < 0 || o.n_threads > estream::kMaxThreads)
-      return Fail(ESTREAM_INVALID_ARGUMENT, "n_threads = " + std::to_string(o.n_threads) + " must be between 0 and " +
-                                                std::to_string(estream::kMaxThreads) + " (0 = one per CPU)");
     if (o.budget_tokens < 0 || o.batch_tokens < 0)
       return Fail(ESTREAM_INVALID_ARGUMENT, "budget_tokens and batch_tokens must be >= 0 (0 = default)");
     eo.n_threads = o.n_threads;

@@ -453,8 +453,7 @@ Status Server::Start() {
     if (auto r = TakeReplyMemory(tree, "the request body, parsed,", &gone, [] { return std::optional<Reply>(); }))
       return *r;
     Reply r = route(body, ctx_);
-    http_->replies.Give(tree);
-    tls_reply_held -= tree;
+    GiveReplyMemory(tree);
     return r;
   };
   h.Post("/tokenize", [json_reply, not_ready, with_tree](const httplib::Request& req, httplib::Response& res) {
@@ -534,6 +533,11 @@ std::optional<Reply> Server::TakeReplyMemory(uint64_t n, const std::string& what
   return std::nullopt;
 }
 
+void Server::GiveReplyMemory(uint64_t n) {
+  http_->replies.Give(n);
+  tls_reply_held -= n;
+}
+
 Reply Server::HandleEngine(const char* route,
                            std::optional<ApiError> (*prepare)(const std::string&, const ApiContext&, Prepared*),
                            const std::string& body, bool* client_gone) {
@@ -558,8 +562,7 @@ Reply Server::HandleEngine(const char* route,
   if (auto r = TakeReplyMemory(tree, "the request body, parsed,", client_gone, timeout_if_late)) return *r;
   Prepared p;
   std::optional<ApiError> prepared = prepare(body, ctx_, &p);
-  http_->replies.Give(tree);
-  tls_reply_held -= tree;
+  GiveReplyMemory(tree);
   if (prepared) return error(*prepared);
   if (auto e = ValidateRequests(p.requests, *ctx_.info)) return error(*e);
   const int64_t limit = options_.scheduler.max_batch_tokens;

@@ -116,6 +116,8 @@ class Server {
   // reply (engine routes: 504 after --timeout).
   std::optional<Reply> TakeReplyMemory(uint64_t n, const std::string& what, bool* client_gone,
                                        const std::function<std::optional<Reply>()>& timed_out);
+  // Gives back n bytes that this thread's request took with TakeReplyMemory before its reply.
+  void GiveReplyMemory(uint64_t n);
   std::string RenderMetrics();
 
   ServerOptions options_;

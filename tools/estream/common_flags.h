@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "estream/engine.h"
 #include "estream/options.h"
 #include "tools/estream/command.h"
 
@@ -18,7 +19,7 @@ namespace estream::cli {
 
 inline CLI::Option* AddThreadsFlag(CLI::App* sub, int* threads,
                                    const std::string& help = "compute threads (default: one per CPU)") {
-  return sub->add_option("-t,--threads", *threads, help)->check(CLI::Range(0, 1024));
+  return sub->add_option("-t,--threads", *threads, help)->check(CLI::Range(0, kMaxThreads));
 }
 
 // A duration flag's check: a finite number of seconds >= 0, with an error that says so (CLI11's
