@@ -144,5 +144,19 @@ TEST(Eval, CliExitStatusAndJson) {
   EXPECT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", kModel, file}), 1);
 }
 
+// A path that is not valid UTF-8 (a Latin-1 file name): the JSON writes U+FFFD for the bad byte
+// instead of aborting at the end of the run (nlohmann's dump threw type_error.316).
+TEST(Eval, CliJsonWithAPathThatIsNotUtf8) {
+  ScratchDir dir;
+  const std::string file = dir.File("hs_\xff.txt"), out = dir.File("eval.json");
+  std::string text = "The story begins:\n1\n";
+  for (const char* e : {"a cat sat.", "a dog ran.", "the sun set.", "the tea cooled."}) text += std::string(e) + "\n";
+  WriteFile(file, text);
+  ASSERT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", kModel, file, "--json", "-t", "2"}, -1, out), 0);
+  const json got = json::parse(ReadFile(out));
+  EXPECT_EQ(got["file"], dir.File("hs_\xEF\xBF\xBD.txt"));
+  EXPECT_EQ(got["n_tasks"], 1);
+}
+
 }  // namespace
 }  // namespace estream

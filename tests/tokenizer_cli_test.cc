@@ -209,6 +209,22 @@ TEST(PerplexityCli, LlamaCppRuleScoresTheSecondHalfOfWholeWindows) {
   EXPECT_NE(bad.err.find("--ctx 3 or more"), std::string::npos) << bad.err;
 }
 
+// A text file whose name is not valid UTF-8: --json writes U+FFFD for the bad byte instead of
+// aborting after the run.
+TEST(PerplexityCli, JsonWithAPathThatIsNotUtf8) {
+  const fs::path model = kModels / "qwen3moe-tiny-f32.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no tiny model at " << model;
+  const fs::path text = PerplexityText();
+  const fs::path latin1 = kBin / ("tokenizer_cli_test_ppl_\xff_" + std::to_string(getpid()) + ".txt");
+  fs::rename(text, latin1);
+  CliRun r = Estream("perplexity -m " + Q(model) + " -f " + Q(latin1) + " --ctx 48 --max-windows 1 -t 1 --json");
+  fs::remove(latin1);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["file"].get<std::string>().find("tokenizer_cli_test_ppl_\xEF\xBF\xBD_"), std::string::npos) << j["file"];
+  EXPECT_EQ(j["n_windows"], 1);
+}
+
 TEST(PerplexityCli, ClearErrors) {
   const fs::path model = kModels / "qwen3moe-tiny-f32.gguf";
   if (!fs::exists(model)) GTEST_SKIP() << "no tiny model at " << model;

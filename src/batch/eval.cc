@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "base/format.h"
+#include "base/json_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace estream::batch {
@@ -414,7 +415,7 @@ std::string EvalJson(const EvalResult& r) {
     items.push_back(std::move(it));
   }
   j["items"] = std::move(items);
-  return j.dump(2);
+  return DumpJson(j, 2);
 }
 
 std::string EvalText(const EvalResult& r) {

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/json_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace estream::batch {
@@ -31,7 +32,7 @@ std::string OneLine(std::string s) {
   return s;
 }
 
-std::string Dump(const ojson& o) { return o.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+std::string Dump(const ojson& o) { return DumpJson(o); }
 
 // The key and the start of a result line: "id", and "line" for a line keyed by its number.
 ojson Head(const ScoreLine& l) {

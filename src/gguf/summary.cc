@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "base/format.h"
+#include "base/json_text.h"
 #include "base/stats.h"
 
 namespace estream {
@@ -220,7 +221,7 @@ GgufSummary SummarizeGguf(const GgufFile& f) {
   return s;
 }
 
-std::string GgufSummaryJson(const GgufSummary& s) { return SummaryJson(s).dump(2); }
+std::string GgufSummaryJson(const GgufSummary& s) { return DumpJson(SummaryJson(s), 2); }
 
 std::string GgufSummaryText(const GgufSummary& s) {
   const Json j = SummaryJson(s);
@@ -245,7 +246,7 @@ std::string GgufSummaryText(const GgufSummary& s) {
         std::snprintf(buf, sizeof(buf), "%g", v.get<double>());
         text = buf;
       } else {
-        text = v.dump();
+        text = DumpJson(v);
       }
       Appendf(&out, "  %-40s %s\n", k.c_str(), text.c_str());
     }

@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "base/memory.h"
 #include "base/mutex.h"
 #include "base/stats.h"
@@ -367,7 +368,7 @@ Status StoreDiskCache(const std::string& path, const DiskCacheKey& key, const co
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << doc.dump(1) << "\n";
+    out << DumpJson(doc, 1) << "\n";
     out.flush();
     if (!out) {
       std::filesystem::remove(tmp, ec);

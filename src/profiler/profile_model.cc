@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "base/timer.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
@@ -224,7 +225,7 @@ std::string ProfileModelJson(const ProfileModelResult& r) {
     }
     j["report"] = rep;
   }
-  return j.dump();
+  return DumpJson(j);
 }
 
 }  // namespace estream::profiler

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "base/memory.h"
 #include "base/stats.h"
 
@@ -68,7 +69,7 @@ std::string PromptLengthsJson(const std::string& model_path, const PromptLengths
   }
   nlohmann::json j{{"model", model_path}, {"threads", r.threads}, {"peak_rss_bytes", r.peak_rss_bytes},
                    {"sweep", rows}};
-  return j.dump();
+  return DumpJson(j);
 }
 
 }  // namespace estream::profiler

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "base/stats.h"
 #include "base/timer.h"
 #include "estream/engine.h"
@@ -261,7 +262,7 @@ std::string SweepJson(const SweepResult& r) {
   j["best"] = r.best >= 0 ? PointJson(r.results[r.best]) : nlohmann::json(nullptr);
   j["skipped"] = r.skipped;
   j["peak_rss_exact"] = r.peak_rss_exact;
-  return j.dump(2);
+  return DumpJson(j, 2);
 }
 
 }  // namespace estream::profiler

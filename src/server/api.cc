@@ -11,6 +11,7 @@
 #include <set>
 #include <string_view>
 
+#include "base/json_text.h"
 #include "batch/candidates.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,7 +21,7 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+std::string Dump(const ojson& j) { return DumpJson(j); }
 
 ApiError Bad(std::string message, std::string param = "", std::string code = "") {
   ApiError e;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/json_text.h"
 #include "base/status.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
@@ -112,7 +113,7 @@ class BenchCommand : public Command {
     nlohmann::json doc{{"model", model_}, {"runs", rows}};
     if (!json_.empty()) {
       std::ofstream o(json_);
-      o << doc.dump(2) << "\n";
+      o << DumpJson(doc, 2) << "\n";
       if (!o) return Status::IOError(json_ + ": cannot write");
     }
     if (!csv_.empty()) {
@@ -127,7 +128,7 @@ class BenchCommand : public Command {
           << r.value("read_gbps", 0.0) << "," << r.value("bytes_read", uint64_t{0}) << ","
           << (c ? r["config"]["group_size"].get<int>() : 0) << "," << (c ? r["config"]["banks"].get<int>() : 0) << ","
           << (c ? r["config"]["queue_depth"].get<int>() : 0) << ","
-          << (r.contains("error") ? nlohmann::json(r["error"]).dump() : "") << "\n";
+          << (r.contains("error") ? DumpJson(r["error"]) : "") << "\n";
       }
       if (!o) return Status::IOError(csv_ + ": cannot write");
     }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "base/json_text.h"
 #include "base/memory.h"
 #include "base/stats.h"
 #include "estream/engine.h"
@@ -167,7 +168,7 @@ class BenchBatchCommand : public Command {
     out["peak_rss_bytes"] = peak;
     if (!json_.empty()) {
       std::ofstream f(json_);
-      f << out.dump(2) << "\n";
+      f << DumpJson(out, 2) << "\n";
       if (!f) return Status::IOError(json_ + ": write failed");
     }
     return 0;

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "base/memory.h"
 #include "gguf/gguf.h"
 #include "pack/pack_model.h"
@@ -82,7 +83,7 @@ class PackCommand : public Command {
                           {"seconds", s.seconds},
                           {"mb_per_s", mbps},
                           {"peak_rss_bytes", PeakRssBytes()}};
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", DumpJson(j, 2).c_str());
     }
     return 0;
   }

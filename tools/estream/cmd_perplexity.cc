@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "base/json_text.h"
 #include "base/memory.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
@@ -175,7 +176,7 @@ class PerplexityCommand : public Command {
                        {"n_scored", w.n_scored}, {"log_likelihood", w.log_likelihood},
                        {"perplexity", w.Perplexity()}, {"seconds", w.seconds}});
       j["windows"] = std::move(arr);
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", DumpJson(j, 2).c_str());
       return 0;
     }
     std::printf("text: %zu tokens (tokenized in %.3f s), %zu windows of up to %lld tokens%s\n", ids.size(),

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/json_text.h"
 #include "base/memory.h"
 #include "base/stats.h"
 #include "config/profile.h"
@@ -245,7 +246,7 @@ class PrefillCommand : public Command {
         j["pool"] = pool_;
         j["embedding"] = resp.embedding;
       }
-      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      std::printf("%s\n", DumpJson(j).c_str());
       return 0;
     }
     std::printf("model: %s (%s, %d layers, %d experts, top-%d, %s of weights)\n", model_.c_str(),
@@ -284,9 +285,7 @@ class PrefillCommand : public Command {
       std::printf("top %zu next tokens:\n", resp.top.size());
       for (const TokenLogprob& t : resp.top) {
         std::printf("  %8d  logprob %9.4f  p %.4f", t.token, t.logprob, std::exp(t.logprob));
-        if (tokenizer_) std::printf("  %s", nlohmann::json(tokenizer_->TokenPiece(t.token))
-                                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                                                .c_str());
+        if (tokenizer_) std::printf("  %s", DumpJson(nlohmann::json(tokenizer_->TokenPiece(t.token))).c_str());
         std::printf("\n");
       }
     }

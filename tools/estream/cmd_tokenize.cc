@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/json_text.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -100,7 +101,7 @@ class TokenizeCommand : public Command {
       for (int32_t id : ids) pieces.push_back(tok->TokenPiece(id));
       j["pieces"] = std::move(pieces);
       // Pieces that cut a multi-byte character are not valid UTF-8: emit U+FFFD for those bytes.
-      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      std::printf("%s\n", DumpJson(j).c_str());
       return 0;
     }
     if (ids_only_) {
