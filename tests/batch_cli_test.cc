@@ -38,9 +38,13 @@ using test_util::ScratchDir;
 const std::string kCli = ESTREAM_CLI;
 
 // Runs the CLI with `args`; returns the exit status (-signal when killed). kill_after_ms >= 0:
-// SIGKILL it after that many milliseconds if it is still running.
-int RunCli(const std::vector<std::string>& args, int kill_after_ms = -1, const std::string& stdout_path = "") {
+// SIGKILL it after that many milliseconds if it is still running. stdout and stderr go to the
+// files given (else /dev/null); vm_limit_kb > 0: under `ulimit -v` of that many KiB.
+int RunCli(const std::vector<std::string>& args, int kill_after_ms = -1, const std::string& stdout_path = "",
+           const std::string& stderr_path = "", int64_t vm_limit_kb = 0) {
   std::vector<std::string> all = {kCli};
+  if (vm_limit_kb > 0)
+    all = {"/bin/sh", "-c", "ulimit -v " + std::to_string(vm_limit_kb) + " && exec \"$0\" \"$@\"", kCli};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : all) argv.push_back(a.data());
@@ -49,9 +53,10 @@ int RunCli(const std::vector<std::string>& args, int kill_after_ms = -1, const s
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, stdout_path.empty() ? "/dev/null" : stdout_path.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, stderr_path.empty() ? "/dev/null" : stderr_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid;
-  EXPECT_EQ(posix_spawn(&pid, kCli.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&fa);
   if (kill_after_ms >= 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(kill_after_ms));
@@ -156,6 +161,72 @@ TEST(Eval, CliJsonWithAPathThatIsNotUtf8) {
   const json got = json::parse(ReadFile(out));
   EXPECT_EQ(got["file"], dir.File("hs_\xEF\xBF\xBD.txt"));
   EXPECT_EQ(got["n_tasks"], 1);
+}
+
+// A hellaswag file of n tasks of about 150 tokens each on the tiny vocabularies (random words).
+std::string HellaswagFile(int n) {
+  const char* words[] = {"the", "man", "dog", "runs", "over", "green", "house", "quickly", "eats", "blue", "car"};
+  std::mt19937 rng(7);
+  auto phrase = [&](int k) {
+    std::string s;
+    for (int i = 0; i < k; ++i) s += std::string(i ? " " : "") + words[rng() % 11];
+    return s;
+  };
+  std::string text;
+  for (int t = 0; t < n; ++t) {
+    text += phrase(20) + "\n" + std::to_string(t % 4) + "\n";
+    for (int e = 0; e < 4; ++e) text += phrase(5) + ".\n";
+  }
+  return text;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
+// Without --batch-tokens, eval packs 8192 tokens per pass, not the context length (163840 for
+// DeepSeek-V2, whose engine pass_tokens() is that): a task file no longer runs as one pass whose
+// activations are sized for all of it. --batch-tokens still sets the pass. (The batch_tokens
+// error's own wording, for a pass that cannot be allocated: the next test.)
+TEST(Eval, CliDefaultPassIsBoundedNotTheContext) {
+  ScratchDir dir;
+  const std::string file = dir.File("hs.txt"), out = dir.File("eval.json");
+  const std::string model = std::string(ESTREAM_SHARED_DIR) + "/testdata/models/deepseek2-tiny-f32.gguf";
+  WriteFile(file, HellaswagFile(80));
+  ASSERT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", model, file, "--json", "-t", "1"}, -1, out), 0);
+  json got = json::parse(ReadFile(out));
+  ASSERT_GT(got["tokens"].get<int64_t>(), 8192);
+  EXPECT_LE(got["longest_pass"].get<int64_t>(), 8192);
+  EXPECT_GE(got["passes"].get<int64_t>(), 2);
+  ASSERT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", model, file, "--json", "-t", "1", "--batch-tokens", "3000"},
+                   -1, out), 0);
+  got = json::parse(ReadFile(out));
+  EXPECT_LE(got["longest_pass"].get<int64_t>(), 3000);
+  EXPECT_GE(got["passes"].get<int64_t>(), 4);
+}
+
+// A pass of many tasks whose activations do not fit (ulimit -v): the error says to lower
+// --batch-tokens, not to shorten a prompt (every prompt is short).
+TEST(Eval, CliPassTooLargeForMemorySaysLowerBatchTokens) {
+  if (kAsan) GTEST_SKIP() << "ulimit -v does not work with AddressSanitizer's shadow memory";
+  ScratchDir dir;
+  const std::string file = dir.File("hs.txt"), err = dir.File("stderr.txt");
+  WriteFile(file, HellaswagFile(300));
+  EXPECT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", kModel, file, "-t", "1", "--batch-tokens", "163840"}, -1,
+                   dir.File("stdout.txt"), err, /*vm_limit_kb=*/300 << 10),
+            1);
+  const std::string e = ReadFile(err);
+  EXPECT_NE(e.find("requests packed together); lower batch_tokens (--batch-tokens) or free memory"),
+            std::string::npos) << e;
+  EXPECT_EQ(e.find("shorter prompt"), std::string::npos) << e;
 }
 
 }  // namespace

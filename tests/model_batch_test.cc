@@ -100,16 +100,22 @@ std::vector<Request> MixedBatch(int vocab) {
   return b;
 }
 
-// RunBatch(batch) vs Run of each request alone, and the pass bookkeeping.
+// RunBatch(batch, pack_tokens) vs Run of each request alone, and the pass bookkeeping: a pass
+// holds at most pack_tokens tokens (when > 0) unless it is one longer request alone.
 void CheckBatchMatchesSingles(Engine& e, const std::vector<Request>& batch, const std::string& what,
-                              int min_passes = 1) {
-  std::vector<Result<Response>> got = e.RunBatch(batch);
+                              int min_passes = 1, int64_t pack_tokens = 0) {
+  std::vector<Result<Response>> got = e.RunBatch(batch, pack_tokens);
   ASSERT_EQ(got.size(), batch.size());
   int passes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     ASSERT_TRUE(got[i].ok()) << what << " request " << i << ": " << got[i].status().ToString();
     passes = std::max(passes, got[i]->pass + 1);
     EXPECT_LE(got[i]->pass_tokens, 4096) << what;
+    if (pack_tokens > 0) {
+      EXPECT_TRUE(got[i]->pass_tokens <= pack_tokens || got[i]->pass_requests == 1)
+          << what << " request " << i << ": pass of " << got[i]->pass_tokens << " tokens, "
+          << got[i]->pass_requests << " requests";
+    }
   }
   EXPECT_GE(passes, min_passes) << what;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -137,6 +143,16 @@ TEST(Batch, SplitIntoPasses) {
   batch[2].tokens.resize(60);
   batch[6].tokens.resize(40);
   CheckBatchMatchesSingles(**e, batch, "batch_tokens 64", /*min_passes=*/3);
+}
+
+// pack_tokens bounds the passes below the engine's pass_tokens() (here 8192: the default for a
+// context of 4096); the 70- and 64-token requests, longer than the bound, run alone.
+TEST(Batch, PackTokensBoundsThePassesAndLongerRequestsRunAlone) {
+  auto e = Engine::Load(kModels + "qwen3moe-tiny-f32.gguf", {.n_threads = 2});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_EQ((*e)->pass_tokens(), 8192);
+  CheckBatchMatchesSingles(**e, MixedBatch((*e)->info().n_vocab), "pack_tokens 40", /*min_passes=*/5,
+                           /*pack_tokens=*/40);
 }
 
 TEST(Batch, BadRequestsFailAlone) {

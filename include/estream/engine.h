@@ -296,7 +296,12 @@ class Engine {
   // that cannot be allocated) fails the requests of that pass, and later passes still run; a
   // logits_sink's Status fails its own request only. Sinks are called on the calling thread after
   // their pass, request by request. Thread safety: as Run.
-  std::vector<Result<Response>> RunBatch(std::span<const Request> requests);
+  // pack_tokens > 0 packs requests into passes of at most min(pack_tokens, pass_tokens()) tokens
+  // instead, a longer request (up to pass_tokens()) running in a pass of its own: the activation
+  // memory then follows max(pack_tokens, the longest request) rather than pass_tokens(), which
+  // without a budget is the whole context (163840 tokens for DeepSeek-V2). estream score and
+  // eval pack 8192 tokens by default.
+  std::vector<Result<Response>> RunBatch(std::span<const Request> requests, int64_t pack_tokens = 0);
 
   const ModelInfo& info() const;
   int n_threads() const;

@@ -226,6 +226,20 @@ int64_t CommonPrefix(const std::vector<std::vector<int32_t>>& seqs) {
   return static_cast<int64_t>(k);
 }
 
+// The context of a task's request: the candidates' common prefix, at most all but one token of
+// the shortest (every candidate keeps a token to score).
+int64_t ContextTokens(const EvalTask& t) {
+  size_t shortest = t.seqs[0].size();
+  for (const auto& s : t.seqs) shortest = std::min(shortest, s.size());
+  return std::min(CommonPrefix(t.seqs), static_cast<int64_t>(shortest) - 1);
+}
+
+int64_t RequestTokens(const Request& r) {
+  int64_t n = static_cast<int64_t>(r.tokens.size());
+  for (const auto& c : r.continuations) n += static_cast<int64_t>(c.size());
+  return n;
+}
+
 // The request of a task: context = the first cp tokens, one continuation per candidate.
 // Winogrande: whether only the tokens after "first + choice" are scored (both sequences have more
 // than 3 tokens after their common prefix; llama.cpp's skip_choice), else all after the prefix.
@@ -313,39 +327,38 @@ Result<std::vector<EvalTask>> LoadTasks(EvalKind kind, std::string_view data, co
   return tasks;
 }
 
-Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<EvalTask>& tasks) {
+Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<EvalTask>& tasks,
+                            const EvalOptions& options) {
   EvalResult res;
   res.kind = kind;
   res.items.resize(tasks.size());
-  for (size_t i = 0; i < tasks.size(); ++i) res.items[i].index = tasks[i].index;
+  // Each task's context (the candidates' common prefix) and request length; 0: it cannot run.
+  std::vector<int64_t> cps(tasks.size()), lengths(tasks.size(), 0);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    res.items[i].index = tasks[i].index;
+    cps[i] = ContextTokens(tasks[i]);
+    if (cps[i] < 1) {
+      res.items[i].error = "the candidates share no first token (the vocabulary adds no BOS): nothing to condition on";
+      continue;
+    }
+    lengths[i] = RequestTokens(MakeRequest(kind, tasks[i], cps[i]));
+  }
   // Windows of tasks, ~4 passes each; the engine packs each window into passes.
-  const int64_t window = 4 * engine.pass_tokens();
+  const int64_t pass = options.pass_tokens > 0 ? std::min(options.pass_tokens, engine.pass_tokens())
+                                               : engine.pass_tokens();
   for (size_t w0 = 0; w0 < tasks.size();) {
     std::vector<Request> batch;
-    std::vector<int64_t> cps;
     std::vector<size_t> which;
     int64_t wt = 0;
     size_t w1 = w0;
     for (; w1 < tasks.size(); ++w1) {
-      const EvalTask& t = tasks[w1];
-      const int64_t cp = std::min<int64_t>(CommonPrefix(t.seqs), static_cast<int64_t>(
-                                           std::min_element(t.seqs.begin(), t.seqs.end(), [](auto& a, auto& b) {
-                                             return a.size() < b.size();
-                                           })->size()) - 1);
-      if (cp < 1) {
-        res.items[w1].error = "the candidates share no first token (the vocabulary adds no BOS): nothing to condition on";
-        continue;
-      }
-      Request r = MakeRequest(kind, t, cp);
-      int64_t n = static_cast<int64_t>(r.tokens.size());
-      for (const auto& c : r.continuations) n += static_cast<int64_t>(c.size());
-      if (!batch.empty() && wt + n > window) break;
-      wt += n;
-      batch.push_back(std::move(r));
-      cps.push_back(cp);
+      if (lengths[w1] == 0) continue;
+      if (!batch.empty() && wt + lengths[w1] > 4 * pass) break;
+      wt += lengths[w1];
+      batch.push_back(MakeRequest(kind, tasks[w1], cps[w1]));
       which.push_back(w1);
     }
-    std::vector<Result<Response>> out = engine.RunBatch(batch);
+    std::vector<Result<Response>> out = engine.RunBatch(batch, options.pass_tokens);
     std::set<int> seen_pass;  // passes are packed longest first: not in request order
     for (size_t i = 0; i < out.size(); ++i) {
       EvalItem& item = res.items[which[i]];
@@ -353,11 +366,13 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
         item.error = out[i].status().message();
         continue;
       }
-      ScoreTask(kind, tasks[which[i]], cps[i], *out[i], &item);
+      ScoreTask(kind, tasks[which[i]], cps[which[i]], *out[i], &item);
       for (const auto& seq : tasks[which[i]].seqs) res.tokens_separate += static_cast<int64_t>(seq.size());
       if (seen_pass.insert(out[i]->pass).second) {  // each pass of the window once
         res.forward_seconds += out[i]->seconds;
         res.tokens += out[i]->pass_tokens;
+        ++res.passes;
+        res.longest_pass = std::max(res.longest_pass, out[i]->pass_tokens);
       }
     }
     w0 = w1;
@@ -398,6 +413,8 @@ std::string EvalJson(const EvalResult& r) {
   j["wilson95"] = {100 * r.wilson_lo, 100 * r.wilson_hi};
   j["random_chance"] = r.random_chance_percent();
   j["tokens"] = r.tokens;
+  j["passes"] = r.passes;
+  j["longest_pass"] = r.longest_pass;
   j["tokens_separate"] = r.tokens_separate;
   j["forward_seconds"] = r.forward_seconds;
   nlohmann::ordered_json items = nlohmann::ordered_json::array();
@@ -426,8 +443,11 @@ std::string EvalText(const EvalResult& r) {
     Appendf(&s, "  (95%% Wilson interval [%.4f%%, %.4f%%])", 100 * r.wilson_lo, 100 * r.wilson_hi);
   s += "\n";
   Appendf(&s, "random chance: %.4f%%\n", r.random_chance_percent());
-  Appendf(&s, "forward passes: %lld tokens (%lld if every candidate were run separately) in %.3f s, %.1f tok/s\n",
-          static_cast<long long>(r.tokens), static_cast<long long>(r.tokens_separate), r.forward_seconds,
+  Appendf(&s,
+          "forward passes: %lld tokens in %lld passes of up to %lld (%lld if every candidate were run separately) "
+          "in %.3f s, %.1f tok/s\n",
+          static_cast<long long>(r.tokens), static_cast<long long>(r.passes), static_cast<long long>(r.longest_pass),
+          static_cast<long long>(r.tokens_separate), r.forward_seconds,
           r.forward_seconds > 0 ? r.tokens / r.forward_seconds : 0.0);
   if (r.n_failed > 0) Appendf(&s, "failed: %lld tasks (see stderr)\n", static_cast<long long>(r.n_failed));
   return s;

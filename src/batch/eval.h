@@ -98,6 +98,8 @@ struct EvalResult {
   double standard_error = 0;  // sqrt(p (1 - p) / (n - 1))
   double wilson_lo = 0, wilson_hi = 0;  // 95% Wilson score interval
   int64_t tokens = 0;           // tokens of the forward passes
+  int64_t passes = 0;           // forward passes run
+  int64_t longest_pass = 0;     // tokens of the longest one (what its activations were sized for)
   int64_t tokens_separate = 0;  // tokens if every candidate of the scored tasks were run alone
   double forward_seconds = 0;   // wall time of the forward passes
   std::vector<EvalItem> items;  // in task order
@@ -106,11 +108,20 @@ struct EvalResult {
   double random_chance_percent() const { return n_answers > 0 ? 100.0 * n_tasks / n_answers : 0; }
 };
 
-// Scores `tasks` with `engine` in windows of about 4 passes (4 x Engine::pass_tokens() tokens).
+struct EvalOptions {
+  // Most tokens of the tasks packed into one forward pass (Engine::RunBatch's pack_tokens): the
+  // activations are sized for max(this, the longest task), not for the engine's pass_tokens(),
+  // which without a budget is the whole context. 0: pass_tokens(). `estream eval`: 8192 unless
+  // --batch-tokens or --budget is given.
+  int64_t pass_tokens = 0;
+};
+
+// Scores `tasks` with `engine` in windows of about 4 passes (4 x the pass size of `options`).
 // A task that cannot run (its candidates share no first token; a request the engine refuses)
 // is an item with an error, counted in n_failed. The call itself does not fail today; the
 // Result leaves room for errors that stop it.
-Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<EvalTask>& tasks);
+Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<EvalTask>& tasks,
+                            const EvalOptions& options = {});
 
 // `estream eval --json`: one object, two-space indent, no trailing newline. Percentages (accuracy,
 // stderr, wilson95, random_chance) are in percent.

@@ -293,7 +293,8 @@ Result<ScoreSummary> Score(Engine& engine, const Tokenizer* tokenizer, const Sco
   }
   if (in.bad()) return Status::IOError(options.input + ": read failed");
 
-  const int64_t window_tokens = 4 * engine.pass_tokens();
+  const int64_t window_tokens =
+      4 * (options.pass_tokens > 0 ? std::min(options.pass_tokens, engine.pass_tokens()) : engine.pass_tokens());
   int64_t tokens_done = 0;  // the progress's: every line that went to the engine, as total_tokens
   for (size_t w0 = 0; w0 < items.size();) {
     // A window: consecutive lines up to ~4 passes of tokens (at least one line).
@@ -307,7 +308,7 @@ Result<ScoreSummary> Score(Engine& engine, const Tokenizer* tokenizer, const Sco
       slot[i - w0] = static_cast<int>(batch.size());
       batch.push_back(std::move(items[i].request));
     }
-    std::vector<Result<Response>> results = engine.RunBatch(batch);
+    std::vector<Result<Response>> results = engine.RunBatch(batch, options.pass_tokens);
     std::string out;
     for (size_t i = w0; i < w1; ++i) {
       ScoreLine& it = items[i];

@@ -22,7 +22,7 @@
 // A line whose id cannot be read, and a line repeating an earlier line's id (scored as an error),
 // also carry "line": N (1-based, physical): that is their key (shard.h).
 //
-// Batching: consecutive lines are taken in windows of about 4 passes (4 x Engine::pass_tokens()
+// Batching: consecutive lines are taken in windows of about 4 passes (4 x ScoreOptions::pass_tokens
 // tokens); the engine packs each window longest first into passes (Engine::RunBatch). A window's
 // lines are appended to the output in input order, then flushed and fsynced, so the output is
 // always a prefix of the results in input order (plus at most one torn line after a crash).
@@ -69,6 +69,11 @@ struct ScoreOptions {
   std::string input;   // the JSONL input
   std::string output;  // the results, appended to (resume); created when absent; a regular file
   ShardSpec shard = {};// default: the whole input
+  // Most tokens of the lines packed into one forward pass (Engine::RunBatch's pack_tokens): the
+  // activations are sized for max(this, the longest line), not for the engine's pass_tokens(),
+  // which without a budget is the whole context. 0: pass_tokens(). `estream score`: 8192 unless
+  // --batch-tokens or --budget is given.
+  int64_t pass_tokens = 0;
   // After each window written (may be empty).
   std::function<void(const ScoreProgress&)> progress = {};
   // One line per problem found in an existing output ("warning: OUT line 3 is not a result;

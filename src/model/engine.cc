@@ -69,7 +69,7 @@ struct Engine::Impl {
 
   Status Validate(const Request& req) const;
   static int64_t RequestTokens(const Request& req);  // prompt + continuations
-  std::vector<Result<Response>> RunBatch(std::span<const Request> reqs);
+  std::vector<Result<Response>> RunBatch(std::span<const Request> reqs, int64_t pack_tokens);
   // One forward pass over reqs[ids[...]]; writes their results.
   void RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
                std::vector<Result<Response>>* results);
@@ -186,14 +186,14 @@ int64_t Engine::pass_tokens() const { return impl_->pass_tokens; }
 Result<Response> Engine::Run(const Request& request) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ScopedOmpThreads threads(impl_->n_threads);
-  std::vector<Result<Response>> r = impl_->RunBatch(std::span<const Request>(&request, 1));
+  std::vector<Result<Response>> r = impl_->RunBatch(std::span<const Request>(&request, 1), 0);
   return std::move(r[0]);
 }
 
-std::vector<Result<Response>> Engine::RunBatch(std::span<const Request> requests) {
+std::vector<Result<Response>> Engine::RunBatch(std::span<const Request> requests, int64_t pack_tokens) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ScopedOmpThreads threads(impl_->n_threads);
-  return impl_->RunBatch(requests);
+  return impl_->RunBatch(requests, pack_tokens);
 }
 
 Status Engine::Impl::Validate(const Request& req) const {
@@ -246,7 +246,7 @@ Status Engine::Impl::Validate(const Request& req) const {
 // other rows of the pass (the kernels split by rows and output elements with a fixed reduction
 // order), which is why a batch reproduces the single-request results.
 
-std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> reqs) {
+std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> reqs, int64_t pack_tokens) {
   std::vector<Result<Response>> results;
   results.reserve(reqs.size());
   std::vector<int64_t> length(reqs.size(), 0);
@@ -258,13 +258,15 @@ std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> re
     length[i] = RequestTokens(reqs[i]);
     valid.push_back(static_cast<int>(i));
   }
-  // Longest first, first fit: few passes, each as full as the order allows.
+  // Longest first, first fit: few passes, each as full as the order allows. A request longer than
+  // `limit` (but within pass_tokens: Validate) fits no pass, so it gets one of its own.
+  const int64_t limit = pack_tokens > 0 ? std::min(pack_tokens, pass_tokens) : pass_tokens;
   std::stable_sort(valid.begin(), valid.end(), [&](int a, int b) { return length[a] > length[b]; });
   std::vector<std::vector<int>> passes;
   std::vector<int64_t> fill;
   for (int i : valid) {
     size_t p = 0;
-    while (p < passes.size() && fill[p] + length[i] > pass_tokens) ++p;
+    while (p < passes.size() && fill[p] + length[i] > limit) ++p;
     if (p == passes.size()) {
       passes.emplace_back();
       fill.push_back(0);
@@ -310,7 +312,12 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
   const int64_t T = static_cast<int64_t>(tokens.size());
 
   // Buffers (grown once, reused by later passes). A failure here leaves the engine as it was.
+  // The buffers of several requests packed together: the pass, not one prompt, is too long.
   Status st = ReserveBuffers(T);
+  if (!st.ok() && st.code() == StatusCode::kResourceExhausted && ids.size() > 1)
+    st = Status::ResourceExhausted(fmt::format(
+        "cannot allocate the activation buffers for a pass of {} tokens ({} requests packed together); lower "
+        "batch_tokens (--batch-tokens) or free memory", T, ids.size()));
   if (!st.ok()) return fail_all(st);
 
   std::vector<Response> resps(ids.size());

@@ -1,5 +1,5 @@
 // Options shared by the batch subcommands (score, eval): the engine's threads, memory budget and
-// pass length, bound to one struct and turned into EngineOptions.
+// pass length, bound to one struct and turned into EngineOptions (and the pass size to pack to).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -20,7 +20,9 @@ struct BatchEngineFlags {
   std::string schedule = "early";
   std::string expert_cache = "auto";
 
-  void Setup(CLI::App* sub) {
+  // pass_default: what --batch-tokens defaults to without a budget (score and eval: PassTokens()).
+  void Setup(CLI::App* sub, const std::string& pass_default =
+                                "8192, a longer request, up to the context length, running in a pass of its own") {
     AddThreadsFlag(sub, &threads);
     AddBudgetFlag(sub, &budget,
                   "packed models: run within this memory budget (bytes, or with a K/M/G suffix: 3G); experts are "
@@ -33,11 +35,18 @@ struct BatchEngineFlags {
         ->check(PositiveInt());
     sub->add_option("--batch-tokens", batch_tokens,
                     "most tokens of one forward pass, all packed requests together (default: the budget's "
-                    "--budget-tokens when streamed, else max(context length, 8192))")
+                    "--budget-tokens when streamed, else " + pass_default + ")")
         ->check(PositiveInt());
     AddScheduleFlag(sub, &schedule, "packed models with --budget: on-demand, after-routing, early (default)");
     AddExpertCacheFlag(sub, &expert_cache, "auto");
   }
+
+  // The pass size requests are packed to (ScoreOptions / EvalOptions::pass_tokens): 0 (the
+  // engine's pass_tokens()) when --batch-tokens or --budget sets it, else kDefaultPassTokens.
+  // Without it the engine's pass would be the whole context (163840 tokens for DeepSeek-V2):
+  // a task file in one pass, its activations sized for all of it.
+  static constexpr int64_t kDefaultPassTokens = 8192;
+  int64_t PassTokens() const { return batch_tokens > 0 || !budget.empty() ? 0 : kDefaultPassTokens; }
 
   Result<EngineOptions> Options() const {
     EngineOptions o;

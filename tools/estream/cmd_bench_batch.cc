@@ -52,7 +52,7 @@ class BenchBatchCommand : public Command {
     sub->add_flag("-v,--verbose", verbose_, "print each batch pass's time split");
     sub->add_flag("--batch-only", batch_only_,
                   "time the batches only (no one-by-one runs; the one-by-one and speed-up columns read 0)");
-    flags_.Setup(sub);
+    flags_.Setup(sub, "max(context length, 8192): each batch in one pass");
   }
  private:
   std::vector<int32_t> RandomIds(std::mt19937* rng, int64_t n, int vocab) {

@@ -52,7 +52,8 @@ class EvalCommand : public Command {
                                               {.n_tasks = n_tasks_, .name = file_, .warn = ProgressPrinter(name())}));
     ESTREAM_ASSIGN_OR_RETURN(EngineOptions eo, flags_.Options());
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
-    ESTREAM_ASSIGN_OR_RETURN(batch::EvalResult r, batch::Evaluate(*engine, kind, tasks));
+    ESTREAM_ASSIGN_OR_RETURN(batch::EvalResult r,
+                             batch::Evaluate(*engine, kind, tasks, {.pass_tokens = flags_.PassTokens()}));
     r.model = model_;
     r.file = file_;
     for (const batch::EvalItem& it : r.items)

@@ -102,6 +102,7 @@ class ScoreCommand : public Command {
     batch::ScoreOptions so;
     so.input = input_;
     so.output = output_;
+    so.pass_tokens = flags_.PassTokens();
     if (!shard_.empty()) {
       ESTREAM_ASSIGN_OR_RETURN(so.shard, batch::ParseShardSpec(shard_, shard_by_));
     } else if (shard_by_ != "line") {
