@@ -24,6 +24,7 @@
 
 #include "batch/eval.h"
 #include "batch_test_util.h"
+#include "cli_test_util.h"
 #include "estream/engine.h"
 #include "scratch_dir.h"
 
@@ -180,18 +181,6 @@ std::string HellaswagFile(int n) {
   return text;
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
-
 // Without --batch-tokens, eval packs 8192 tokens per pass, not the context length (163840 for
 // DeepSeek-V2, whose engine pass_tokens() is that): a task file no longer runs as one pass whose
 // activations are sized for all of it. --batch-tokens still sets the pass. (The batch_tokens
@@ -216,7 +205,7 @@ TEST(Eval, CliDefaultPassIsBoundedNotTheContext) {
 // A pass of many tasks whose activations do not fit (ulimit -v): the error says to lower
 // --batch-tokens, not to shorten a prompt (every prompt is short).
 TEST(Eval, CliPassTooLargeForMemorySaysLowerBatchTokens) {
-  if (kAsan) GTEST_SKIP() << "ulimit -v does not work with AddressSanitizer's shadow memory";
+  if (cli_test::kAddressSanitizer) GTEST_SKIP() << "ulimit -v does not work with AddressSanitizer's shadow memory";
   ScratchDir dir;
   const std::string file = dir.File("hs.txt"), err = dir.File("stderr.txt");
   WriteFile(file, HellaswagFile(300));

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -28,13 +30,16 @@ class CliErrors : public ::testing::Test {
     delete dir_;
     dir_ = nullptr;
   }
-  static CliResult Run(const std::string& args) { return cli_test::RunCli(args, dir_->File("stderr.txt")); }
+  static CliResult Run(const std::string& args, const std::string& shell_prefix = "") {
+    return cli_test::RunCli(args, dir_->File("stderr.txt"), shell_prefix);
+  }
   static std::string Model() { return dir_->File("tiny.gguf"); }
   static std::string Packed() { return dir_->File("tiny.packed.gguf"); }
 
   // `args` fails with exit code 1 and one stderr line that starts with `prefix` and holds `what`.
-  static void ExpectError(const std::string& args, const std::string& prefix, const std::string& what) {
-    const CliResult r = Run(args);
+  static void ExpectError(const std::string& args, const std::string& prefix, const std::string& what,
+                          const std::string& shell_prefix = "") {
+    const CliResult r = Run(args, shell_prefix);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
     EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << args << "\n" << r.err;
@@ -94,6 +99,28 @@ TEST_F(CliErrors, FailedRunsAndEmptyInputsSetTheExitCode) {
   std::ofstream(dir_->File("empty.txt")).flush();
   ExpectError("eval --task hellaswag -m " + Model() + " " + dir_->File("empty.txt"), "estream eval: error: ",
               "no hellaswag tasks");
+}
+
+// Input files (eval's FILE, perplexity's and tokenize's -f) are read whole: a device that never
+// ends (/dev/zero) is refused before reading, a file over the 1 GiB cap is refused by its size
+// (a sparse file: nothing is written), and memory that runs out while reading one is one line,
+// not an uncaught std::bad_alloc (exit 134).
+TEST_F(CliErrors, InputFilesAreBoundedAndOutOfMemoryIsOneLine) {
+  const std::string m = " -m " + Model() + " ";
+  ExpectError("eval --task hellaswag" + m + "/dev/zero", "estream eval: error: ", "/dev/zero is not a regular file");
+  ExpectError("perplexity" + m + "-f /dev/zero", "estream perplexity: error: ", "/dev/zero is not a regular file");
+  ExpectError("tokenize" + m + "-f /dev/zero", "estream tokenize: error: ", "/dev/zero is not a regular file");
+  const std::string big = dir_->File("big.txt");
+  std::ofstream(big).flush();
+  std::filesystem::resize_file(big, (uint64_t{1} << 30) + 1);
+  ExpectError("eval --task winogrande" + m + big, "estream eval: error: ",
+              "big.txt is larger than 1.00 GiB, the most estream reads as a text or task file");
+  ExpectError("tokenize" + m + "-f " + big, "estream tokenize: error: ", "is larger than 1.00 GiB");
+  if (!cli_test::kAddressSanitizer) {  // its shadow memory does not fit under ulimit -v
+    std::filesystem::resize_file(big, uint64_t{600} << 20);
+    ExpectError("tokenize" + m + "-f " + big, "estream tokenize: error: ", "out of memory", "ulimit -v 400000; ");
+  }
+  std::filesystem::remove(big);
 }
 
 }  // namespace

@@ -11,14 +11,29 @@
 
 namespace estream::cli_test {
 
+// Whether this build runs under AddressSanitizer (then `ulimit -v` makes every run fail).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
 struct CliResult {
   int exit_code = -1;
   std::string out, err;
 };
 
 // Runs `estream ARGS` (the binary of this build); stderr goes through the file `err_path`.
-inline CliResult RunCli(const std::string& args, const std::string& err_path) {
-  const std::string cmd = std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
+// shell_prefix: shell commands run first in the same shell ("ulimit -v 200000; ").
+inline CliResult RunCli(const std::string& args, const std::string& err_path, const std::string& shell_prefix = "") {
+  const std::string cmd =
+      shell_prefix + std::string(ESTREAM_BINARY_DIR) + "/tools/estream/estream " + args + " 2>" + err_path;
   CliResult r;
   if (std::FILE* p = popen(cmd.c_str(), "r")) {
     char buf[4096];

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -70,7 +71,14 @@ Result<uint64_t> ParseSize(const std::string& text);
 // The value of --budget: a size (ParseSize) that must be positive.
 Result<uint64_t> ParseBudget(const std::string& text);
 
-// The whole of a file, as bytes. IOError naming the file if it cannot be opened or read.
+// The most bytes ReadFileText reads: 1 GiB, a hundred times the largest of llama-perplexity's
+// task files (HellaSwag's 10042 tasks are 10 MB) and twice wikitext-103's training text.
+constexpr uint64_t kMaxInputFileBytes = uint64_t{1} << 30;
+
+// The whole of a file (eval's task file, perplexity's and tokenize's -f, prefill's -f and
+// --tokens @FILE), as bytes. A regular file or a pipe; InvalidArgument naming the file for a
+// directory, a device (/dev/zero) or a socket, and for more than kMaxInputFileBytes; IOError if
+// it cannot be opened or read.
 Result<std::string> ReadFileText(const std::string& path);
 
 }  // namespace estream::cli

@@ -1,12 +1,14 @@
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <exception>
+#include <memory>
+#include <new>
 
 #include "base/cpu.h"
 #include "tools/estream/command.h"
@@ -56,14 +58,29 @@ Result<uint64_t> ParseBudget(const std::string& text) {
 }
 
 Result<std::string> ReadFileText(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(path + " is a directory: give a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::IOError(path + ": read failed");
-  return ss.str();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(path + " is a directory: give a file");
+  // A device (/dev/zero, /dev/urandom, a terminal) never ends or is not a text: refused before
+  // reading; a pipe (<(cmd), /dev/stdin from a pipe) is read up to the cap below.
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
+    return Status::InvalidArgument(path + " is not a regular file or a pipe (a device or a socket): give a file");
+  const std::string too_big = path + " is larger than " + FormatBytes(kMaxInputFileBytes) +
+                              ", the most estream reads as a text or task file; split it, or give a part of it";
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > kMaxInputFileBytes)
+    return Status::InvalidArgument(too_big);
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  std::string text;
+  if (S_ISREG(st.st_mode)) text.reserve(static_cast<size_t>(st.st_size));  // may throw bad_alloc: main says so
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f.get())) > 0) {
+    if (text.size() + n > kMaxInputFileBytes) return Status::InvalidArgument(too_big);
+    text.append(buf, n);
+  }
+  if (std::ferror(f.get())) return Status::IOError(path + ": read failed");
+  return text;
 }
 
 std::function<void(const std::string&)> ProgressPrinter(const char* command) {
@@ -122,8 +139,18 @@ int main(int argc, char** argv) {
   }
   for (size_t i = 0; i < commands.size(); ++i) {
     if (!subs[i]->parsed()) continue;
-    estream::Result<int> code = commands[i]->Run();
-    return code.ok() ? *code : ReportError(commands[i]->name(), code.status());
+    // Errors are Status values; an exception reaching here (an allocation that failed: an input
+    // or a pass too large for the memory left) still ends as one line and exit code 1, not abort.
+    try {
+      estream::Result<int> code = commands[i]->Run();
+      return code.ok() ? *code : ReportError(commands[i]->name(), code.status());
+    } catch (const std::bad_alloc&) {
+      return ReportError(commands[i]->name(),
+                         estream::Status::ResourceExhausted("out of memory: the input or the model does not fit "
+                                                            "in the memory left; free memory or give a smaller input"));
+    } catch (const std::exception& e) {
+      return ReportError(commands[i]->name(), estream::Status::Internal(std::string("unexpected error: ") + e.what()));
+    }
   }
   return 1;
 }
