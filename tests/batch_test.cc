@@ -378,6 +378,16 @@ TEST_F(EvalTest, Hellaswag) {
   auto bad = Eval(batch::EvalKind::kHellaswag, "only\nfive\nlines\nhere\nnow\n");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message().find('\n'), std::string::npos);
+  // Read as llama-perplexity reads it (its -f reader drops one final newline): one blank line at
+  // the end, or none, is the same file; a second blank line is a line of its own.
+  for (const std::string& variant : {text + "\n", text.substr(0, text.size() - 1)}) {
+    auto tasks = batch::LoadTasks(batch::EvalKind::kHellaswag, variant, *tok_, {.name = "file"});
+    ASSERT_TRUE(tasks.ok()) << tasks.status().message();
+    EXPECT_EQ(tasks->size(), static_cast<size_t>(n));
+  }
+  auto two_blank = batch::LoadTasks(batch::EvalKind::kHellaswag, text + "\n\n", *tok_, {.name = "file"});
+  EXPECT_NE(two_blank.status().message().find("73 lines, not a multiple of 6"), std::string::npos)
+      << two_blank.status().message();
 }
 
 TEST_F(EvalTest, Winogrande) {

@@ -7,7 +7,9 @@
 // their token ids) are the context, computed once; each candidate's remaining tokens are one
 // continuation (Engine::RunBatch packs many tasks per pass). The scoring follows llama.cpp's
 // (tools/perplexity/perplexity.cpp):
-//  - hellaswag: text file, 6 lines per task: context, gold ending index (0-3), 4 endings.
+//  - hellaswag: text file, 6 lines per task: context, gold ending index (0-3), 4 endings (the
+//    file less one final newline, as llama-perplexity's -f reader takes it: one blank last line
+//    is accepted).
 //    Sequence i = tokenize(context + " " + ending[i]) with the vocabulary's BOS. Score of an ending =
 //    mean log-probability of its tokens after the common prefix (acc_norm by token count); the
 //    largest score wins (the first on ties). Tasks are taken in llama.cpp's random order
