@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "gguf/gguf.h"
+#include "pack/metadata_update.h"
 
 namespace estream {
 namespace {
@@ -223,6 +224,38 @@ TEST(PerplexityCli, JsonWithAPathThatIsNotUtf8) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_NE(j["file"].get<std::string>().find("tokenizer_cli_test_ppl_\xEF\xBF\xBD_"), std::string::npos) << j["file"];
   EXPECT_EQ(j["n_windows"], 1);
+}
+
+// --llama-cpp --no-bos on a vocabulary that asks for BOS (mixtral-tiny with add_bos_token set
+// true): no BOS anywhere, as llama-perplexity with add_bos_token overridden to false. Before, the
+// text still started with the tokenizer's BOS, so window 0 scored the same with and without the
+// flag and the token count included it.
+TEST(PerplexityCli, LlamaCppNoBosMeansNoBosAnywhere) {
+  const fs::path source = kModels / "mixtral-tiny-f32.gguf";
+  if (!fs::exists(source)) GTEST_SKIP() << "no tiny model at " << source;
+  const fs::path model = kBin / ("tokenizer_cli_test_add_bos_" + std::to_string(getpid()) + ".gguf");
+  fs::copy_file(source, model, fs::copy_options::overwrite_existing);
+  fs::permissions(model, fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_TRUE(io::UpdateMetadata(model.string(), {{"tokenizer.ggml.add_bos_token", GgufValue::Bool(true)}}, {}).ok());
+  const fs::path text = PerplexityText();
+  const std::string args = "perplexity -m " + Q(model) + " -f " + Q(text) + " --ctx 32 --llama-cpp -t 1 --json";
+  CliRun with = Estream(args), without = Estream(args + " --no-bos");
+  CliRun ids_with = Estream("tokenize -m " + Q(model) + " -f " + Q(text) + " --json");
+  CliRun ids_without = Estream("tokenize -m " + Q(model) + " -f " + Q(text) + " --json --no-bos");
+  fs::remove(model);
+  fs::remove(text);
+  ASSERT_EQ(with.rc, 0) << with.err;
+  ASSERT_EQ(without.rc, 0) << without.err;
+  const auto jw = nlohmann::json::parse(with.out), jn = nlohmann::json::parse(without.out);
+  EXPECT_EQ(jw["bos"], true);
+  EXPECT_EQ(jn["bos"], false);
+  // The whole text (it ends with a space: no final newline to drop), BOS first or not at all.
+  const size_t n_with = nlohmann::json::parse(ids_with.out)["ids"].size();
+  const size_t n_without = nlohmann::json::parse(ids_without.out)["ids"].size();
+  ASSERT_EQ(n_with, n_without + 1);
+  EXPECT_EQ(jw["n_text_tokens"].get<size_t>(), n_with);
+  EXPECT_EQ(jn["n_text_tokens"].get<size_t>(), n_without);
+  EXPECT_NE(jw["windows"][0]["log_likelihood"].get<double>(), jn["windows"][0]["log_likelihood"].get<double>());
 }
 
 TEST(PerplexityCli, ClearErrors) {

@@ -13,7 +13,9 @@
 // the file less one final newline (its -f reader drops it), tokenized with the vocabulary's
 // BOS/EOS, cut into whole windows of exactly N tokens (a shorter rest is not run), the first
 // token of each replaced by BOS when the vocabulary adds one, and only each window's second half
-// scored: tokens N/2 + 1 .. N - 1, every one with at least N/2 tokens of context.
+// scored: tokens N/2 + 1 .. N - 1, every one with at least N/2 tokens of context. --no-bos then
+// means no BOS anywhere (not at the text's start either), as llama-perplexity with the
+// vocabulary's add_bos_token overridden to false.
 //
 // Reported: per window the tokens, the log-likelihood and perplexity; overall the perplexity
 // exp(-sum log p / n_scored) over all scored tokens, tokens/s (all window tokens over the summed
@@ -61,7 +63,9 @@ class PerplexityCommand : public Command {
     AddThreadsFlag(sub, &threads_);
     sub->add_option("--max-windows", max_windows_, "score at most this many windows (default: all)")
         ->check(PositiveInt());
-    sub->add_flag("--no-bos", no_bos_, "do not start each window with the BOS token the vocabulary asks for");
+    sub->add_flag("--no-bos", no_bos_,
+                  "no BOS token anywhere, though the vocabulary asks for one (with --llama-cpp: as llama-perplexity "
+                  "with --override-kv tokenizer.ggml.add_bos_token=bool:false)");
     sub->add_flag("--llama-cpp", llama_cpp_,
                   "score as llama-perplexity does (whole windows of --ctx tokens, BOS first, only each window's "
                   "second half scored): the same figure as its final estimate");
@@ -86,10 +90,14 @@ class PerplexityCommand : public Command {
                    "estream perplexity: warning: %s is not valid UTF-8 (first bad byte at offset %zu); "
                    "each ill-formed sequence is scored as U+FFFD\n", file_.c_str(), bad);
     const auto tok_start = std::chrono::steady_clock::now();
-    const std::vector<int32_t> ids =
+    std::vector<int32_t> ids =
         llama_cpp_ ? tok->Encode(text.ends_with('\n') ? text.substr(0, text.size() - 1) : text, /*add_special=*/true,
                                  /*parse_special=*/false)
                    : tok->Encode(text, /*add_special=*/false, /*parse_special=*/false);
+    // --llama-cpp --no-bos: llama-perplexity with its vocabulary's add_bos_token overridden to false
+    // (--override-kv; it has no flag of its own): no BOS at the text's start nor at any window's.
+    if (llama_cpp_ && no_bos_ && tok->add_bos() && !ids.empty() && ids.front() == tok->bos_id())
+      ids.erase(ids.begin());
     const double tokenize_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - tok_start).count();
 
