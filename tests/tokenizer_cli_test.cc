@@ -202,8 +202,19 @@ TEST(PerplexityCli, LlamaCppRuleScoresTheSecondHalfOfWholeWindows) {
     for (int i = ctx / 2; i < ctx - 1; ++i) want += lp[i].get<double>();
     EXPECT_NEAR(windows[w]["log_likelihood"].get<double>(), want, 1e-6 * std::abs(want)) << w;
   }
-  // A window too short to have a second half to score.
+  // Fewer than 2 x --ctx tokens: refused, as llama-perplexity refuses it (it gave a figure from
+  // one window); exactly 2 x --ctx: two windows.
+  const std::string half = std::to_string(ids.size() / 2);
   const fs::path again = PerplexityText();
+  CliRun two = Estream("perplexity -m " + Q(model) + " -f " + Q(again) + " --ctx " + half + " --llama-cpp -t 1 --json");
+  ASSERT_EQ(two.rc, 0) << two.err;
+  EXPECT_EQ(nlohmann::json::parse(two.out)["n_windows"], 2);
+  const std::string more = std::to_string(ids.size() / 2 + 1);
+  CliRun short_text = Estream("perplexity -m " + Q(model) + " -f " + Q(again) + " --ctx " + more + " --llama-cpp -t 1");
+  EXPECT_EQ(short_text.rc, 1);
+  EXPECT_NE(short_text.err.find("tokens long; --llama-cpp needs at least 2 x --ctx = "), std::string::npos)
+      << short_text.err;
+  // A window too short to have a second half to score.
   CliRun bad = Estream("perplexity -m " + Q(model) + " -f " + Q(again) + " --ctx 2 --llama-cpp -t 1");
   fs::remove(again);
   EXPECT_EQ(bad.rc, 1);

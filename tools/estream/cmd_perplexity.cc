@@ -11,11 +11,13 @@
 //
 // --llama-cpp scores as llama-perplexity does, so that the figure equals its "Final estimate":
 // the file less one final newline (its -f reader drops it), tokenized with the vocabulary's
-// BOS/EOS, cut into whole windows of exactly N tokens (a shorter rest is not run), the first
-// token of each replaced by BOS when the vocabulary adds one, and only each window's second half
-// scored: tokens N/2 + 1 .. N - 1, every one with at least N/2 tokens of context. --no-bos then
-// means no BOS anywhere (not at the text's start either), as llama-perplexity with the
-// vocabulary's add_bos_token overridden to false.
+// BOS/EOS (at least 2N tokens, else refused as llama-perplexity refuses it; its -f text is not
+// escape-processed either: the tool turns llama.cpp's escape option off), cut into whole windows
+// of exactly N tokens (a shorter rest is not run), the first token of each replaced by BOS when
+// the vocabulary adds one, and only each window's second half scored: tokens N/2 + 1 .. N - 1,
+// every one with at least N/2 tokens of context. --no-bos then means no BOS anywhere (not at the
+// text's start either), as llama-perplexity with the vocabulary's add_bos_token overridden to
+// false.
 //
 // Reported: per window the tokens, the log-likelihood and perplexity; overall the perplexity
 // exp(-sum log p / n_scored) over all scored tokens, tokens/s (all window tokens over the summed
@@ -116,10 +118,15 @@ class PerplexityCommand : public Command {
     const int64_t text_per_window = llama_cpp_ || !bos ? ctx : ctx - 1;
     // A window must score at least one token; --llama-cpp runs whole windows only.
     const int64_t min_text = llama_cpp_ ? ctx : bos ? 1 : 2;
+    // llama-perplexity refuses a text of fewer than 2 x ctx tokens ("you need at least ... tokens
+    // to evaluate perplexity with a context of ..."); so does --llama-cpp, whose figure is its.
+    if (llama_cpp_ && static_cast<int64_t>(ids.size()) < 2 * ctx)
+      return Status::InvalidArgument(file_ + ": the text is " + std::to_string(ids.size()) +
+                                     " tokens long; --llama-cpp needs at least 2 x --ctx = " + std::to_string(2 * ctx) +
+                                     " tokens, as llama-perplexity does; give a longer text or a smaller --ctx");
     if (static_cast<int64_t>(ids.size()) < min_text)
       return Status::InvalidArgument(file_ + ": the text is " + std::to_string(ids.size()) +
-                                     " tokens long; perplexity needs at least " + std::to_string(min_text) +
-                                     (llama_cpp_ ? " (--llama-cpp: one whole window of --ctx tokens)" : ""));
+                                     " tokens long; perplexity needs at least " + std::to_string(min_text));
 
     std::vector<WindowResult> windows;
     for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += text_per_window) {
