@@ -216,6 +216,7 @@ TEST(Eval, CliPassTooLargeForMemorySaysLowerBatchTokens) {
   EXPECT_NE(e.find("requests packed together); lower batch_tokens (--batch-tokens) or free memory"),
             std::string::npos) << e;
   EXPECT_EQ(e.find("shorter prompt"), std::string::npos) << e;
+  EXPECT_EQ(ReadFile(dir.File("stdout.txt")), "hellaswag: no task was scored: all 300 failed (see stderr)\n");
 }
 
 }  // namespace

@@ -355,7 +355,7 @@ TEST_F(EvalTest, Hellaswag) {
   EXPECT_NEAR(r->standard_error, std::sqrt((8.0 / 12) * (4.0 / 12) / 11), 1e-12);
   EXPECT_LT(r->wilson_lo, r->accuracy);
   EXPECT_GT(r->wilson_hi, r->accuracy);
-  EXPECT_NEAR(r->random_chance_percent(), 25.0, 1e-12);
+  EXPECT_NEAR(r->random_chance(), 0.25, 1e-12);
   // Every pass counted once (passes are packed longest first, not in task order).
   EXPECT_EQ(r->tokens, want_tokens);
   EXPECT_GT(r->tokens_separate, r->tokens);
@@ -459,6 +459,38 @@ TEST_F(EvalTest, Winogrande) {
     EXPECT_EQ(it.predicted, predicted[it.index]) << it.index;
     for (int k = 0; k < 2; ++k) EXPECT_NEAR(it.scores[k], scores[it.index][k], 1e-5) << it.index;
   }
+}
+
+// Figures that are not defined are not zero: with every task failed, accuracy, standard error,
+// interval and random chance are NaN (JSON null) and the text says no task was scored; with one
+// task, the standard error (its n - 1 is 0) is NaN / null / "undefined".
+TEST_F(EvalTest, UndefinedFiguresAreNullNotZero) {
+  batch::EvalTask bad;  // token ids past the vocabulary: the engine refuses the request
+  bad.seqs = {{1, 2, 100000}, {1, 2, 100001}};
+  bad.labels = {1, 0};
+  auto none = batch::Evaluate(*engine_, batch::EvalKind::kHellaswag, {bad, bad});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->n_tasks, 0);
+  EXPECT_EQ(none->n_failed, 2);
+  EXPECT_TRUE(std::isnan(none->accuracy) && std::isnan(none->standard_error) && std::isnan(none->wilson_lo) &&
+              std::isnan(none->random_chance()));
+  json j = json::parse(batch::EvalJson(*none));
+  for (const char* k : {"accuracy", "stderr", "wilson95", "random_chance"}) EXPECT_TRUE(j[k].is_null()) << k;
+  EXPECT_EQ(batch::EvalText(*none), "hellaswag: no task was scored: all 2 failed (see stderr)\n");
+
+  batch::EvalTask good;
+  for (const char* e : {" a cat sat.", " a dog ran."}) good.seqs.push_back(Tok(std::string("The story") + e));
+  good.labels = {1, 0};
+  auto one = batch::Evaluate(*engine_, batch::EvalKind::kHellaswag, {good});
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->n_tasks, 1);
+  EXPECT_FALSE(std::isnan(one->accuracy));
+  EXPECT_TRUE(std::isnan(one->standard_error));
+  j = json::parse(batch::EvalJson(*one));
+  EXPECT_TRUE(j["accuracy"].is_number());
+  EXPECT_TRUE(j["stderr"].is_null());
+  EXPECT_EQ(j["wilson95"].size(), 2u);
+  EXPECT_NE(batch::EvalText(*one).find("% +/- undefined (one task)"), std::string::npos) << batch::EvalText(*one);
 }
 
 // llama.cpp's multiple-choice binary format.

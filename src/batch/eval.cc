@@ -391,13 +391,16 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
     res.n_answers += static_cast<int64_t>(tasks[i].seqs.size());
     res.n_correct += item.correct;
   }
+  // No task scored: nothing is defined (NaN, not a 0% that reads as a result); one task: the
+  // standard error's n - 1 is 0.
   const int64_t n = res.n_tasks;
-  const double p = n > 0 ? static_cast<double>(res.n_correct) / n : 0;
+  if (n == 0) return res;
+  const double p = static_cast<double>(res.n_correct) / n;
   res.accuracy = p;
-  res.standard_error = n > 1 ? std::sqrt(p * (1 - p) / (n - 1)) : 0;
+  if (n > 1) res.standard_error = std::sqrt(p * (1 - p) / (n - 1));
   // Wilson score interval at 95% (llama.cpp's hellaswag output).
-  const double za = 1.95996398454, z = n > 0 ? za * za / n : 0;
-  const double cnf = n > 0 ? z * std::sqrt(n * (4.0 * p * (1 - p) + z)) / (za + za) : 0;
+  const double za = 1.95996398454, z = za * za / n;
+  const double cnf = z * std::sqrt(n * (4.0 * p * (1 - p) + z)) / (za + za);
   res.wilson_lo = (p + z * 0.5 - cnf) / (1.0 + z);
   res.wilson_hi = (p + z * 0.5 + cnf) / (1.0 + z);
   return res;
@@ -411,10 +414,13 @@ std::string EvalJson(const EvalResult& r) {
   j["n_tasks"] = r.n_tasks;
   j["n_failed"] = r.n_failed;
   j["n_correct"] = r.n_correct;
-  j["accuracy"] = 100 * r.accuracy;
-  j["stderr"] = 100 * r.standard_error;
-  j["wilson95"] = {100 * r.wilson_lo, 100 * r.wilson_hi};
-  j["random_chance"] = r.random_chance_percent();
+  // Undefined figures (NaN: no task scored, or the standard error of one task) are null.
+  auto percent = [](double x) { return std::isnan(x) ? nlohmann::ordered_json() : nlohmann::ordered_json(100 * x); };
+  j["accuracy"] = percent(r.accuracy);
+  j["stderr"] = percent(r.standard_error);
+  j["wilson95"] =
+      r.n_tasks > 0 ? nlohmann::ordered_json{100 * r.wilson_lo, 100 * r.wilson_hi} : nlohmann::ordered_json();
+  j["random_chance"] = percent(r.random_chance());
   j["tokens"] = r.tokens;
   j["passes"] = r.passes;
   j["longest_pass"] = r.longest_pass;
@@ -440,12 +446,19 @@ std::string EvalJson(const EvalResult& r) {
 
 std::string EvalText(const EvalResult& r) {
   std::string s;
-  Appendf(&s, "%s: %lld tasks, accuracy %.4f%% +/- %.4f", EvalKindName(r.kind), static_cast<long long>(r.n_tasks),
-          100 * r.accuracy, 100 * r.standard_error);
+  if (r.n_tasks == 0) {
+    Appendf(&s, "%s: no task was scored: all %lld failed (see stderr)\n", EvalKindName(r.kind),
+            static_cast<long long>(r.n_failed));
+    return s;
+  }
+  Appendf(&s, "%s: %lld tasks, accuracy %.4f%% +/- ", EvalKindName(r.kind), static_cast<long long>(r.n_tasks),
+          100 * r.accuracy);
+  if (std::isnan(r.standard_error)) s += "undefined (one task)";
+  else Appendf(&s, "%.4f", 100 * r.standard_error);
   if (r.kind == EvalKind::kHellaswag)
     Appendf(&s, "  (95%% Wilson interval [%.4f%%, %.4f%%])", 100 * r.wilson_lo, 100 * r.wilson_hi);
   s += "\n";
-  Appendf(&s, "random chance: %.4f%%\n", r.random_chance_percent());
+  Appendf(&s, "random chance: %.4f%%\n", 100 * r.random_chance());
   Appendf(&s,
           "forward passes: %lld tokens in %lld passes of up to %lld (%lld if every candidate were run separately) "
           "in %.3f s, %.1f tok/s\n",

@@ -38,6 +38,7 @@
 // Thread safety: pure functions, except Evaluate, which uses the engine for the whole call.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -96,9 +97,11 @@ struct EvalResult {
   int64_t n_failed = 0;
   int64_t n_correct = 0;
   int64_t n_answers = 0;    // candidates of the scored tasks
-  double accuracy = 0;        // p = n_correct / n_tasks (a fraction, as are the next three)
-  double standard_error = 0;  // sqrt(p (1 - p) / (n - 1))
-  double wilson_lo = 0, wilson_hi = 0;  // 95% Wilson score interval
+  // Undefined figures are NaN (null in the JSON): all four when no task was scored (n_tasks 0),
+  // the standard error also for one task.
+  double accuracy = NAN;        // p = n_correct / n_tasks (a fraction, as are the next three)
+  double standard_error = NAN;  // sqrt(p (1 - p) / (n - 1))
+  double wilson_lo = NAN, wilson_hi = NAN;  // 95% Wilson score interval
   int64_t tokens = 0;           // tokens of the forward passes
   int64_t passes = 0;           // forward passes run
   int64_t longest_pass = 0;     // tokens of the longest one (what its activations were sized for)
@@ -106,8 +109,8 @@ struct EvalResult {
   double forward_seconds = 0;   // wall time of the forward passes
   std::vector<EvalItem> items;  // in task order
 
-  // Accuracy by picking a candidate at random: n_tasks / n_answers, in percent.
-  double random_chance_percent() const { return n_answers > 0 ? 100.0 * n_tasks / n_answers : 0; }
+  // Accuracy by picking a candidate at random: n_tasks / n_answers (a fraction; NaN without tasks).
+  double random_chance() const { return n_answers > 0 ? static_cast<double>(n_tasks) / n_answers : NAN; }
 };
 
 struct EvalOptions {
@@ -126,9 +129,10 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
                             const EvalOptions& options = {});
 
 // `estream eval --json`: one object, two-space indent, no trailing newline. Percentages (accuracy,
-// stderr, wilson95, random_chance) are in percent.
+// stderr, wilson95, random_chance) are in percent, null where undefined (EvalResult).
 std::string EvalJson(const EvalResult& r);
-// `estream eval`: the accuracy lines (each ending with a newline).
+// `estream eval`: the accuracy lines (each ending with a newline); with no task scored, one line
+// that says so instead, and "+/- undefined" for the standard error of one task.
 std::string EvalText(const EvalResult& r);
 
 }  // namespace estream::batch
