@@ -164,6 +164,30 @@ TEST(Eval, CliJsonWithAPathThatIsNotUtf8) {
   EXPECT_EQ(got["n_tasks"], 1);
 }
 
+// A winogrande task that fails names its line in the file (a skipped line before it makes the
+// task count differ from the line number), on stderr and in the JSON.
+TEST(Eval, CliTaskErrorsNameTheFileLine) {
+  ScratchDir dir;
+  const std::string file = dir.File("wg.csv"), out = dir.File("eval.json"), err = dir.File("stderr.txt");
+  std::string too_long = "When the cat";
+  for (int i = 0; i < 3000; ++i) too_long += " sat";  // past the context (4096 tokens)
+  WriteFile(file, "index,sentence,option1,option2,answer\n"
+                  "0,When the cat met _ it sat.,the dog,the sun,1\n"
+                  "1,not a task line\n"
+                  "2," + too_long + " near _ again.,the dog,the sun,2\n"
+                  "3,When the dog met _ it ran.,the cat,the moon,1\n"
+                  "4,The last line is not scored _.,a,b,1\n");
+  EXPECT_EQ(RunCli({"eval", "--task", "winogrande", "-m", kModel, file, "--json", "-t", "1"}, -1, out, err), 1);
+  const std::string e = ReadFile(err);
+  EXPECT_NE(e.find("estream eval: task 1 (" + file + " line 4): prompt of "), std::string::npos) << e;
+  const json got = json::parse(ReadFile(out));
+  ASSERT_EQ(got["items"].size(), 3u);
+  EXPECT_EQ(got["items"][1]["index"], 1);
+  EXPECT_EQ(got["items"][1]["line"], 4);
+  EXPECT_TRUE(got["items"][1].contains("error"));
+  EXPECT_EQ(got["items"][2]["line"], 5);
+}
+
 // A hellaswag file of n tasks of about 150 tokens each on the tiny vocabularies (random words).
 std::string HellaswagFile(int n) {
   const char* words[] = {"the", "man", "dog", "runs", "over", "green", "house", "quickly", "eats", "blue", "car"};

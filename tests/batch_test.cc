@@ -362,6 +362,7 @@ TEST_F(EvalTest, Hellaswag) {
   for (const batch::EvalItem& it : r->items) {
     EXPECT_EQ(it.predicted, predicted[it.index]) << it.index;
     for (int k = 0; k < 4; ++k) EXPECT_NEAR(it.scores[k], scores[it.index][k], 1e-5) << it.index;
+    EXPECT_EQ(it.line, 6 * it.index + 1);  // the task's first line (its context)
   }
   // The JSON writer says the same.
   const json j = json::parse(batch::EvalJson(*r));
@@ -458,7 +459,9 @@ TEST_F(EvalTest, Winogrande) {
   for (const batch::EvalItem& it : r->items) {
     EXPECT_EQ(it.predicted, predicted[it.index]) << it.index;
     for (int k = 0; k < 2; ++k) EXPECT_NEAR(it.scores[k], scores[it.index][k], 1e-5) << it.index;
+    EXPECT_EQ(it.line, it.index + 2);  // the file's line (after the skipped header), not the task count
   }
+  EXPECT_EQ(json::parse(batch::EvalJson(*r))["items"][3]["line"], 5);
 }
 
 // Figures that are not defined are not zero: with every task failed, accuracy, standard error,

@@ -48,6 +48,7 @@ class TaskLoader {
       left.erase(left.begin() + static_cast<std::ptrdiff_t>(pick));
       EvalTask t;
       t.index = static_cast<int64_t>(idx);
+      t.line = static_cast<int64_t>(idx * 6 + 1);
       const std::string& ctx = lines[idx * 6];
       char* end = nullptr;
       const long gold = std::strtol(lines[idx * 6 + 1].c_str(), &end, 10);
@@ -114,6 +115,7 @@ class TaskLoader {
       const std::string first = sentence.substr(0, blank), second = sentence.substr(blank + 1);
       EvalTask t;
       t.index = static_cast<int64_t>(all.size());
+      t.line = line_no;
       for (const std::string* c : {&c1, &c2}) {
         t.seqs.push_back(Tok(first + *c + second));
         t.n_base.push_back(static_cast<int64_t>(Tok(first + *c).size()));
@@ -339,6 +341,7 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
   std::vector<int64_t> cps(tasks.size()), lengths(tasks.size(), 0);
   for (size_t i = 0; i < tasks.size(); ++i) {
     res.items[i].index = tasks[i].index;
+    res.items[i].line = tasks[i].line;
     cps[i] = ContextTokens(tasks[i]);
     if (cps[i] < 1) {
       res.items[i].error = "the candidates share no first token (the vocabulary adds no BOS): nothing to condition on";
@@ -430,6 +433,7 @@ std::string EvalJson(const EvalResult& r) {
   for (const EvalItem& t : r.items) {
     nlohmann::ordered_json it;
     it["index"] = t.index;
+    if (t.line > 0) it["line"] = t.line;
     if (!t.error.empty()) {
       it["error"] = t.error;
     } else {

@@ -62,7 +62,11 @@ Result<EvalKind> ParseEvalKind(std::string_view name);
 
 // One multiple-choice item, tokenized.
 struct EvalTask {
-  int64_t index = 0;                       // position in the file (task number, 0-based)
+  // Which task of the file, 0-based: hellaswag the task number (its lines are 6 index + 1 ..
+  // 6 index + 6), winogrande the number among the lines that parse (a skipped line has none),
+  // multiple-choice the number in the offset table.
+  int64_t index = 0;
+  int64_t line = 0;                        // 1-based line of the file where it starts (0: multiple-choice)
   std::vector<std::vector<int32_t>> seqs;  // one token sequence per candidate
   std::vector<int> labels;                 // 1 = correct (hellaswag/winogrande: one 1)
   std::vector<int64_t> n_base;             // winogrande: tokens of first + choice_i
@@ -83,6 +87,7 @@ Result<std::vector<EvalTask>> LoadTasks(EvalKind kind, std::string_view data, co
 // One task, scored.
 struct EvalItem {
   int64_t index = 0;           // EvalTask::index
+  int64_t line = 0;            // EvalTask::line
   std::string error;           // non-empty: the task failed (the fields below are unset)
   std::vector<double> scores;  // one per candidate
   int predicted = -1;          // the best candidate
@@ -129,7 +134,8 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
                             const EvalOptions& options = {});
 
 // `estream eval --json`: one object, two-space indent, no trailing newline. Percentages (accuracy,
-// stderr, wilson95, random_chance) are in percent, null where undefined (EvalResult).
+// stderr, wilson95, random_chance) are in percent, null where undefined (EvalResult). Each item
+// has its index, and its line when the file is text.
 std::string EvalJson(const EvalResult& r);
 // `estream eval`: the accuracy lines (each ending with a newline); with no task scored, one line
 // that says so instead, and "+/- undefined" for the standard error of one task.

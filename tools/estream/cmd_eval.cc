@@ -56,9 +56,12 @@ class EvalCommand : public Command {
                              batch::Evaluate(*engine, kind, tasks, {.pass_tokens = flags_.PassTokens()}));
     r.model = model_;
     r.file = file_;
-    for (const batch::EvalItem& it : r.items)
-      if (!it.error.empty())
-        std::fprintf(stderr, "estream eval: task %lld: %s\n", static_cast<long long>(it.index), it.error.c_str());
+    for (const batch::EvalItem& it : r.items) {
+      if (it.error.empty()) continue;
+      const std::string line = it.line > 0 ? " (" + file_ + " line " + std::to_string(it.line) + ")" : "";
+      std::fprintf(stderr, "estream eval: task %lld%s: %s\n", static_cast<long long>(it.index), line.c_str(),
+                   it.error.c_str());
+    }
     if (json_) std::printf("%s\n", batch::EvalJson(r).c_str());
     else std::fputs(batch::EvalText(r).c_str(), stdout);
     return r.n_failed > 0 ? 1 : 0;
