@@ -464,6 +464,30 @@ TEST_F(EvalTest, Winogrande) {
   EXPECT_EQ(json::parse(batch::EvalJson(*r))["items"][3]["line"], 5);
 }
 
+// A '_' that ends the sentence: partial scoring has no token to average (NaN scores), so choice 2
+// is picked, as llama-perplexity picks it; the verdict is kept and a warning names the line.
+TEST_F(EvalTest, WinograndeBlankAtTheEndWarnsAndPicksChoice2) {
+  const std::string text =
+      "0,I gave the book to _,Sarah Elizabeth Margaret Johnson,Maria Anne Lee Parker,1\n"
+      "1,When the cat met _ it was happy again.,the old dog,the blue sky,1\n"
+      "2,last line _ not scored,a,b,1\n";
+  std::vector<std::string> warnings;
+  auto tasks = batch::LoadTasks(batch::EvalKind::kWinogrande, text, *tok_,
+                                {.name = "wg.csv", .warn = [&](const std::string& w) { warnings.push_back(w); }});
+  ASSERT_TRUE(tasks.ok()) << tasks.status().message();
+  ASSERT_EQ(tasks->size(), 2u);
+  ASSERT_EQ(warnings.size(), 2u);  // the last-line note, then line 1
+  EXPECT_EQ(warnings[1], "warning: wg.csv line 1: nothing follows the choices (the '_' ends the sentence), so no "
+                         "token is scored: the scores are NaN and choice 2 is picked, as llama-perplexity picks it");
+  auto r = batch::Evaluate(*engine_, batch::EvalKind::kWinogrande, *tasks);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->items[0].error.empty());
+  EXPECT_TRUE(std::isnan(r->items[0].scores[0]) && std::isnan(r->items[0].scores[1]));
+  EXPECT_EQ(r->items[0].predicted, 1);
+  EXPECT_FALSE(r->items[0].correct);
+  EXPECT_FALSE(std::isnan(r->items[1].scores[0]));
+}
+
 // Figures that are not defined are not zero: with every task failed, accuracy, standard error,
 // interval and random chance are NaN (JSON null) and the text says no task was scored; with one
 // task, the standard error (its n - 1 is 0) is NaN / null / "undefined".

@@ -17,6 +17,36 @@
 namespace estream::batch {
 namespace {
 
+// Common prefix length of the sequences (at most the shortest one's length).
+int64_t CommonPrefix(const std::vector<std::vector<int32_t>>& seqs) {
+  size_t min_len = seqs[0].size();
+  for (const auto& s : seqs) min_len = std::min(min_len, s.size());
+  size_t k = 0;
+  while (k < min_len) {
+    bool same = true;
+    for (const auto& s : seqs) same = same && s[k] == seqs[0][k];
+    if (!same) break;
+    ++k;
+  }
+  return static_cast<int64_t>(k);
+}
+
+// The context of a task's request: the candidates' common prefix, at most all but one token of
+// the shortest (every candidate keeps a token to score).
+int64_t ContextTokens(const EvalTask& t) {
+  size_t shortest = t.seqs[0].size();
+  for (const auto& s : t.seqs) shortest = std::min(shortest, s.size());
+  return std::min(CommonPrefix(t.seqs), static_cast<int64_t>(shortest) - 1);
+}
+
+// Winogrande: whether only the tokens after "first + choice" are scored (both sequences have more
+// than 3 tokens after their common prefix; llama.cpp's skip_choice), else all after the prefix.
+bool WinograndePartial(const EvalTask& t, int64_t cp) {
+  constexpr int64_t kMinTrailing = 3;
+  return static_cast<int64_t>(t.seqs[0].size()) - cp > kMinTrailing &&
+         static_cast<int64_t>(t.seqs[1].size()) - cp > kMinTrailing;
+}
+
 // Loads the tasks of one file (the parsers of the three formats share the tokenizer, the
 // subset rule and the messages).
 class TaskLoader {
@@ -121,6 +151,15 @@ class TaskLoader {
         t.n_base.push_back(static_cast<int64_t>(Tok(first + *c).size()));
       }
       t.labels = {answer == 1 ? 1 : 0, answer == 2 ? 1 : 0};
+      // A '_' that ends the sentence leaves nothing after the choice: partial scoring then
+      // averages over no tokens, both scores are NaN and choice 2 wins (NaN > NaN is false).
+      // llama-perplexity does the same, so the verdict is kept, with a warning.
+      if (WinograndePartial(t, ContextTokens(t)) &&
+          (t.n_base[0] >= static_cast<int64_t>(t.seqs[0].size()) ||
+           t.n_base[1] >= static_cast<int64_t>(t.seqs[1].size())) && o_.warn)
+        o_.warn("warning: " + o_.name + " line " + std::to_string(line_no) + ": nothing follows the choices "
+                "(the '_' ends the sentence), so no token is scored: the scores are NaN and choice 2 is "
+                "picked, as llama-perplexity picks it");
       all.push_back(std::move(t));
     }
     std::vector<EvalTask> out;
@@ -217,28 +256,6 @@ class TaskLoader {
   const LoadTasksOptions& o_;
 };
 
-// Common prefix length of the sequences (at most the shortest one's length).
-int64_t CommonPrefix(const std::vector<std::vector<int32_t>>& seqs) {
-  size_t min_len = seqs[0].size();
-  for (const auto& s : seqs) min_len = std::min(min_len, s.size());
-  size_t k = 0;
-  while (k < min_len) {
-    bool same = true;
-    for (const auto& s : seqs) same = same && s[k] == seqs[0][k];
-    if (!same) break;
-    ++k;
-  }
-  return static_cast<int64_t>(k);
-}
-
-// The context of a task's request: the candidates' common prefix, at most all but one token of
-// the shortest (every candidate keeps a token to score).
-int64_t ContextTokens(const EvalTask& t) {
-  size_t shortest = t.seqs[0].size();
-  for (const auto& s : t.seqs) shortest = std::min(shortest, s.size());
-  return std::min(CommonPrefix(t.seqs), static_cast<int64_t>(shortest) - 1);
-}
-
 int64_t RequestTokens(const Request& r) {
   int64_t n = static_cast<int64_t>(r.tokens.size());
   for (const auto& c : r.continuations) n += static_cast<int64_t>(c.size());
@@ -246,14 +263,6 @@ int64_t RequestTokens(const Request& r) {
 }
 
 // The request of a task: context = the first cp tokens, one continuation per candidate.
-// Winogrande: whether only the tokens after "first + choice" are scored (both sequences have more
-// than 3 tokens after their common prefix; llama.cpp's skip_choice), else all after the prefix.
-bool WinograndePartial(const EvalTask& t, int64_t cp) {
-  constexpr int64_t kMinTrailing = 3;
-  return static_cast<int64_t>(t.seqs[0].size()) - cp > kMinTrailing &&
-         static_cast<int64_t>(t.seqs[1].size()) - cp > kMinTrailing;
-}
-
 Request MakeRequest(EvalKind kind, const EvalTask& t, int64_t cp) {
   Request r;
   r.top_k = 0;

@@ -20,11 +20,12 @@
 //    Sequence i = tokenize(first + choice_i + second). When both sequences have more than 3 tokens
 //    after their common prefix, only the tokens after "first + choice_i" are scored (partial
 //    scoring), else all tokens after the common prefix; the last token is left out when more than
-//    one remains; score = mean log-probability; choice 1 wins only if its score is larger. As in
-//    llama-perplexity (the reference), when the choice words are scored (short tails) choice 2's
-//    first token is scored with the logits after the whole of sequence 1 (its "FIXME": it reads
-//    that row instead of the common prefix's last). tests/batch_test.cc and
-//    scripts/eval_vs_llamacpp.py check the agreement.
+//    one remains; score = mean log-probability; choice 1 wins only if its score is larger (a "_"
+//    that ends the sentence leaves no token to score when partial: NaN scores, choice 2, as in
+//    llama-perplexity; a warning names the line). As in llama-perplexity (the reference), when
+//    the choice words are scored (short tails) choice 2's first token is scored with the logits
+//    after the whole of sequence 1 (its "FIXME": it reads that row instead of the common
+//    prefix's last). tests/batch_test.cc and scripts/eval_vs_llamacpp.py check the agreement.
 //  - multiple-choice: llama.cpp's binary format: u32 n_tasks, u32 offsets[n_tasks], then per task
 //    a string question and two answer sets (mc1, mc2), each u32 n (<= 100), n strings and n int32
 //    labels; strings are u32 length + bytes. Sequence i = tokenize(question + " " + answer_i) of
