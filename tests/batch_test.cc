@@ -449,6 +449,15 @@ TEST_F(EvalTest, Winogrande) {
   EXPECT_EQ(warnings[0], "note: wg.csv: the last line is not scored, as llama-perplexity does not score it (its "
                          "reader stops at the end of the file before using the line)");
   EXPECT_EQ(warnings[1], "warning: wg.csv line 1: no '_' in the sentence; skipped");
+  // A file of one line: that line is the last, so there is no task; said so, without the note.
+  warnings.clear();
+  auto one_line = batch::LoadTasks(batch::EvalKind::kWinogrande, last + "\n", *tok_,
+                                   {.name = "wg.csv", .warn = [&](const std::string& w) { warnings.push_back(w); }});
+  EXPECT_EQ(one_line.status().message(),
+            "wg.csv: no winogrande tasks: the file's only line is its last line, which llama-perplexity does not "
+            "score (its reader stops at the end of the file before using the line); add a line after it: "
+            "llama-perplexity scores every line but the last");
+  EXPECT_TRUE(warnings.empty());
   auto with_newline = batch::LoadTasks(batch::EvalKind::kWinogrande, text + last + "\n", *tok_, {.name = "wg.csv"});
   ASSERT_TRUE(with_newline.ok());
   EXPECT_EQ(with_newline->size(), static_cast<size_t>(n));

@@ -102,8 +102,14 @@ class TaskLoader {
     if (!data.empty() && data.back() == '\n') data.remove_suffix(1);
     const size_t last_newline = data.rfind('\n');
     const std::string_view dropped = last_newline == std::string_view::npos ? data : data.substr(last_newline + 1);
+    const bool dropped_text = dropped.find_first_not_of(" \t\r") != std::string_view::npos;
+    if (last_newline == std::string_view::npos && dropped_text)
+      return Status::InvalidArgument(o_.name + ": no winogrande tasks: the file's only line is its last line, "
+                                     "which llama-perplexity does not score (its reader stops at the end of the "
+                                     "file before using the line); add a line after it: llama-perplexity "
+                                     "scores every line but the last");
     data = last_newline == std::string_view::npos ? std::string_view() : data.substr(0, last_newline + 1);
-    if (dropped.find_first_not_of(" \t\r") != std::string_view::npos && o_.warn)
+    if (dropped_text && o_.warn)
       o_.warn("note: " + o_.name + ": the last line is not scored, as llama-perplexity does not score it (its "
               "reader stops at the end of the file before using the line)");
     std::vector<EvalTask> all;
