@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -241,6 +242,10 @@ TEST(Eval, CliPassTooLargeForMemorySaysLowerBatchTokens) {
             std::string::npos) << e;
   EXPECT_EQ(e.find("shorter prompt"), std::string::npos) << e;
   EXPECT_EQ(ReadFile(dir.File("stdout.txt")), "hellaswag: no task was scored: all 300 failed (see stderr)\n");
+  // 300 tasks failed alike: 10 lines, then the count (not 300 lines).
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 11) << e;
+  EXPECT_NE(e.find("estream eval: 290 more tasks failed (not shown; --json gives every task's error)\n"),
+            std::string::npos) << e;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -588,6 +589,52 @@ TEST_F(EvalTest, MultipleChoice) {
   EXPECT_EQ(too_many.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("4294967295 tasks do not fit"), std::string::npos)
       << too_many.status().message();
+  // Each defect named: more answers than llama-perplexity's 100, an offset past the end (read
+  // when a subset seeks to it).
+  std::vector<std::pair<std::string, int>> lots;
+  for (int a = 0; a < 101; ++a) lots.push_back({kWords[a % 14], a == 0 ? 1 : 0});
+  auto big = Eval(batch::EvalKind::kMultipleChoice, McFile({{"Question: which?", lots}}));
+  EXPECT_EQ(big.status().message(), "file: task 0 has 101 mc1 answers, more than the 100 llama-perplexity reads");
+  std::string far = bytes;
+  for (size_t t = 0; t < 9; ++t) std::memcpy(far.data() + 4 + 4 * t, "\x00\xff\xff\xff", 4);
+  auto past = Eval(batch::EvalKind::kMultipleChoice, far, /*n_tasks=*/3);
+  EXPECT_NE(past.status().message().find("'s offset 4294967040 is past the end of the file (" +
+                                         std::to_string(far.size()) + " bytes)"),
+            std::string::npos)
+      << past.status().message();
+  // Text that is not valid UTF-8 is tokenized with U+FFFD, with a warning (once).
+  tasks[2].first = "Question: where is caf\xe9? Answer:";
+  tasks[4].first = "Question: where is \xff? Answer:";
+  std::vector<std::string> warnings;
+  auto latin1 = batch::LoadTasks(batch::EvalKind::kMultipleChoice, McFile(tasks), *tok_,
+                                 {.name = "mc.bin", .warn = [&](const std::string& w) { warnings.push_back(w); }});
+  ASSERT_TRUE(latin1.ok()) << latin1.status().message();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "warning: mc.bin: task 2 is not valid UTF-8; each ill-formed sequence is tokenized as "
+                         "U+FFFD (other such tasks are not reported)");
+}
+
+// Text files that are not valid UTF-8 get the warning perplexity and tokenize give; a file of
+// another format given as winogrande (thousands of bad lines) gives 10 line warnings, then a count.
+TEST_F(EvalTest, WarningsForBadTextAreOneLineEachAndCapped) {
+  std::vector<std::string> warnings;
+  auto collect = [&](const std::string& w) { warnings.push_back(w); };
+  std::string hs = "The story of the caf\xe9:\n0\n";
+  for (const char* e : {"a cat sat.", "a dog ran.", "the sun set.", "the tea cooled."}) hs += std::string(e) + "\n";
+  ASSERT_TRUE(batch::LoadTasks(batch::EvalKind::kHellaswag, hs, *tok_, {.name = "hs.txt", .warn = collect}).ok());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "warning: hs.txt is not valid UTF-8 (first bad byte at offset 20); each ill-formed "
+                         "sequence is tokenized as U+FFFD");
+  warnings.clear();
+  std::string lines;
+  for (int i = 0; i < 30; ++i) lines += "not a winogrande line\n";
+  lines += "0,When the cat met _ it sat.,the dog,the sun,1\n1,last,a,b,1\n";
+  auto wg = batch::LoadTasks(batch::EvalKind::kWinogrande, lines, *tok_, {.name = "wg.csv", .warn = collect});
+  ASSERT_TRUE(wg.ok()) << wg.status().message();
+  EXPECT_EQ(wg->size(), 1u);
+  ASSERT_EQ(warnings.size(), 12u);  // the last-line note, 10 lines, the count
+  EXPECT_EQ(warnings[10], "warning: wg.csv line 10: not 5 comma-separated fields; skipped");
+  EXPECT_EQ(warnings[11], "warning: wg.csv: 20 more lines warned about as above (not shown)");
 }
 
 TEST(EvalKind, NamesRoundTrip) {

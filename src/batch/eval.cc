@@ -116,6 +116,14 @@ class TaskLoader {
     std::istringstream ss{std::string(data)};
     std::string line;
     int64_t line_no = 0;
+    // Per-line warnings: the first kMaxLineWarnings, then how many more (a file of another
+    // format, such as a hellaswag file, would give one per line: thousands).
+    constexpr int64_t kMaxLineWarnings = 10;
+    int64_t n_warnings = 0;
+    auto warn_line = [&](const std::string& what) {
+      if (++n_warnings <= kMaxLineWarnings && o_.warn)
+        o_.warn("warning: " + o_.name + " line " + std::to_string(line_no) + ": " + what);
+    };
     while (std::getline(ss, line)) {
       ++line_no;
       int comma[4], n = 0;
@@ -124,9 +132,7 @@ class TaskLoader {
         if (line[i] == '"') quoted = !quoted;
         else if (line[i] == ',' && !quoted) comma[n++] = i;
       }
-      auto skip = [&](const char* why) {
-        if (o_.warn) o_.warn("warning: " + o_.name + " line " + std::to_string(line_no) + ": " + why + "; skipped");
-      };
+      auto skip = [&](const char* why) { warn_line(std::string(why) + "; skipped"); };
       if (n != 4) {
         skip("not 5 comma-separated fields");
         continue;
@@ -162,12 +168,14 @@ class TaskLoader {
       // llama-perplexity does the same, so the verdict is kept, with a warning.
       if (WinograndePartial(t, ContextTokens(t)) &&
           (t.n_base[0] >= static_cast<int64_t>(t.seqs[0].size()) ||
-           t.n_base[1] >= static_cast<int64_t>(t.seqs[1].size())) && o_.warn)
-        o_.warn("warning: " + o_.name + " line " + std::to_string(line_no) + ": nothing follows the choices "
-                "(the '_' ends the sentence), so no token is scored: the scores are NaN and choice 2 is "
-                "picked, as llama-perplexity picks it");
+           t.n_base[1] >= static_cast<int64_t>(t.seqs[1].size())))
+        warn_line("nothing follows the choices (the '_' ends the sentence), so no token is scored: the scores are "
+                  "NaN and choice 2 is picked, as llama-perplexity picks it");
       all.push_back(std::move(t));
     }
+    if (n_warnings > kMaxLineWarnings && o_.warn)
+      o_.warn("warning: " + o_.name + ": " + std::to_string(n_warnings - kMaxLineWarnings) +
+              " more lines warned about as above (not shown)");
     std::vector<EvalTask> out;
     for (size_t i : SubsetOrder(all.size())) out.push_back(std::move(all[i]));
     return out;
@@ -192,17 +200,22 @@ class TaskLoader {
       std::vector<std::string> text;
       std::vector<int32_t> labels;
     };
-    auto answers = [&](Answers* a) {
+    // One answer set; "" when read, else what is wrong with it (after "task I ").
+    constexpr uint32_t kMaxAnswers = 100;  // llama-perplexity's limit: it refuses larger sets
+    auto answers = [&](const char* which, Answers* a) -> std::string {
       uint32_t n;
-      if (!u32(&n) || n > 100) return false;
+      if (!u32(&n)) return "is truncated or malformed";
+      if (n > kMaxAnswers)
+        return "has " + std::to_string(n) + " " + which + " answers, more than the " + std::to_string(kMaxAnswers) +
+               " llama-perplexity reads";
       a->text.resize(n);
       for (std::string& s : a->text)
-        if (!str(&s)) return false;
+        if (!str(&s)) return "is truncated or malformed";
       a->labels.resize(n);
-      if (pos + 4ull * n > data.size()) return false;
+      if (pos + 4ull * n > data.size()) return "is truncated or malformed";
       if (n > 0) std::memcpy(a->labels.data(), data.data() + pos, 4ull * n);
       pos += 4ull * n;
-      return true;
+      return "";
     };
     const std::string& name = o_.name;
     uint32_t n_task = 0;
@@ -214,19 +227,34 @@ class TaskLoader {
     for (uint32_t& o : offsets)
       if (!u32(&o)) return Status::InvalidArgument(name + ": truncated task offset table");
     std::vector<EvalTask> tasks;
+    bool warned_utf8 = false;
     for (size_t i : SubsetOrder(n_task)) {
-      if (o_.n_tasks > 0 && static_cast<size_t>(o_.n_tasks) < n_task) pos = offsets[i];  // random subset: seek
+      const std::string task = name + ": task " + std::to_string(i);
+      if (o_.n_tasks > 0 && static_cast<size_t>(o_.n_tasks) < n_task) {  // random subset: seek
+        if (offsets[i] >= data.size())
+          return Status::InvalidArgument(task + "'s offset " + std::to_string(offsets[i]) + " is past the end of " +
+                                         "the file (" + std::to_string(data.size()) + " bytes)");
+        pos = offsets[i];
+      }
       std::string question;
       Answers mc1, mc2;
-      if (!str(&question) || !answers(&mc1) || !answers(&mc2))
-        return Status::InvalidArgument(name + ": task " + std::to_string(i) + " is truncated or malformed");
+      std::string why = str(&question) ? answers("mc1", &mc1) : "is truncated or malformed";
+      if (why.empty()) why = answers("mc2", &mc2);
+      if (!why.empty()) return Status::InvalidArgument(task + " " + why);
       if (question.empty() || mc1.text.empty())
-        return Status::InvalidArgument(name + ": task " + std::to_string(i) + " has an empty question or no answers");
+        return Status::InvalidArgument(task + " has an empty question or no answers");
+      if (!warned_utf8 && o_.warn) {
+        bool valid = Tokenizer::IsValidUtf8(question);
+        for (const std::string& a : mc1.text) valid = valid && Tokenizer::IsValidUtf8(a);
+        if (!valid)
+          o_.warn("warning: " + task + " is not valid UTF-8; each ill-formed sequence is tokenized as U+FFFD "
+                  "(other such tasks are not reported)");
+        warned_utf8 = !valid;
+      }
       EvalTask t;
       t.index = static_cast<int64_t>(i);
       for (size_t a = 0; a < mc1.text.size(); ++a) {
-        if (mc1.text[a].empty())
-          return Status::InvalidArgument(name + ": task " + std::to_string(i) + " has an empty answer");
+        if (mc1.text[a].empty()) return Status::InvalidArgument(task + " has an empty answer");
         t.seqs.push_back(Tok(question + " " + mc1.text[a]));
         t.labels.push_back(mc1.labels[a]);
       }
@@ -335,6 +363,12 @@ Result<EvalKind> ParseEvalKind(std::string_view name) {
 
 Result<std::vector<EvalTask>> LoadTasks(EvalKind kind, std::string_view data, const Tokenizer& tokenizer,
                                         const LoadTasksOptions& options) {
+  // As perplexity and tokenize warn (multiple-choice files are binary: their loader checks the
+  // text of each task).
+  size_t bad = 0;
+  if (kind != EvalKind::kMultipleChoice && options.warn && !Tokenizer::IsValidUtf8(data, &bad))
+    options.warn("warning: " + options.name + " is not valid UTF-8 (first bad byte at offset " + std::to_string(bad) +
+                 "); each ill-formed sequence is tokenized as U+FFFD");
   const TaskLoader loader(tokenizer, options);
   Result<std::vector<EvalTask>> tasks = Status::InvalidArgument("unknown eval task kind");
   switch (kind) {

@@ -27,7 +27,8 @@
 //    after the whole of sequence 1 (its "FIXME": it reads that row instead of the common
 //    prefix's last). tests/batch_test.cc and scripts/eval_vs_llamacpp.py check the agreement.
 //  - multiple-choice: llama.cpp's binary format: u32 n_tasks, u32 offsets[n_tasks], then per task
-//    a string question and two answer sets (mc1, mc2), each u32 n (<= 100), n strings and n int32
+//    a string question and two answer sets (mc1, mc2), each u32 n (<= 100, llama-perplexity's
+//    limit: a larger n is refused, naming it), n strings and n int32
 //    labels; strings are u32 length + bytes. Sequence i = tokenize(question + " " + answer_i) of
 //    mc1; score = mean log-probability after the common prefix; correct when the best answer's
 //    label is 1. n_tasks picks N tasks at random as llama.cpp does.
@@ -76,7 +77,9 @@ struct EvalTask {
 struct LoadTasksOptions {
   int64_t n_tasks = 0;   // > 0: use N tasks, chosen as llama-perplexity's --*-tasks choose them
   std::string name;      // the file's name in messages
-  std::function<void(const std::string&)> warn = {};  // one line per skipped winogrande line; may be empty
+  // Notes and warnings, one line each (may be empty): text that is not valid UTF-8, winogrande
+  // lines skipped or scoring no token (the first 10, then how many more), its unscored last line.
+  std::function<void(const std::string&)> warn = {};
 };
 
 // The tasks of `data` (a whole file's bytes) in the order they are scored, tokenized with

@@ -56,12 +56,19 @@ class EvalCommand : public Command {
                              batch::Evaluate(*engine, kind, tasks, {.pass_tokens = flags_.PassTokens()}));
     r.model = model_;
     r.file = file_;
+    // The first kMaxErrorLines failed tasks (a pass that fails fails all its tasks alike), then
+    // how many more; --json lists every one.
+    constexpr int64_t kMaxErrorLines = 10;
+    int64_t shown = 0;
     for (const batch::EvalItem& it : r.items) {
-      if (it.error.empty()) continue;
+      if (it.error.empty() || ++shown > kMaxErrorLines) continue;
       const std::string line = it.line > 0 ? " (" + file_ + " line " + std::to_string(it.line) + ")" : "";
       std::fprintf(stderr, "estream eval: task %lld%s: %s\n", static_cast<long long>(it.index), line.c_str(),
                    it.error.c_str());
     }
+    if (r.n_failed > kMaxErrorLines)
+      std::fprintf(stderr, "estream eval: %lld more tasks failed (not shown; --json gives every task's error)\n",
+                   static_cast<long long>(r.n_failed - kMaxErrorLines));
     if (json_) std::printf("%s\n", batch::EvalJson(r).c_str());
     else std::fputs(batch::EvalText(r).c_str(), stdout);
     return r.n_failed > 0 ? 1 : 0;
