@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -86,6 +87,33 @@ TEST(TokenizeCli, TextFromFileAndInvalidUtf8Warning) {
   fs::remove(in);
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_GE(j["ids"].size(), 3u);
+}
+
+// A byte token cuts a character, so its piece is not valid UTF-8 (JSON shows U+FFFD): "bytes"
+// gives its raw bytes (null for the others), and the pieces join back into the text.
+TEST(TokenizeCli, JsonBytesOfPiecesThatAreNotUtf8) {
+  const std::string text = "caf\xC3\xA9 \xF0\x9F\x98\x80 ok";  // the emoji is split into byte tokens
+  // llama's pieces carry the space Encode puts before the text (its add_space_prefix).
+  const std::pair<const char*, const char*> vocabs[] = {{"ggml-vocab-gpt-2.gguf", ""},
+                                                        {"ggml-vocab-llama-spm.gguf", " "}};
+  for (const auto& [vocab, prefix] : vocabs) {
+    CliRun r = Estream("tokenize -m " + Q(kTok / vocab) + " -p '" + text + "' --json --no-bos");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["bytes"].size(), j["ids"].size()) << vocab;
+    std::string joined;
+    int byte_pieces = 0;
+    for (size_t i = 0; i < j["ids"].size(); ++i) {
+      if (j["bytes"][i].is_null()) {
+        joined += j["pieces"][i].get<std::string>();
+        continue;
+      }
+      ++byte_pieces;
+      for (int b : j["bytes"][i]) joined.push_back(static_cast<char>(b));
+    }
+    EXPECT_GT(byte_pieces, 0) << vocab;
+    EXPECT_EQ(joined, prefix + text) << vocab;
+  }
 }
 
 TEST(TokenizeCli, ClearErrors) {

@@ -2,7 +2,7 @@
 //
 //   estream tokenize -m model.gguf -p "Hello world"          one line per token: id and piece
 //   estream tokenize -m model.gguf -f prompt.txt --ids       the ids only, space separated
-//   estream tokenize -m model.gguf -p "Hi" --json            {"ids": [...], "pieces": [...]}
+//   estream tokenize -m model.gguf -p "Hi" --json            {"ids": [...], "pieces": [...], "bytes": [...]}
 //
 // BOS (and EOS) are added as the vocabulary's metadata says unless --no-bos. Control tokens
 // such as <|im_start|> are matched in the text only with --parse-special. Text that is not valid
@@ -71,7 +71,8 @@ class TokenizeCommand : public Command {
     file_opt_ = sub->add_option("-f,--file", file_, "file holding the text to tokenize");
     text_opt_->excludes(file_opt_);
     sub->add_flag("--ids", ids_only_, "print only the ids, space separated, on one line");
-    sub->add_flag("--json", json_, "print {\"ids\": [...], \"pieces\": [...]}");
+    sub->add_flag("--json", json_, "print {\"ids\": [...], \"pieces\": [...], \"bytes\": [...]}: bytes[i] is null, or "
+                  "piece i's bytes as integers when it is not valid UTF-8 (a byte token: the piece shows U+FFFD)");
     sub->add_flag("--no-bos", no_bos_, "do not add the BOS/EOS tokens the vocabulary asks for");
     sub->add_flag("--parse-special", parse_special_,
                   "recognise control tokens such as <|im_start|> or <s> written in the text");
@@ -97,10 +98,18 @@ class TokenizeCommand : public Command {
     if (json_) {
       nlohmann::json j;
       j["ids"] = ids;
-      nlohmann::json pieces = nlohmann::json::array();
-      for (int32_t id : ids) pieces.push_back(tok->TokenPiece(id));
+      // A piece that cuts a multi-byte character (a byte token) is not valid UTF-8: JSON has U+FFFD
+      // for its bytes, so its raw bytes go beside it (bytes[i]: null for a valid piece), and the
+      // pieces join back into the text.
+      nlohmann::json pieces = nlohmann::json::array(), bytes = nlohmann::json::array();
+      for (int32_t id : ids) {
+        const std::string piece = tok->TokenPiece(id);
+        pieces.push_back(piece);
+        const std::vector<uint8_t> raw(piece.begin(), piece.end());
+        bytes.push_back(Tokenizer::IsValidUtf8(piece) ? nlohmann::json() : nlohmann::json(raw));
+      }
       j["pieces"] = std::move(pieces);
-      // Pieces that cut a multi-byte character are not valid UTF-8: emit U+FFFD for those bytes.
+      j["bytes"] = std::move(bytes);
       std::printf("%s\n", DumpJson(j).c_str());
       return 0;
     }
