@@ -165,6 +165,23 @@ TEST(Eval, CliJsonWithAPathThatIsNotUtf8) {
   EXPECT_EQ(got["n_tasks"], 1);
 }
 
+// A hellaswag file of n tasks of about 150 tokens each on the tiny vocabularies (random words).
+std::string HellaswagFile(int n) {
+  const char* words[] = {"the", "man", "dog", "runs", "over", "green", "house", "quickly", "eats", "blue", "car"};
+  std::mt19937 rng(7);
+  auto phrase = [&](int k) {
+    std::string s;
+    for (int i = 0; i < k; ++i) s += std::string(i ? " " : "") + words[rng() % 11];
+    return s;
+  };
+  std::string text;
+  for (int t = 0; t < n; ++t) {
+    text += phrase(20) + "\n" + std::to_string(t % 4) + "\n";
+    for (int e = 0; e < 4; ++e) text += phrase(5) + ".\n";
+  }
+  return text;
+}
+
 // A winogrande task that fails names its line in the file (a skipped line before it makes the
 // task count differ from the line number), on stderr and in the JSON.
 TEST(Eval, CliTaskErrorsNameTheFileLine) {
@@ -189,21 +206,20 @@ TEST(Eval, CliTaskErrorsNameTheFileLine) {
   EXPECT_EQ(got["items"][2]["line"], 5);
 }
 
-// A hellaswag file of n tasks of about 150 tokens each on the tiny vocabularies (random words).
-std::string HellaswagFile(int n) {
-  const char* words[] = {"the", "man", "dog", "runs", "over", "green", "house", "quickly", "eats", "blue", "car"};
-  std::mt19937 rng(7);
-  auto phrase = [&](int k) {
-    std::string s;
-    for (int i = 0; i < k; ++i) s += std::string(i ? " " : "") + words[rng() % 11];
-    return s;
-  };
-  std::string text;
-  for (int t = 0; t < n; ++t) {
-    text += phrase(20) + "\n" + std::to_string(t % 4) + "\n";
-    for (int e = 0; e < 4; ++e) text += phrase(5) + ".\n";
-  }
-  return text;
+// Progress on stderr: not a terminal here, so plain lines, the last at 100%; none with
+// --no-progress. (Nothing is timed: only the lines' presence and counts are checked.)
+TEST(Eval, CliProgressLinesAndNoProgress) {
+  ScratchDir dir;
+  const std::string file = dir.File("hs.txt"), err = dir.File("stderr.txt");
+  WriteFile(file, HellaswagFile(40));
+  ASSERT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", kModel, file, "-t", "1", "--batch-tokens", "400"}, -1, "",
+                   err), 0);
+  const std::string e = ReadFile(err);
+  EXPECT_NE(e.find("estream eval: 40/40 tasks (100%), "), std::string::npos) << e;
+  EXPECT_GE(std::count(e.begin(), e.end(), '\n'), 3) << e;  // several windows: several tenths
+  EXPECT_LE(std::count(e.begin(), e.end(), '\n'), 10) << e;  // at most one line per tenth
+  ASSERT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", kModel, file, "-t", "1", "--no-progress"}, -1, "", err), 0);
+  EXPECT_EQ(ReadFile(err), "");
 }
 
 // Without --batch-tokens, eval packs 8192 tokens per pass, not the context length (163840 for
@@ -234,7 +250,8 @@ TEST(Eval, CliPassTooLargeForMemorySaysLowerBatchTokens) {
   ScratchDir dir;
   const std::string file = dir.File("hs.txt"), err = dir.File("stderr.txt");
   WriteFile(file, HellaswagFile(300));
-  EXPECT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", kModel, file, "-t", "1", "--batch-tokens", "163840"}, -1,
+  EXPECT_EQ(RunCli({"eval", "--task", "hellaswag", "-m", kModel, file, "-t", "1", "--batch-tokens", "163840",
+                    "--no-progress"}, -1,
                    dir.File("stdout.txt"), err, /*vm_limit_kb=*/300 << 10),
             1);
   const std::string e = ReadFile(err);

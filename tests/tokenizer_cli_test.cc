@@ -175,13 +175,16 @@ TEST(PerplexityCli, WindowsAddUpAndMatchPrefill) {
               1e-9 * j["perplexity"].get<double>());
   EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_bytes"].get<uint64_t>(), 0u);
+  // --json keeps stdout silent until the end: progress on stderr (plain lines off a terminal).
+  EXPECT_NE(r.err.find(" windows (100%), "), std::string::npos) << r.err;
 
   // One window holding the whole text scores exactly what `prefill --logprobs` scores for it
   // (same tokens, same engine; the sums may differ only in summation order: float logprobs
   // summed in double, so a relative 1e-6 covers it).
   CliRun one = Estream("perplexity -m " + Q(model) + " -f " + Q(text) + " --ctx " + std::to_string(n_text) +
-                    " -t 1 --json");
+                    " -t 1 --json --no-progress");
   ASSERT_EQ(one.rc, 0) << one.err;
+  EXPECT_EQ(one.err, "");
   const auto j1 = nlohmann::json::parse(one.out);
   ASSERT_EQ(j1["n_windows"], 1);
   CliRun pre = Estream("prefill -m " + Q(model) + " -f " + Q(text) + " --no-bos --logprobs -t 1 --json");

@@ -388,6 +388,7 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
   res.items.resize(tasks.size());
   // Each task's context (the candidates' common prefix) and request length; 0: it cannot run.
   std::vector<int64_t> cps(tasks.size()), lengths(tasks.size(), 0);
+  EvalProgress progress{.tasks_total = static_cast<int64_t>(tasks.size())};
   for (size_t i = 0; i < tasks.size(); ++i) {
     res.items[i].index = tasks[i].index;
     res.items[i].line = tasks[i].line;
@@ -397,6 +398,7 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
       continue;
     }
     lengths[i] = RequestTokens(MakeRequest(kind, tasks[i], cps[i]));
+    progress.tokens_total += lengths[i];
   }
   // Windows of tasks, ~4 passes each; the engine packs each window into passes.
   const int64_t pass = options.pass_tokens > 0 ? std::min(options.pass_tokens, engine.pass_tokens())
@@ -431,6 +433,9 @@ Result<EvalResult> Evaluate(Engine& engine, EvalKind kind, const std::vector<Eva
       }
     }
     w0 = w1;
+    progress.tasks_done = static_cast<int64_t>(w1);
+    progress.tokens_done += wt;
+    if (options.progress) options.progress(progress);
   }
 
   for (size_t i = 0; i < tasks.size(); ++i) {

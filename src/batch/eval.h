@@ -122,12 +122,20 @@ struct EvalResult {
   double random_chance() const { return n_answers > 0 ? static_cast<double>(n_tasks) / n_answers : NAN; }
 };
 
+// Where an Evaluate call stands, after each window of tasks.
+struct EvalProgress {
+  int64_t tasks_done = 0, tasks_total = 0;    // failed tasks included
+  int64_t tokens_done = 0, tokens_total = 0;  // tokens of the tasks' requests (those that can run)
+};
+
 struct EvalOptions {
   // Most tokens of the tasks packed into one forward pass (Engine::RunBatch's pack_tokens): the
   // activations are sized for max(this, the longest task), not for the engine's pass_tokens(),
   // which without a budget is the whole context. 0: pass_tokens(). `estream eval`: 8192 unless
   // --batch-tokens or --budget is given.
   int64_t pass_tokens = 0;
+  // Called on the calling thread after each window (about 4 passes) is scored; may be empty.
+  std::function<void(const EvalProgress&)> progress = {};
 };
 
 // Scores `tasks` with `engine` in windows of about 4 passes (4 x the pass size of `options`).

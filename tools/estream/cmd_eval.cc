@@ -2,6 +2,7 @@
 // (--hellaswag, --winogrande, --multiple-choice), scored with shared-prefix candidates.
 //
 //   estream eval --task hellaswag|winogrande|multiple-choice -m MODEL FILE [--tasks N] [--json]
+//                [--no-progress]
 //
 // Flags -> batch::LoadTasks and batch::Evaluate (src/batch/eval.h: the formats and the scoring,
 // as llama.cpp's) -> batch::EvalText or batch::EvalJson. Exit status 1 when a task failed.
@@ -16,6 +17,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/batch_options.h"
 #include "tools/estream/command.h"
+#include "tools/estream/progress.h"
 
 namespace estream::cli {
 namespace {
@@ -34,6 +36,8 @@ class EvalCommand : public Command {
         ->check(PositiveInt());
     sub->add_flag("--json", json_, "print one JSON object with the accuracy and every item's scores");
     flags_.Setup(sub);
+    sub->add_flag("--no-progress", no_progress_,
+                  "no progress on stderr (default: a line redrawn on a terminal, else a line per tenth of the work)");
   }
 
  private:
@@ -52,8 +56,14 @@ class EvalCommand : public Command {
                                               {.n_tasks = n_tasks_, .name = file_, .warn = ProgressPrinter(name())}));
     ESTREAM_ASSIGN_OR_RETURN(EngineOptions eo, flags_.Options());
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
-    ESTREAM_ASSIGN_OR_RETURN(batch::EvalResult r,
-                             batch::Evaluate(*engine, kind, tasks, {.pass_tokens = flags_.PassTokens()}));
+    ProgressReporter progress(name(), "tasks", !no_progress_);
+    ESTREAM_ASSIGN_OR_RETURN(
+        batch::EvalResult r,
+        batch::Evaluate(*engine, kind, tasks,
+                        {.pass_tokens = flags_.PassTokens(), .progress = [&](const batch::EvalProgress& p) {
+                           progress.Update(p.tasks_done, p.tasks_total, p.tokens_done, p.tokens_total);
+                         }}));
+    progress.Finish();
     r.model = model_;
     r.file = file_;
     // The first kMaxErrorLines failed tasks (a pass that fails fails all its tasks alike), then
@@ -76,7 +86,7 @@ class EvalCommand : public Command {
 
   std::string task_, model_, file_;
   int64_t n_tasks_ = 0;
-  bool json_ = false;
+  bool json_ = false, no_progress_ = false;
   BatchEngineFlags flags_;
 };
 

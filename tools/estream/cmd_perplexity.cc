@@ -1,6 +1,7 @@
 // estream perplexity: how well the model predicts a text file.
 //
-//   estream perplexity -m model.gguf -f text.txt [--ctx N] [--json] [-t THREADS] [--max-windows K]
+//   estream perplexity -m model.gguf -f text.txt [--ctx N] [--json [--no-progress]] [-t THREADS]
+//                      [--max-windows K]
 //
 // The file is tokenized once with the model's vocabulary (no BOS/EOS), then cut into consecutive,
 // non-overlapping windows. Each window is one prefill request of at most N tokens: when the
@@ -33,6 +34,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/json_text.h"
@@ -42,6 +44,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
 #include "tools/estream/common_flags.h"
+#include "tools/estream/progress.h"
 
 namespace estream::cli {
 namespace {
@@ -72,6 +75,9 @@ class PerplexityCommand : public Command {
                   "score as llama-perplexity does (whole windows of --ctx tokens, BOS first, only each window's "
                   "second half scored): the same figure as its final estimate");
     sub->add_flag("--json", json_, "print one JSON object");
+    sub->add_flag("--no-progress", no_progress_,
+                  "with --json, no progress on stderr (default: a line redrawn on a terminal, else a line per "
+                  "tenth of the windows)");
   }
 
   Result<int> Run() override {
@@ -128,11 +134,21 @@ class PerplexityCommand : public Command {
       return Status::InvalidArgument(file_ + ": the text is " + std::to_string(ids.size()) +
                                      " tokens long; perplexity needs at least " + std::to_string(min_text));
 
-    std::vector<WindowResult> windows;
+    // The windows: [begin, begin + n) of the text, in order.
+    std::vector<std::pair<size_t, size_t>> spans;
+    int64_t text_total = 0;
     for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += text_per_window) {
-      if (max_windows_ > 0 && static_cast<int64_t>(windows.size()) >= max_windows_) break;
+      if (max_windows_ > 0 && static_cast<int64_t>(spans.size()) >= max_windows_) break;
       const int64_t n_text = std::min<int64_t>(text_per_window, static_cast<int64_t>(ids.size()) - begin);
       if (n_text < min_text) break;
+      spans.emplace_back(static_cast<size_t>(begin), static_cast<size_t>(n_text));
+      text_total += n_text;
+    }
+    // With --json stdout is silent until the end: progress on stderr instead of the window lines.
+    ProgressReporter progress(name(), "windows", json_ && !no_progress_);
+    std::vector<WindowResult> windows;
+    int64_t text_done = 0;
+    for (const auto& [begin, n_text] : spans) {
       Request req;
       req.top_k = 0;
       req.prompt_logprobs = true;
@@ -141,7 +157,7 @@ class PerplexityCommand : public Command {
       if (bos && llama_cpp_) req.tokens[0] = tok->bos_id();
       ESTREAM_ASSIGN_OR_RETURN(Response resp, engine->Run(req));
       WindowResult w;
-      w.first_text_token = begin;
+      w.first_text_token = static_cast<int64_t>(begin);
       w.n_tokens = static_cast<int64_t>(req.tokens.size());
       // prompt_logprobs[p - 1] is token p's; --llama-cpp scores tokens ctx / 2 + 1 .. ctx - 1.
       const size_t first = llama_cpp_ ? static_cast<size_t>(ctx / 2) : 0;
@@ -149,11 +165,14 @@ class PerplexityCommand : public Command {
       w.n_scored = static_cast<int64_t>(resp.prompt_logprobs.size() - first);
       w.seconds = resp.seconds;
       windows.push_back(w);
+      text_done += static_cast<int64_t>(n_text);
+      progress.Update(static_cast<int64_t>(windows.size()), static_cast<int64_t>(spans.size()), text_done, text_total);
       if (!json_)
         std::printf("window %4zu  tokens %6lld  scored %6lld  log-likelihood %12.4f  perplexity %10.4f  %.3f s\n",
                     windows.size() - 1, static_cast<long long>(w.n_tokens), static_cast<long long>(w.n_scored),
                     w.log_likelihood, w.Perplexity(), w.seconds);
     }
+    progress.Finish();
 
     WindowResult total;
     for (const WindowResult& w : windows) {
@@ -209,7 +228,7 @@ class PerplexityCommand : public Command {
   int64_t ctx_ = 0;
   int threads_ = 0;
   int64_t max_windows_ = 0;
-  bool no_bos_ = false, json_ = false, llama_cpp_ = false;
+  bool no_bos_ = false, json_ = false, llama_cpp_ = false, no_progress_ = false;
 };
 
 }  // namespace

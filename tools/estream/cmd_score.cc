@@ -19,7 +19,6 @@
 // 0 when merged and no line is an error, 1 otherwise (nothing is written when the check fails).
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -35,6 +34,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/batch_options.h"
 #include "tools/estream/command.h"
+#include "tools/estream/progress.h"
 
 namespace estream::cli {
 namespace {
@@ -120,23 +120,13 @@ class ScoreCommand : public Command {
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
 
     so.warn = ProgressPrinter(name());
-    const bool progress = !no_progress_ && isatty(STDERR_FILENO);
-    if (progress)
-      so.progress = [&](const batch::ScoreProgress& p) {
-        const double el = elapsed();
-        const double tps = el > 0 ? p.tokens_done / el : 0;
-        const double eta = tps > 0 ? (p.tokens_total - std::min(p.tokens_done, p.tokens_total)) / tps : 0;
-        const int width = 30;
-        const int fill = p.tokens_total > 0
-                             ? static_cast<int>(width * std::min<double>(1, 1.0 * p.tokens_done / p.tokens_total))
-                             : width;
-        std::fprintf(stderr, "\r[%s%s] %lld/%lld lines  %.0f tok/s  ETA %.0f s   ", std::string(fill, '#').c_str(),
-                     std::string(width - fill, '.').c_str(), static_cast<long long>(p.lines_done),
-                     static_cast<long long>(p.lines_total), tps, eta);
-        std::fflush(stderr);
-      };
+    // On a terminal only: a batch job's log gets the summary line alone.
+    ProgressReporter progress(name(), "lines", !no_progress_ && isatty(STDERR_FILENO));
+    so.progress = [&](const batch::ScoreProgress& p) {
+      progress.Update(p.lines_done, p.lines_total, p.tokens_done, p.tokens_total);
+    };
     ESTREAM_ASSIGN_OR_RETURN(batch::ScoreSummary s, batch::Score(*engine, tokenizer.get(), so));
-    if (progress) std::fprintf(stderr, "\n");
+    progress.Finish();
     const double wall = elapsed();
     const std::string shard_text = shard_.empty() ? "" : "shard " + batch::ShardName(so.shard) + ": ";
     std::fprintf(stderr,
