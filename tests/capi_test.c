@@ -3,7 +3,9 @@
  * scored as one prompt, estream_embed vs estream_run_batch), and every error path, after which
  * the model must stay usable.
  *
- * Usage: capi_test MODELS_DIR   (ESTREAM_SHARED_DIR/testdata/models) */
+ * Usage: capi_test MODELS_DIR   (ESTREAM_SHARED_DIR/testdata/models)
+ *        capi_test MODELS_DIR PACKED_MODEL   (the tiny OLMoE model packed by `estream pack`): only
+ *        the budgeted load (BudgetedLoad below). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -89,6 +91,103 @@ static void* EmbedWorker(void* p) {
   return NULL;
 }
 
+/* The budget (MiB) a load of `packed` with pass length `tokens` needs in this process, from the
+ * RESOURCE_EXHAUSTED message of a load with a 1-byte budget ("need at least X MiB"); 0 if none. */
+static double NeededMib(const char* packed, int64_t tokens) {
+  estream_load_options o;
+  estream_model* m = NULL;
+  const char* at;
+  estream_load_options_init(&o);
+  o.n_threads = 1;
+  o.budget_bytes = 1;
+  o.budget_tokens = tokens;
+  if (estream_model_load(packed, &o, &m) != ESTREAM_RESOURCE_EXHAUSTED) {
+    estream_model_free(m);
+    return 0;
+  }
+  at = strstr(estream_last_error(), "need at least ");
+  return at != NULL ? strtod(at + strlen("need at least "), NULL) : 0;
+}
+
+/* A budget that holds a short pass but not the 4096-token one the library planned by default (a
+ * budget that `estream prefill`, planning for the prompt's length, runs with): the load chooses a
+ * shorter pass (estream_model_info.pass_tokens) instead of failing, computes what the resident
+ * model computes, and refuses a longer request naming budget_tokens; only a budget too small for
+ * a 128-token pass fails, naming budget_tokens too. Budgets are taken from this process's own
+ * figures (they vary with the build, e.g. under a sanitizer). */
+static int BudgetedLoad(const char* packed, const int32_t* prompt, size_t n_prompt) {
+  const double need_long = NeededMib(packed, 4096), need_short = NeededMib(packed, 128);
+  estream_load_options o;
+  estream_model_info info;
+  estream_model* m = NULL;
+  estream_request r;
+  estream_batch* b = NULL;
+  const float* lp;
+  float streamed[64];
+  int32_t* longer;
+  size_t n = 0, j;
+  uint64_t budget;
+
+  CHECK(need_short > 0 && need_long > need_short + 16);
+  if (!(need_short > 0 && need_long > need_short + 16)) return 1;
+  budget = (uint64_t)((need_short + need_long) / 2 * 1048576.0);
+  estream_load_options_init(&o);
+  o.n_threads = 2;
+  o.budget_bytes = budget;
+  o.budget_tokens = 4096;
+  CHECK(estream_model_load(packed, &o, &m) == ESTREAM_RESOURCE_EXHAUSTED);
+  CHECK(strstr(estream_last_error(), "budget_tokens") != NULL);
+  o.budget_tokens = 0;
+  CHECK_OK(estream_model_load(packed, &o, &m));
+  if (m == NULL) return 1;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  CHECK_OK(estream_model_get_info(m, &info));
+  CHECK(info.pass_tokens >= 128 && info.pass_tokens < 4096);
+
+  estream_request_init(&r);
+  r.prompt.ids = prompt;
+  r.prompt.n = n_prompt;
+  r.prompt_logprobs = 1;
+  CHECK_OK(estream_run_batch(m, &r, 1, &b));
+  lp = estream_batch_prompt_logprobs(b, 0, &n);
+  CHECK(lp != NULL && n == n_prompt - 1);
+  for (j = 0; j < n && lp != NULL; ++j) streamed[j] = lp[j];
+  estream_batch_free(b);
+  /* A request longer than the pass: an input error that names the option. */
+  longer = (int32_t*)calloc((size_t)info.pass_tokens + 1, sizeof(int32_t));
+  r.prompt.ids = longer;
+  r.prompt.n = (size_t)info.pass_tokens + 1;
+  CHECK_OK(estream_run_batch(m, &r, 1, &b));
+  CHECK(estream_batch_status(b, 0) == ESTREAM_INVALID_ARGUMENT);
+  CHECK(strstr(estream_batch_error(b, 0), "budget_tokens") != NULL);
+  estream_batch_free(b);
+  free(longer);
+  estream_model_free(m);
+
+  /* The same prompt with every expert resident (no budget): the same values, bit for bit. */
+  estream_load_options_init(&o);
+  o.n_threads = 2;
+  CHECK_OK(estream_model_load(packed, &o, &m));
+  if (m == NULL) return 1;
+  r.prompt.ids = prompt;
+  r.prompt.n = n_prompt;
+  CHECK_OK(estream_run_batch(m, &r, 1, &b));
+  lp = estream_batch_prompt_logprobs(b, 0, &n);
+  CHECK(lp != NULL && n == n_prompt - 1);
+  for (j = 0; j < n && lp != NULL; ++j) CHECK(lp[j] == streamed[j]);
+  estream_batch_free(b);
+  estream_model_free(m);
+
+  /* Too small even for the shortest default pass: refused, naming budget_tokens. */
+  estream_load_options_init(&o);
+  o.budget_bytes = (uint64_t)((need_short - 4) * 1048576.0);
+  CHECK(estream_model_load(packed, &o, &m) == ESTREAM_RESOURCE_EXHAUSTED);
+  CHECK(m == NULL && strstr(estream_last_error(), "budget_tokens") != NULL);
+  if (g_failures == 0) printf("capi_test (budgeted load): OK\n");
+  return g_failures == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   char path[4096], tokens_path[4096], logits_path[4096];
   int32_t prompt[64];
@@ -99,8 +198,8 @@ int main(int argc, char** argv) {
   uint64_t bytes = 0;
   int i;
 
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s MODELS_DIR\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: %s MODELS_DIR [PACKED_MODEL]\n", argv[0]);
     return 2;
   }
   snprintf(path, sizeof(path), "%s/olmoe-tiny-f32.gguf", argv[1]);
@@ -111,6 +210,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cannot read 48 ids from %s\n", tokens_path);
     return 1;
   }
+  if (argc == 3) return BudgetedLoad(argv[2], prompt, n_prompt);
 
   /* ---- version, sizes, statuses ---- */
   CHECK(strcmp(estream_version(), "0.1.0") == 0);

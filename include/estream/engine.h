@@ -78,7 +78,9 @@ struct EngineOptions {
   Io io = Io::kAuto;  // kAuto: io_uring, else pread
   // Longest prompt (batch pass) the budget plans for; 0: the longest of 16384, 12288 and 8192 (at
   // most the context) whose activations the budget holds beside the default rule's full streaming
-  // arena, else min(context, 4096).
+  // arena, else min(context, 4096); a budget too small for 4096 tokens beside two banks of
+  // min(8, experts) experts gets the longest of 2048, 1024, 512, 256 and 128 that fits (Load fails
+  // only when not even 128 tokens fit). Engine::pass_tokens() reports the pass length chosen.
   int64_t budget_tokens = 0;
   // Expert cache (streamed only; docs/DESIGN.md section 4, "Expert cache"): extra arena banks
   // that keep the most-routed expert groups resident from one request (or RunBatch pass) to the

@@ -107,7 +107,11 @@ typedef struct estream_load_options {
   int n_threads;          /* compute threads, 0 (one per CPU) to 1024 */
   uint64_t budget_bytes;  /* packed models: peak-memory budget (experts streamed); 0 = none */
   int schedule;           /* estream_schedule (streamed runs) */
-  int64_t budget_tokens;  /* longest prompt the budget plans for; 0 = the longest of 16384, 12288, 8192 (at most the context) the budget holds beside the full streaming arena, else min(context, 4096) */
+  /* Longest prompt (pass) the budget plans activations for; 0 = the longest of 16384, 12288, 8192
+   * (at most the context) the budget holds beside the full streaming arena, else min(context,
+   * 4096), or for a budget too small for that the longest of 2048, 1024, 512, 256, 128 it holds
+   * beside two banks of experts; estream_model_info.pass_tokens reports the choice. */
+  int64_t budget_tokens;
   int64_t batch_tokens;   /* most tokens of one forward pass; 0 = the engine's default */
 } estream_load_options;
 

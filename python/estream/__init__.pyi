@@ -69,7 +69,11 @@ class Model:
         schedule: str = "early",
         batch_tokens: int = 0,
         budget_tokens: int = 0,
-    ) -> None: ...
+    ) -> None:
+        """budget: None, bytes, or a size such as "4G"; needs a packed model (`estream pack`):
+        an unpacked GGUF with a budget raises ValueError. budget_tokens: longest input the budget
+        plans for; 0 = the engine's default, shortened to fit a small budget (down to 128 tokens;
+        info["pass_tokens"] says what was chosen). MemoryError when even that does not fit."""
     @overload
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     @overload

@@ -743,15 +743,20 @@ PYBIND11_MODULE(_estream, m) {
 Model(path, budget=None, threads=0, schedule="early", batch_tokens=0, budget_tokens=0)
 
 path: a GGUF file (or one packed by `estream pack`).
-budget: None, bytes, or a size such as "4G": a packed model then streams its experts and the
-  process's peak RSS stays within the budget. Ignored for unpacked GGUF files.
+budget: None, bytes, or a size such as "4G" (a number is bytes): the model must be packed
+  (`estream pack`; an unpacked GGUF with a budget raises ValueError); its experts are then
+  streamed and the process's peak RSS stays within the budget.
 threads: compute threads, 0 (one per CPU) to 1024.
 schedule: "early" (default), "after-routing" or "on-demand" (streamed runs).
 batch_tokens: most tokens of one forward pass (0 = the engine's default).
-budget_tokens: longest prompt the budget plans activations for (0 = the longest of 16384, 12288 and 8192, at most the context, whose activations the budget holds beside the full streaming arena, else min(context, 4096)).
+budget_tokens: longest input (forward pass) the budget plans activations for. 0 = the engine's
+  default: up to 16384 tokens where the budget holds them beside the full streaming arena, else
+  4096 (at most the context), or for a smaller budget the longest of 2048, 1024, 512, 256 and
+  128 that fits beside two banks of experts. info["pass_tokens"] says what was chosen; a longer
+  input raises ValueError naming budget_tokens.
 
-Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option),
-MemoryError (budget too small).)doc")
+Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option, a
+budget on an unpacked model), MemoryError (budget too small even for a 128-token pass).)doc")
       .def(py::init<const std::string&, py::object, py::object, const std::string&, py::object, py::object>(),
            py::arg("path"),
            py::arg("budget") = py::none(), py::arg("threads") = 0, py::arg("schedule") = "early",

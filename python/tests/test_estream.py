@@ -360,6 +360,58 @@ except MemoryError as e:
     assert "memory budget 20.0 MiB is too small" in r.stdout, r.stdout
 
 
+def test_budget_that_prefill_runs_with_loads(tmp_path):
+    # A budget too small for the default 4096-token pass beside the arena, which `estream prefill`
+    # (planning for the prompt's length) runs with, loads here too: the library chooses a shorter
+    # pass (info["pass_tokens"]); only a budget too small for 128 tokens fails, naming budget_tokens.
+    # In a fresh process (this one's RSS holds the other tests' models); the budget comes from that
+    # process's own figures.
+    packed = tmp_path / "olmoe.packed.gguf"
+    subprocess.run([str(CLI), "pack", str(MODEL), "-o", str(packed), "-q", "-t", "1"], check=True,
+                   capture_output=True)
+    script = f"""
+import json, re, estream
+P = {str(packed)!r}
+def need(tokens):
+    try:
+        estream.Model(P, threads=1, budget=1, budget_tokens=tokens)
+    except MemoryError as e:
+        return float(re.search(r"need at least ([0-9.]+) MiB", str(e)).group(1))
+need_long, need_short = need(4096), need(128)
+assert need_long > need_short + 16, (need_long, need_short)
+budget = int((need_long + need_short) / 2 * 2**20)
+try:
+    estream.Model(P, threads=2, budget=budget, budget_tokens=4096)
+    raise AssertionError("a 4096-token pass fits: the budget does not test the fallback")
+except MemoryError as e:
+    assert "budget_tokens" in str(e), e
+m = estream.Model(P, threads=2, budget=budget)
+s = m.score({PROMPT!r})
+streamed = m.stats.streamed
+try:
+    m.score([1] * (m.info["pass_tokens"] + 1))
+    raise AssertionError("a request longer than the pass ran")
+except ValueError as e:
+    assert "raise budget_tokens" in str(e), e
+try:
+    estream.Model(P, threads=2, budget=int((need_short - 4) * 2**20))
+    raise AssertionError("a budget below a 128-token pass loaded")
+except MemoryError as e:
+    assert "budget_tokens" in str(e), e
+print(json.dumps(dict(budget=budget, pass_tokens=m.info["pass_tokens"], streamed=streamed,
+                      logprobs=s.logprobs.tolist())))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert 128 <= got["pass_tokens"] < 4096 and got["streamed"], got
+    # The CLI's prefill runs with the same budget, and the values are its own.
+    ids = ",".join(map(str, PROMPT))
+    cli = subprocess.run([str(CLI), "prefill", "-m", str(packed), "--tokens", ids, "--budget", str(got["budget"]),
+                          "-t", "2", "--logprobs", "--json"], check=True, capture_output=True, text=True)
+    assert json.loads(cli.stdout)["logprobs"] == pytest.approx(got["logprobs"], abs=0)
+
+
 # ---- threads --------------------------------------------------------------------------------
 
 def test_two_threads_share_one_model(model):

@@ -24,6 +24,13 @@ inline std::string Mib(uint64_t bytes) {
   return buf;
 }
 
+// A memory budget in messages: Mib from 1 MiB up; below, in bytes with a note that a size without
+// a suffix counts bytes ("--budget 600" is 600 bytes, not 600 MiB).
+inline std::string BudgetText(uint64_t bytes) {
+  if (bytes >= (uint64_t{1} << 20)) return Mib(bytes);
+  return std::to_string(bytes) + " bytes (a size without a K/M/G/T suffix counts bytes: 600M is 600 MiB)";
+}
+
 // "1.23 GiB", "512.00 MiB", "17 B": bytes in the largest binary unit below them.
 inline std::string FormatBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -235,15 +235,29 @@ Status VirtualExperts::SolveBanks() {
     return rss + ActivationBytes(c, tokens, options_.n_threads, float_experts) + kBudgetMargin;
   };
   // Default pass length (see the header, "Pass length"): the longest long pass for which the
-  // budget still holds the default rule's full arena with its activations, else the short one.
-  k.budget_tokens = options_.budget_tokens > 0 ? options_.budget_tokens : std::min<int64_t>(c.n_ctx, kShortPassTokens);
-  if (options_.budget_tokens <= 0 && k.budget_bytes > 0 && c.n_ctx > kShortPassTokens) {
+  // budget still holds the default rule's full arena with its activations, else the short one if
+  // the budget holds the smallest workable arena beside it, else the longest shorter one that does.
+  const bool default_pass = options_.budget_tokens <= 0;
+  k.budget_tokens = default_pass ? std::min<int64_t>(c.n_ctx, kShortPassTokens) : options_.budget_tokens;
+  if (default_pass && k.budget_bytes > 0) {
     const int g = std::min(8, c.n_expert);
-    const uint64_t arena = static_cast<uint64_t>(2 * groups(g)) * g * stride;
+    const uint64_t group = static_cast<uint64_t>(g) * stride;
+    const auto fits = [&](int64_t tokens, uint64_t arena) { return other(tokens) + arena <= k.budget_bytes; };
+    bool chosen = false;
     for (int64_t pass : kLongPassTokens) {
+      if (c.n_ctx <= kShortPassTokens) break;
       const int64_t long_tokens = std::min<int64_t>(c.n_ctx, pass);
-      if (other(long_tokens) + arena <= k.budget_bytes) {
+      if (fits(long_tokens, 2 * groups(g) * group)) {
         k.budget_tokens = long_tokens;  // > kShortPassTokens, as the context is
+        chosen = true;
+        break;
+      }
+    }
+    if (!chosen && !fits(k.budget_tokens, 2 * group)) {
+      k.budget_tokens = std::min<int64_t>(c.n_ctx, kMinPassTokens);  // refused below unless it fits
+      for (int64_t pass : kShorterPassTokens) {
+        if (!fits(std::min<int64_t>(c.n_ctx, pass), 2 * group)) continue;
+        k.budget_tokens = std::min<int64_t>(c.n_ctx, pass);
         break;
       }
     }
@@ -263,13 +277,14 @@ Status VirtualExperts::SolveBanks() {
   const uint64_t minimum = k.other_bytes + stride;
   if (peak > k.budget_bytes || minimum > k.budget_bytes)
     return Status::ResourceExhausted(fmt::format(
-        "memory budget {} is too small for {}: {}, and the dense part plus the activations of a {}-token prompt "
-        "({}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); raise --budget, or lower the planned "
-        "prompt length (--budget-tokens)", Mib(k.budget_bytes), model_->path(),
+        "memory budget {} is too small for {}: {}, and the dense part plus the activations of a {}-token pass "
+        "({}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); raise the budget, or {} (budget_tokens, "
+        "--budget-tokens)", BudgetText(k.budget_bytes), model_->path(),
         load_set_peak ? fmt::format("loading its dense part peaked at {}", Mib(peak))
                       : fmt::format("the process holds {} with its dense part loaded", Mib(peak)),
         k.budget_tokens, Mib(k.other_bytes), Mib(stride), Mib(std::max(minimum, peak)),
-        std::ceil(static_cast<double>(std::max(minimum, peak)) / (1 << 20))));
+        std::ceil(static_cast<double>(std::max(minimum, peak)) / (1 << 20)),
+        default_pass ? "plan a pass shorter than the shortest one the default tries" : "plan a shorter pass"));
   const uint64_t avail = k.budget_bytes - k.other_bytes;
   if (options_.group_size > 0 || options_.banks > 0) {
     k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);
@@ -278,7 +293,7 @@ Status VirtualExperts::SolveBanks() {
     if (static_cast<uint64_t>(k.banks) * k.group_size * stride > avail || k.banks < 1)
       return Status::ResourceExhausted(fmt::format(
           "memory budget {}: {} banks of {} experts need {} but only {} is left after the dense part and the "
-          "activations ({}); the minimum budget for this configuration is {}", Mib(k.budget_bytes),
+          "activations ({}); the minimum budget for this configuration is {}", BudgetText(k.budget_bytes),
           std::max(k.banks, 1), k.group_size, Mib(std::max(k.banks, 1) * k.group_size * stride), Mib(avail),
           Mib(k.other_bytes), Mib(k.other_bytes + std::max(k.banks, 1) * k.group_size * stride)));
     return Status::Ok();

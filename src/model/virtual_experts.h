@@ -84,7 +84,15 @@ namespace estream::model {
 // 63 + 1 and the last prompt read every expert again on its own (a server's 64 clients: one of
 // them waited a pass each round). The activations beyond 8192 tokens come out of the expert cache
 // (the budget's leftover; on Qwen3-30B-A3B at 3G it held 3% of a 128-token request's experts).
+// A budget too small for min(context, kShortPassTokens) beside the smallest workable arena (two
+// banks of min(8, experts) experts: one group read while another computes) gets the longest of
+// min(context, kShorterPassTokens[i]) that leaves it, down to kMinPassTokens, so that a budget
+// that runs a short prompt through `estream prefill` (which plans for the prompt's length) also
+// loads through the library; Engine::pass_tokens() reports the choice. Only a budget that does
+// not hold kMinPassTokens' activations and one expert is refused (with budget_tokens named).
 constexpr int64_t kShortPassTokens = 4096;
+constexpr int64_t kMinPassTokens = 128;
+constexpr int64_t kShorterPassTokens[] = {2048, 1024, 512, 256, kMinPassTokens};
 constexpr int64_t kLongPassTokens[] = {16384, 12288, 8192};
 
 // Margin on top of the measured and estimated memory: allocator slack, thread stacks touched,

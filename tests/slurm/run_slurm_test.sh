@@ -169,9 +169,10 @@ EOF
 done
 
 # ---- a budget below the model's minimum: the task fails before scoring, saying so ----
-# 300 MiB - the 250 MiB margin = 50 MiB, below the ~88 MiB the tiny model needs at 4096 tokens.
+# 300 MiB - the 280 MiB margin = 20 MiB, below the ~45 MiB the tiny model needs even for a 128-token pass
+# (the shortest the engine plans for by default).
 mkdir -p "$D/small"
-JOB2=$(cd "$D" && ESTREAM="$E" ESTREAM_MEM_MARGIN_MIN=250 sbatch --parsable --array=0-1 --cpus-per-task=1 --mem=300M \
+JOB2=$(cd "$D" && ESTREAM="$E" ESTREAM_MEM_MARGIN_MIN=280 sbatch --parsable --array=0-1 --cpus-per-task=1 --mem=300M \
   --output="$D/out/small-%A_%a.log" "$SBATCH_SCRIPT" "$D/tiny.packed.gguf" "$D/in.jsonl" "$D/small") || fail "sbatch (small)"
 JOB2=${JOB2%%;*}
 wait_for 60 "the small-budget array to end" bash -c "[ -z \"\$(squeue -h -j $JOB2 -o %i)\" ]" || fail "small-budget array not done"
@@ -179,10 +180,10 @@ for t in 0 1; do
   st=$(scontrol -o show job "${JOB2}_$t" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
   [ "$st" = FAILED ] || fail "small-budget task $t ended $st, expected FAILED"
   grep -q "is too small" "$D/out/small-${JOB2}_$t.log" &&
-    grep -q "score_array: error: the budget 50 MiB = job memory 300 MiB" "$D/out/small-${JOB2}_$t.log" ||
+    grep -q "score_array: error: the budget 20 MiB = job memory 300 MiB" "$D/out/small-${JOB2}_$t.log" ||
     fail "small-budget task $t: no clear message: $(cat "$D/out/small-${JOB2}_$t.log")"
   [ "$(lines "$D/small/shard-$t-of-2.jsonl")" = 0 ] || fail "small-budget task $t scored lines"
 done
-echo "slurm test: a 50 MiB budget fails each task before scoring: $(grep -o 'error: memory budget.*need at least [^;]*' "$D/out/small-${JOB2}_0.log" | head -c 160)..."
+echo "slurm test: a 20 MiB budget fails each task before scoring: $(grep -o 'error: memory budget.*need at least [^;]*' "$D/out/small-${JOB2}_0.log" | head -c 160)..."
 
 echo "slurm test: PASSED in $((SECONDS - START)) s (cluster start excluded)"

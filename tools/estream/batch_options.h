@@ -30,8 +30,9 @@ struct BatchEngineFlags {
     sub->add_option("--budget-tokens", budget_tokens,
                     "packed models with --budget: tokens of one pass the budget plans activations for (default: "
                     "the longest of 16384, 12288 and 8192, at most the context, whose activations the budget "
-                    "holds beside the full streaming arena, else min(context, 4096)); with a budget it bounds "
-                    "--batch-tokens")
+                    "holds beside the full streaming arena, else min(context, 4096), or for a smaller budget the "
+                    "longest of 2048, 1024, 512, 256 and 128 that fits beside two banks of experts); with a budget it "
+                    "bounds --batch-tokens")
         ->check(PositiveInt());
     sub->add_option("--batch-tokens", batch_tokens,
                     "most tokens of one forward pass, all packed requests together (default: the budget's "
