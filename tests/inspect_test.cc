@@ -158,6 +158,39 @@ TEST_F(InspectTest, SummaryOfPerExpertLayout) {
   EXPECT_EQ(j["totals"]["non_expert_bytes"], 64 * 3 * 4);    // the router
 }
 
+// A packed model holds its experts as records (one region tensor per layer), not as tensors:
+// inspect reports them per layer (layout "packed", W_e = the record stride, bytes = n_expert
+// records), with the same expert count, parameters and tensor bytes as the source model.
+TEST_F(InspectTest, SummaryOfPackedModel) {
+  const std::string source = kShared + "models/olmoe-tiny-f32.gguf", packed = File("tiny.packed.gguf");
+  ASSERT_EQ(Run("pack -q " + source + " -o " + packed).rc, 0);
+  const Json src = Summarize(source);
+  std::string text;
+  const Json j = Summarize(packed, &text);
+  const RunResult cli = Run("inspect --json " + packed);
+  ASSERT_EQ(cli.rc, 0) << cli.err;
+  EXPECT_EQ(Json::parse(cli.out)["experts"], j["experts"]);
+  ASSERT_EQ(j["experts"]["moe_layers"], src["experts"]["moe_layers"]);
+  const uint64_t record = j["experts"]["W_e"].get<uint64_t>();
+  EXPECT_EQ(record % 4096, 0u);
+  EXPECT_GE(record, src["experts"]["W_e"].get<uint64_t>());  // the payload, padded
+  for (const Json& l : j["experts"]["layers"]) {
+    EXPECT_EQ(l["layout"], "packed");
+    EXPECT_EQ(l["n_expert"], 8);
+    EXPECT_EQ(l["W_e"], record);
+    EXPECT_EQ(l["record_bytes"], record);
+    EXPECT_EQ(l["bytes"], 8 * record);
+  }
+  EXPECT_EQ(j["experts"]["bytes"], 2 * 8 * record);
+  EXPECT_EQ(j["totals"]["expert_bytes"], 2 * 8 * record);
+  EXPECT_EQ(j["totals"]["parameters"], src["totals"]["parameters"]);
+  EXPECT_EQ(j["totals"]["non_expert_bytes"], src["totals"]["non_expert_bytes"]);
+  for (const std::string& needle : {std::string("W_e (one expert's record: gate+up+down, 4 KiB-aligned) = ") +
+                                        std::to_string(record),
+                                    std::string("packed"), std::to_string(2 * 8 * record)})
+    EXPECT_NE(text.find(needle), std::string::npos) << "missing: " << needle << "\n" << text;
+}
+
 TEST_F(InspectTest, InspectBadInput) {
   ExpectOneLineError(Run("inspect " + File("missing.gguf")), "inspect", "missing.gguf");
   // A truncated model: an error naming the file, no crash.

@@ -49,7 +49,11 @@ int ExpertProjection(const std::string& rest, bool* fused, int* expert) {
   return -1;
 }
 
+// A packed layer's region tensor (pack/packed_layout.h): I8 [record_bytes, n_expert].
+constexpr char kPackedRegion[] = "ffn_exps.packed";
+
 std::vector<GgufExpertLayer> FindExperts(const GgufFile& f) {
+  using Layout = GgufExpertLayer::Layout;
   std::map<int, GgufExpertLayer> layers;
   std::map<int, std::map<int, bool>> seen_experts;  // per-expert layout: layer -> experts seen
   for (const GgufTensorInfo& t : f.tensors()) {
@@ -57,18 +61,26 @@ std::vector<GgufExpertLayer> FindExperts(const GgufFile& f) {
     std::string rest;
     bool fused = true;
     if (!SplitBlockName(t.name, &layer, &rest)) continue;
+    if (rest == kPackedRegion && t.n_dims == 2) {
+      GgufExpertLayer& el = layers[layer];
+      el.layer = layer;
+      el.layout = Layout::kPacked;
+      el.record_bytes = static_cast<uint64_t>(t.ne(0));
+      el.n_expert = static_cast<int>(t.ne(1));
+      continue;
+    }
     const int p = ExpertProjection(rest, &fused, &expert);
     if (p < 0) continue;
     GgufExpertLayer& el = layers[layer];
     el.layer = layer;
-    el.fused = fused;
+    el.layout = fused ? Layout::kFused : Layout::kPerExpert;
     (p == 0 ? el.gate : p == 1 ? el.up : el.down) += t.n_bytes;
     if (fused) el.n_expert = static_cast<int>(t.ne(2));
     else seen_experts[layer][expert] = true;
   }
   std::vector<GgufExpertLayer> out;
   for (auto& [layer, el] : layers) {
-    if (!el.fused) el.n_expert = static_cast<int>(seen_experts[layer].size());
+    if (el.layout == Layout::kPerExpert) el.n_expert = static_cast<int>(seen_experts[layer].size());
     out.push_back(el);
   }
   return out;
@@ -153,9 +165,16 @@ Json SummaryJson(const GgufSummary& s) {
   Json layers = Json::array();
   for (const GgufExpertLayer& el : s.expert_layers) {
     const uint64_t n = el.n_expert > 0 ? el.n_expert : 1;
-    layers.push_back({{"layer", el.layer}, {"n_expert", el.n_expert}, {"layout", el.fused ? "fused" : "per-expert"},
-                      {"bytes", el.bytes()}, {"W_e", el.per_expert()}, {"gate_bytes_per_expert", el.gate / n},
-                      {"up_bytes_per_expert", el.up / n}, {"down_bytes_per_expert", el.down / n}});
+    Json l = {{"layer", el.layer}, {"n_expert", el.n_expert}, {"layout", ExpertLayoutName(el.layout)},
+              {"bytes", el.bytes()}, {"W_e", el.per_expert()}};
+    if (el.layout == GgufExpertLayer::Layout::kPacked) {
+      l["record_bytes"] = el.record_bytes;  // the parts' types and sizes: the estream.part_* keys
+    } else {
+      l["gate_bytes_per_expert"] = el.gate / n;
+      l["up_bytes_per_expert"] = el.up / n;
+      l["down_bytes_per_expert"] = el.down / n;
+    }
+    layers.push_back(l);
   }
   j["experts"] = {{"moe_layers", s.expert_layers.size()},
                   {"n_expert", hparams.contains("expert_count") ? hparams["expert_count"] : Json(nullptr)},
@@ -176,6 +195,15 @@ Json SummaryJson(const GgufSummary& s) {
 std::string Human(const Json& bytes) { return FormatBytes(bytes.get<uint64_t>()); }
 
 }  // namespace
+
+const char* ExpertLayoutName(GgufExpertLayer::Layout layout) {
+  switch (layout) {
+    case GgufExpertLayer::Layout::kFused: return "fused";
+    case GgufExpertLayer::Layout::kPerExpert: return "per-expert";
+    case GgufExpertLayer::Layout::kPacked: return "packed";
+  }
+  return "?";
+}
 
 const GgufValue* GgufSummary::hyperparameter(const std::string& key) const {
   for (const GgufMetadataEntry& e : hyperparameters)
@@ -209,14 +237,32 @@ GgufSummary SummarizeGguf(const GgufFile& f) {
     bt.first += 1;
     bt.second += t.n_bytes;
     s.tensor_bytes += t.n_bytes;
-    s.parameters += t.n_elements;
+    // A packed region's elements are bytes of records; its experts' weights are counted below.
+    const size_t r = t.name.size(), k = std::char_traits<char>::length(kPackedRegion);
+    if (r <= k || t.name.compare(r - k, k, kPackedRegion) != 0) s.parameters += t.n_elements;
   }
   for (const auto& [type, tb] : by_type) s.bytes_by_type.push_back({.type = type, .tensors = tb.first, .bytes = tb.second});
 
   s.expert_layers = FindExperts(f);
+  // A packed expert's weights: gate and up n_embd x n_ff, down n_ff x n_embd (n_ff: the expert
+  // width key, else the FFN width, as the loader reads them).
+  const auto hparam = [&](const char* key) -> uint64_t {
+    const GgufValue* v = s.hyperparameter(key);
+    if (!v) return 0;
+    switch (v->type) {
+      case GgufType::kU8: case GgufType::kU16: case GgufType::kU32: case GgufType::kU64: return v->u;
+      case GgufType::kI8: case GgufType::kI16: case GgufType::kI32: case GgufType::kI64:
+        return static_cast<uint64_t>(std::max<int64_t>(v->i, 0));
+      default: return 0;
+    }
+  };
+  const uint64_t d = hparam("embedding_length");
+  const uint64_t ff = hparam("expert_feed_forward_length") ? hparam("expert_feed_forward_length")
+                                                           : hparam("feed_forward_length");
   for (const GgufExpertLayer& el : s.expert_layers) {
     s.expert_bytes += el.bytes();
     s.w_e = std::max(s.w_e, el.per_expert());
+    if (el.layout == GgufExpertLayer::Layout::kPacked) s.parameters += el.n_expert * 3 * d * ff;
   }
   return s;
 }
@@ -279,19 +325,24 @@ std::string GgufSummaryText(const GgufSummary& s) {
 
   const Json& ex = j["experts"];
   if (ex["moe_layers"].get<size_t>() > 0) {
-    Appendf(&out, "\nexperts: %zu MoE layers, %s experts, top-%s; W_e (one expert's gate+up+down) = %llu bytes (%s)\n",
+    const bool packed = std::any_of(ex["layers"].begin(), ex["layers"].end(),
+                                    [](const Json& l) { return l["layout"] == "packed"; });
+    Appendf(&out, "\nexperts: %zu MoE layers, %s experts, top-%s; W_e (one expert's %s) = %llu bytes (%s)\n",
             ex["moe_layers"].get<size_t>(), ex["n_expert"].dump().c_str(), ex["n_expert_used"].dump().c_str(),
+            packed ? "record: gate+up+down, 4 KiB-aligned" : "gate+up+down",
             static_cast<unsigned long long>(ex["W_e"].get<uint64_t>()), Human(ex["W_e"]).c_str());
     Appendf(&out, "  %5s  %7s  %-10s  %14s  %12s  %12s  %12s  %12s\n", "layer", "experts", "layout", "bytes", "W_e",
             "gate/expert", "up/expert", "down/expert");
+    // Packed layers hold records, not per-projection tensors: "-" in those columns.
+    const auto part = [](const Json& l, const char* key) {
+      return l.contains(key) ? std::to_string(l[key].get<uint64_t>()) : std::string("-");
+    };
     for (const Json& l : ex["layers"])
-      Appendf(&out, "  %5d  %7d  %-10s  %14llu  %12llu  %12llu  %12llu  %12llu\n", l["layer"].get<int>(),
+      Appendf(&out, "  %5d  %7d  %-10s  %14llu  %12llu  %12s  %12s  %12s\n", l["layer"].get<int>(),
               l["n_expert"].get<int>(), l["layout"].get<std::string>().c_str(),
               static_cast<unsigned long long>(l["bytes"].get<uint64_t>()),
-              static_cast<unsigned long long>(l["W_e"].get<uint64_t>()),
-              static_cast<unsigned long long>(l["gate_bytes_per_expert"].get<uint64_t>()),
-              static_cast<unsigned long long>(l["up_bytes_per_expert"].get<uint64_t>()),
-              static_cast<unsigned long long>(l["down_bytes_per_expert"].get<uint64_t>()));
+              static_cast<unsigned long long>(l["W_e"].get<uint64_t>()), part(l, "gate_bytes_per_expert").c_str(),
+              part(l, "up_bytes_per_expert").c_str(), part(l, "down_bytes_per_expert").c_str());
   }
 
   const Json& t = j["totals"];

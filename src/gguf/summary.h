@@ -6,7 +6,9 @@
 // so both say the same).
 //
 // Works on any valid GGUF: models with fused expert tensors (blk.N.ffn_gate_exps.weight), older
-// per-expert files (blk.N.ffn_gate.E.weight) and vocab-only files without tensors.
+// per-expert files (blk.N.ffn_gate.E.weight), packed models (`estream pack`: one region tensor
+// blk.N.ffn_exps.packed of n_expert records per layer, pack/packed_layout.h; W_e is then the
+// record stride, the arena's slot) and vocab-only files without tensors.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -42,15 +44,25 @@ struct GgufTypeTotal {
 
 // Routed-expert bytes of one layer.
 struct GgufExpertLayer {
+  enum class Layout {
+    kFused,      // ffn_{gate,up,down}_exps tensors
+    kPerExpert,  // ffn_{gate,up,down}.E tensors (older Mixtral files)
+    kPacked,     // one region of records, ffn_exps.packed (estream pack)
+  };
   int layer = 0;
   int n_expert = 0;
-  bool fused = true;  // ffn_*_exps tensors (false: per-expert ffn_*.E tensors)
-  uint64_t gate = 0, up = 0, down = 0;  // bytes of the whole layer, per projection
+  Layout layout = Layout::kFused;
+  uint64_t gate = 0, up = 0, down = 0;  // bytes of the whole layer, per projection (0 when packed)
+  uint64_t record_bytes = 0;            // packed: one record (an expert's gate, up, down, padding)
 
-  uint64_t bytes() const { return gate + up + down; }
-  // W_e: one expert's gate + up + down.
-  uint64_t per_expert() const { return n_expert > 0 ? bytes() / n_expert : 0; }
+  uint64_t bytes() const { return layout == Layout::kPacked ? record_bytes * n_expert : gate + up + down; }
+  // W_e: one expert's gate + up + down (packed: its record, the unit the arena is sized in).
+  uint64_t per_expert() const {
+    if (layout == Layout::kPacked) return record_bytes;
+    return n_expert > 0 ? bytes() / n_expert : 0;
+  }
 };
+const char* ExpertLayoutName(GgufExpertLayer::Layout layout);  // "fused", "per-expert", "packed"
 
 struct GgufSummary {
   std::string path;
