@@ -162,7 +162,7 @@ TEST(Score, RefusesOutputsThatAreNotItsOwnFile) {
     EXPECT_EQ(s.status().message().find('\n'), std::string::npos);
   };
   refused(in, StatusCode::kInvalidArgument, "is the input file");
-  refused(dir.path(), StatusCode::kIOError, "Is a directory");
+  refused(dir.path(), StatusCode::kInvalidArgument, "is not a regular file");  // the rule, not EISDIR
   refused("/dev/null", StatusCode::kInvalidArgument, "not a regular file");
   const std::string other = dir.File("other.jsonl");
   WriteFile(other, input);

@@ -90,6 +90,13 @@ TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {
   EXPECT_TRUE(std::ifstream(dir_->File("t.json")).good());
 }
 
+TEST_F(CliErrors, ScoreOutputMustBeARegularFile) {
+  std::ofstream(dir_->File("in.jsonl")) << "{\"id\": 1, \"prompt\": \"hi\"}\n";
+  ExpectError("score -m " + Model() + " --input " + dir_->File("in.jsonl") + " --output " + dir_->path() +
+                  " --no-progress",
+              "estream score: error: ", dir_->path() + " is not a regular file");
+}
+
 TEST_F(CliErrors, FailedRunsAndEmptyInputsSetTheExitCode) {
   // bench: every run failing (a budget below the minimum) -> exit 1, the row says why.
   const CliResult b = Run("bench -m " + Packed() + " --prompt-lengths 16 --budgets 1M");

@@ -103,17 +103,22 @@ Status ReadDone(int fd, const ScoreOptions& o, std::unordered_set<std::string>* 
 // back to resume, and fsynced), not the input, and not being written by another Score (a
 // requeued job whose old task still runs would duplicate every line).
 Result<int> OpenOutput(const ScoreOptions& o) {
+  const auto not_regular = [&] {
+    return Status::InvalidArgument(o.output + " is not a regular file: the output is appended to, fsynced and "
+                                   "read back to resume; give a file path");
+  };
+  // Checked before the open too: a directory cannot be opened for writing at all (EISDIR), and
+  // the rule, not the errno, says what to give.
+  struct stat out_st, in_st;
+  if (stat(o.output.c_str(), &out_st) == 0 && !S_ISREG(out_st.st_mode)) return not_regular();
   const int fd = open(o.output.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return Status::IOError(o.output + ": cannot open for writing: " + std::strerror(errno));
   auto fail = [&](Status st) {
     close(fd);
     return st;
   };
-  struct stat out_st, in_st;
   if (fstat(fd, &out_st) != 0) return fail(Status::IOError(o.output + ": cannot stat: " + std::strerror(errno)));
-  if (!S_ISREG(out_st.st_mode))
-    return fail(Status::InvalidArgument(o.output + " is not a regular file: the output is appended to, fsynced and "
-                                        "read back to resume; give a file path"));
+  if (!S_ISREG(out_st.st_mode)) return fail(not_regular());
   if (stat(o.input.c_str(), &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
     return fail(Status::InvalidArgument(o.output + " is the input file: give the results another file"));
   if (flock(fd, LOCK_EX | LOCK_NB) != 0)
