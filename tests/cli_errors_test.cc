@@ -90,6 +90,24 @@ TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {
   EXPECT_TRUE(std::ifstream(dir_->File("t.json")).good());
 }
 
+TEST_F(CliErrors, ModelGivenTwiceOrNotAtAll) {
+  // profile and sweep take the model as MODEL or -m MODEL: one of the two, or both the same.
+  for (const std::string cmd : {"profile", "sweep"}) {
+    ExpectError(cmd + " --budget 100M", "estream " + cmd + ": error: ", "give the model: MODEL or -m MODEL");
+    ExpectError(cmd + " " + Packed() + " -m " + Model() + " --budget 100M", "estream " + cmd + ": error: ",
+                "two models given");
+    // The same path twice is accepted: the command goes on to its next check (the budget).
+    ExpectError(cmd + " " + Packed() + " -m " + Packed() + " --budget 0", "estream " + cmd + ": error: ",
+                "--budget must be positive");
+    const CliResult help = Run(cmd + " --help");
+    // Only --budget is marked REQUIRED (CLI11 marked both MODEL and -m, of which one is).
+    const size_t required = help.out.find("REQUIRED");
+    EXPECT_NE(help.out.find("--budget TEXT REQUIRED"), std::string::npos) << help.out;
+    EXPECT_EQ(help.out.find("REQUIRED", required + 1), std::string::npos) << help.out;
+    EXPECT_NE(help.out.find("one of the two is required"), std::string::npos) << help.out;
+  }
+}
+
 TEST_F(CliErrors, ScoreOutputMustBeARegularFile) {
   std::ofstream(dir_->File("in.jsonl")) << "{\"id\": 1, \"prompt\": \"hi\"}\n";
   ExpectError("score -m " + Model() + " --input " + dir_->File("in.jsonl") + " --output " + dir_->path() +

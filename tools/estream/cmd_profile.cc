@@ -15,8 +15,7 @@ namespace {
 class ProfileCommand : public Command {
  public:
   void Setup(CLI::App* sub) override {
-    sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack), given as MODEL or -m MODEL (once); the profile is stored in it")
-        ->required();
+    model_.Setup(sub, "packed model (estream pack) to profile; the profile is stored in it");
     AddBudgetFlag(sub, &p_.budget_text, "memory budget of the whole process (bytes, or K/M/G suffix: 1500M)")
         ->required();
     sub->add_option("--calib", p_.calib_path, "calibration text file (default: built-in text of about 1K tokens)");
@@ -34,6 +33,7 @@ class ProfileCommand : public Command {
   }
 
   Result<int> Run() override {
+    ESTREAM_ASSIGN_OR_RETURN(p_.model_path, model_.Resolve());
     ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseBudget(p_.budget_text));
     ESTREAM_ASSIGN_OR_RETURN(p_.io, ParseIoBackend(io_));
     p_.progress = ProgressPrinter(name());
@@ -87,6 +87,7 @@ class ProfileCommand : public Command {
     }
   }
 
+  ModelArg model_;
   profiler::ProfileModelParams p_;
   std::string io_ = "uring";
   bool json_ = false;

@@ -16,7 +16,7 @@ namespace {
 class SweepCommand : public Command {
  public:
   void Setup(CLI::App* sub) override {
-    sub->add_option("model,-m,--model", p_.model_path, "packed model (estream pack), given as MODEL or -m MODEL (once)")->required();
+    model_.Setup(sub, "packed model (estream pack)");
     AddBudgetFlag(sub, &budget_, "memory budget of the whole process (bytes, or K/M/G suffix: 1500M)")->required();
     sub->add_option("--groups", p_.groups, "restrict G to these group sizes, e.g. 2,4")
         ->delimiter(',')->check(PositiveInt());
@@ -39,6 +39,7 @@ class SweepCommand : public Command {
   }
 
   Result<int> Run() override {
+    ESTREAM_ASSIGN_OR_RETURN(p_.model_path, model_.Resolve());
     ESTREAM_ASSIGN_OR_RETURN(p_.budget_bytes, ParseBudget(budget_));
     ESTREAM_ASSIGN_OR_RETURN(p_.io, ParseIoBackend(io_));
     p_.progress = ProgressPrinter(name());
@@ -83,6 +84,7 @@ class SweepCommand : public Command {
     }
   }
 
+  ModelArg model_;
   profiler::SweepParams p_;
   std::string budget_, io_ = "uring";
   bool json_ = false;

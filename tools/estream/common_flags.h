@@ -71,6 +71,25 @@ inline CLI::Validator ShareCheck() {
       "SHARE");
 }
 
+// The model of a command that takes it as a positional MODEL or as -m MODEL (profile, sweep): two
+// options, neither marked required by CLI11 (its help would mark both); Resolve wants exactly one
+// path, or the same path twice.
+struct ModelArg {
+  std::string positional, flag;
+
+  void Setup(CLI::App* sub, const std::string& what) {
+    sub->add_option("model", positional, what + ": MODEL or -m MODEL (one of the two is required)");
+    sub->add_option("-m,--model", flag, what + ": the same as the positional MODEL (give one of the two)");
+  }
+  Result<std::string> Resolve() const {
+    if (positional.empty() && flag.empty()) return Status::InvalidArgument("give the model: MODEL or -m MODEL");
+    if (!positional.empty() && !flag.empty() && positional != flag)
+      return Status::InvalidArgument("two models given, '" + positional + "' and -m '" + flag +
+                                     "': give one, as MODEL or -m MODEL");
+    return positional.empty() ? flag : positional;
+  }
+};
+
 inline CLI::Option* AddBudgetFlag(CLI::App* sub, std::string* budget, const std::string& help) {
   return sub->add_option("--budget", *budget, help);
 }
