@@ -115,6 +115,14 @@ TEST_F(CliErrors, ScoreOutputMustBeARegularFile) {
               "estream score: error: ", dir_->path() + " is not a regular file");
 }
 
+TEST_F(CliErrors, ServeFailsBeforeListeningWhenTheModelCannotBeOpened) {
+  const CliResult r = Run("serve -m " + dir_->File("nope.gguf") + " --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.find("listening"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.rfind("estream serve: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("nope.gguf: cannot open"), std::string::npos) << r.err;
+}
+
 TEST_F(CliErrors, FailedRunsAndEmptyInputsSetTheExitCode) {
   // bench: every run failing (a budget below the minimum) -> exit 1, the row says why.
   const CliResult b = Run("bench -m " + Packed() + " --prompt-lengths 16 --budgets 1M");

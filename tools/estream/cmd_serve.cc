@@ -4,8 +4,9 @@
 //   estream serve -m MODEL [--budget SIZE] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [-t N]
 //                 [--max-batch-tokens N] [--max-queue N] [--timeout S] [--max-body SIZE]
 //
-// The server (src/server/) listens first, so /health answers 503 ("loading model") while the
-// model loads, then 200. SIGINT / SIGTERM: stop accepting, let queued work finish for
+// The model file's header is read first (a path that cannot be opened fails before anything
+// listens); then the server (src/server/) listens, so /health answers 503 ("loading model") while
+// the model loads, then 200. SIGINT / SIGTERM: stop accepting, let queued work finish for
 // --shutdown-grace seconds (the rest is answered 503), close connections still sending a request
 // 2 s after the signal or not reading a reply 2 s after the queued work ended, exit 0. A second
 // signal exits at once (status 1).
@@ -36,6 +37,14 @@
 namespace estream::cli {
 namespace {
 
+// The memory the server keeps for itself out of --budget (request bodies and prompts per HTTP
+// thread, the reply memory, a fixed part); the engine gets the rest.
+constexpr char kReserveFormula[] = "HTTP threads x 4 x --max-body + --reply-memory + 16 MiB";
+static_assert(server::kMemoryPerBodyByte == 4, "kReserveFormula names the bytes held per body byte");
+uint64_t ServerReserve(int http_threads, uint64_t max_body, uint64_t reply_memory) {
+  return static_cast<uint64_t>(http_threads) * server::kMemoryPerBodyByte * max_body + reply_memory + (16ull << 20);
+}
+
 class ServeCommand : public Command {
  public:
   void Setup(CLI::App* sub) override {
@@ -44,12 +53,18 @@ class ServeCommand : public Command {
     sub->add_option("--port", o_.port, "port (default 8080; 0: any free port, printed at start)")->check(CLI::Range(0, 65535));
     sub->add_option("--api-key", o_.api_key, "require \"Authorization: Bearer KEY\" on every route but /health");
     sub->add_option("-t,--threads", threads_, "engine compute threads (default: one per CPU)")->check(CLI::Range(0, 1024));
-    sub->add_option("--budget", budget_, "memory budget of the whole process (packed models: experts are streamed): 3G");
+    const uint64_t default_reserve =
+        ServerReserve(o_.scheduler.max_queue + 8, *ParseSize(max_body_), *ParseSize(reply_memory_));
+    AddBudgetFlag(sub, &budget_, "memory budget of the whole process, in bytes or with a K/M/G/T suffix (powers of "
+                  "1024: 3G); packed models only (experts are streamed). It must cover the server's reserve, " +
+                  std::string(kReserveFormula) + " (" + FormatBytes(default_reserve) + " with the defaults); the "
+                  "engine gets the rest");
     AddExpertCacheFlag(sub, &expert_cache_, "auto");
     sub->add_option("--budget-tokens", budget_tokens_, "packed models with --budget: tokens of one batch the budget "
                     "plans activations for (default the longest of 16384, 12288 and 8192, at most the context, whose "
-                    "activations the budget holds beside the full streaming arena, else min(context, 4096); a smaller "
-                    "value leaves more for the expert cache)")->check(PositiveInt());
+                    "activations the budget holds beside the full streaming arena, else min(context, 4096), or for a "
+                    "smaller budget the longest of 2048, 1024, 512, 256 and 128 that fits beside two banks of experts; "
+                    "a smaller value leaves more for the expert cache)")->check(PositiveInt());
     sub->add_option("--max-batch-tokens", max_batch_tokens_, "most tokens of one batch (all requests packed "
                     "together); a request over it gets 413 (default: the engine's pass length)")->check(PositiveInt());
     sub->add_option("--max-queue", o_.scheduler.max_queue, "most requests waiting; more get 429 (default 64)")
@@ -104,8 +119,7 @@ class ServeCommand : public Command {
     ESTREAM_ASSIGN_OR_RETURN(o_.reply_memory_bytes, ParseSize(reply_memory_));
     if (o_.reply_memory_bytes == 0) return Status::InvalidArgument("--reply-memory must be positive");
     const int http_threads = o_.http_threads > 0 ? o_.http_threads : o_.scheduler.max_queue + 8;
-    o_.server_reserve_bytes = static_cast<uint64_t>(http_threads) * server::kMemoryPerBodyByte * max_body +
-                              o_.reply_memory_bytes + (16ull << 20);
+    o_.server_reserve_bytes = ServerReserve(http_threads, max_body, o_.reply_memory_bytes);
     EngineOptions eo;
     eo.n_threads = threads_;
     eo.budget_tokens = budget_tokens_;
@@ -115,15 +129,22 @@ class ServeCommand : public Command {
       ESTREAM_ASSIGN_OR_RETURN(o_.budget_bytes, ParseSize(budget_));
       if (o_.budget_bytes <= o_.server_reserve_bytes)
         return Status::InvalidArgument("--budget " + budget_ + " does not cover the server's own reserve of " +
-                                       FormatBytes(o_.server_reserve_bytes) +
-                                       " (HTTP threads x " + std::to_string(server::kMemoryPerBodyByte) +
-                                       " x --max-body + --reply-memory + 16 MiB): raise it or lower --max-body, --max-queue "
-                                       "or --reply-memory");
+                                       FormatBytes(o_.server_reserve_bytes) + " (" + kReserveFormula +
+                                       "): raise it or lower --max-body, --max-queue or --reply-memory");
       eo.budget_bytes = o_.budget_bytes - o_.server_reserve_bytes;
     }
     o_.scheduler.max_batch_tokens = max_batch_tokens_ > 0 ? max_batch_tokens_ : (int64_t{1} << 40);
 
     o_.compute_threads = threads_ > 0 ? threads_ : omp_get_num_procs();  // as the engine's
+    // The model file is opened and its header read before the server listens: a path that cannot
+    // be opened, or a file that is not a GGUF, fails at once instead of after "listening".
+    std::unique_ptr<Tokenizer> tokenizer;
+    {
+      ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(model_, {.mmap = false}));
+      auto t = Tokenizer::FromGguf(*gguf);
+      if (t.ok()) tokenizer = std::move(t).value();
+      else std::fprintf(stderr, "estream serve: no tokenizer (%s): token ids only\n", t.status().message().c_str());
+    }
     server::Server server(o_);
     ESTREAM_RETURN_IF_ERROR(server.Start());
     std::fprintf(stderr, "estream serve: listening on http://%s:%d (loading %s)\n", o_.host.c_str(), server.port(),
@@ -145,15 +166,6 @@ class ServeCommand : public Command {
       std::_Exit(1);
     });
 
-    std::unique_ptr<Tokenizer> tokenizer;
-    {
-      auto gguf = GgufFile::Open(model_, {.mmap = false});
-      if (gguf.ok()) {
-        auto t = Tokenizer::FromGguf(**gguf);
-        if (t.ok()) tokenizer = std::move(t).value();
-        else std::fprintf(stderr, "estream serve: no tokenizer (%s): token ids only\n", t.status().message().c_str());
-      }
-    }
     auto engine_or = Engine::Load(model_, eo);
     if (!engine_or.ok()) {
       state = kFailed;
@@ -162,9 +174,8 @@ class ServeCommand : public Command {
       if (engine_or.status().code() == StatusCode::kResourceExhausted && o_.budget_bytes > 0)
         return Status::ResourceExhausted(engine_or.status().message() + " (the figures are the engine's share: --budget " +
                                          budget_ + " less the server's reserve of " +
-                                         FormatBytes(o_.server_reserve_bytes) +
-                                         ", HTTP threads x " + std::to_string(server::kMemoryPerBodyByte) +
-                                         " x --max-body + --reply-memory + 16 MiB; add the reserve to the figure)");
+                                         FormatBytes(o_.server_reserve_bytes) + ", " + kReserveFormula +
+                                         "; add the reserve to the figure)");
       return engine_or.status();
     }
     std::unique_ptr<Engine> engine = std::move(engine_or).value();
