@@ -44,6 +44,7 @@ Result<PromptLengthsResult> BenchPromptLengths(Engine& engine, const std::vector
       cpu.push_back(ProcessCpuSeconds() - c0);
       p.seconds_all.push_back(last.seconds);
       p.timing = last.timing;
+      p.last = std::move(last);
     }
     p.seconds = Median(p.seconds_all);
     p.cpu_seconds_per_thread = Median(cpu) / engine.n_threads();

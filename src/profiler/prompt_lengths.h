@@ -31,6 +31,7 @@ struct PromptLengthPoint {
   double cpu_seconds_per_thread = 0;    // median process CPU time / threads
   double gops = 0;                      // 2 * PrefillMacs / seconds / 1e9
   Response::Timing timing;              // of the last run
+  Response last;                        // the last run (streaming figures, configuration; top-1)
 };
 
 struct PromptLengthsResult {

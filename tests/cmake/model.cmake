@@ -59,3 +59,8 @@ estream_add_test(cli_errors_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/cli_errors_
 if(TARGET cli_errors_test)
   add_dependencies(cli_errors_test estream)
 endif()
+# What the CLI writes: bench's --json/--csv, prefill's --logprobs table and warnings, trace lanes.
+estream_add_test(cli_output_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/cli_output_test.cc LABELS model)
+if(TARGET cli_output_test)
+  add_dependencies(cli_output_test estream)
+endif()

@@ -3,7 +3,9 @@
 // process (this binary re-executed as `estream prefill --json`), so each peak RSS is that run's.
 // --in-process: one engine per configuration in this process, the prompt lengths run on it by
 // the library's prompt-length benchmark (profiler::BenchPromptLengths): load once, op rates and
-// CPU time per thread (peak RSS is then the process's).
+// CPU time per thread (peak RSS is then the configuration's, all lengths together). Both modes
+// print the same table and write the same --json document and --csv rows (in-process rows add
+// the op rate, CPU time and per-part timing).
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -18,9 +20,11 @@
 #include "base/status.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
+#include "profiler/measure.h"
 #include "profiler/prompt_lengths.h"
 #include "tools/estream/command.h"
 #include "tools/estream/common_flags.h"
+#include "tools/estream/response_json.h"
 
 namespace estream::cli {
 namespace {
@@ -38,9 +42,11 @@ class BenchCommand : public Command {
     sub->add_option("--repeat", repeat_, "runs per configuration (median reported)")->capture_default_str()->check(PositiveInt());
     AddThreadsFlag(sub, &threads_);
     sub->add_flag("--in-process", in_process_, "run every prompt length on one engine per configuration in this "
-                  "process (load once; op rates and CPU time per thread; peak RSS is the process's)");
-    sub->add_option("--json", json_, "write all results as JSON to FILE");
-    sub->add_option("--csv", csv_, "write all results as CSV to FILE");
+                  "process (load once; adds op rates and CPU time per thread; peak RSS is the configuration's, "
+                  "over all its lengths)");
+    sub->add_option("--json", json_, "write all results to FILE as one JSON object {\"model\", \"in_process\", "
+                    "\"runs\": [one object per run]} (scripts/plot_frontier.py reads it)");
+    sub->add_option("--csv", csv_, "write all results to FILE as CSV, one row per run");
   }
   Result<int> Run() override {
     if (lengths_.empty()) lengths_ = {128, 256, 512, 1024, 2048, 4096};
@@ -110,7 +116,15 @@ class BenchCommand : public Command {
       }
       std::remove(tokens.c_str());
     }
-    nlohmann::json doc{{"model", model_}, {"runs", rows}};
+    return Finish(rows, /*in_process=*/false);
+  }
+
+ private:
+  // Writes --json (one document: {"model", "in_process", "runs": [...]}, one object per run) and
+  // --csv (one row per run) from the rows of either mode, and returns the exit code: 1 when any
+  // run failed (its row's "error" says why).
+  Result<int> Finish(const nlohmann::json& rows, bool in_process) const {
+    nlohmann::json doc{{"model", model_}, {"in_process", in_process}, {"runs", rows}};
     if (!json_.empty()) {
       std::ofstream o(json_);
       o << DumpJson(doc, 2) << "\n";
@@ -141,7 +155,6 @@ class BenchCommand : public Command {
     return 0;
   }
 
- private:
   // The prompt: token i is (7919 i + 13) mod n_vocab, as in the child-process runs.
   static std::vector<int32_t> BenchTokens(int n, int64_t n_vocab) {
     std::vector<int32_t> ids(n);
@@ -149,6 +162,10 @@ class BenchCommand : public Command {
     return ids;
   }
 
+  // One engine per configuration (its peak RSS reset before the load where the kernel allows:
+  // the figure is then that configuration's, all its lengths together), the rows as the child
+  // runs' (the same keys), plus the op rate and CPU time per thread. A configuration that fails
+  // to load or run gives an error row per length, and the others still run.
   Result<int> RunInProcess(int64_t n_vocab) {
     int longest = 0;
     for (int T : lengths_) longest = std::max(longest, T);
@@ -158,30 +175,67 @@ class BenchCommand : public Command {
     if (resident_) cfgs.push_back({"", ""});
     for (const std::string& b : budgets_)
       for (const std::string& sch : schedules_) cfgs.push_back({sch, b});
-    std::printf("%-10s %-14s %6s %10s %9s %8s %9s\n", "budget", "schedule", "T", "latency_s", "tok/s", "GOP/s",
-                "cpu_s/thr");
+    std::printf("%-10s %-14s %6s %10s %9s %10s %8s %9s %6s %8s %9s\n", "budget", "schedule", "T", "latency_s", "tok/s",
+                "peak_rss", "bubble", "read_GB/s", "G/B/Q", "GOP/s", "cpu_s/thr");
+    nlohmann::json rows = nlohmann::json::array();
+    bool warned = false;
     for (const Cfg& c : cfgs) {
+      const std::string budget = c.budget.empty() ? "resident" : c.budget;
+      const std::string schedule = c.budget.empty() ? "resident" : c.schedule;
       EngineOptions eo{.n_threads = threads_};
       if (!c.budget.empty()) {
         ESTREAM_ASSIGN_OR_RETURN(eo.budget_bytes, ParseSize(c.budget));
         ESTREAM_ASSIGN_OR_RETURN(eo.schedule, ParseSchedule(c.schedule));
         eo.budget_tokens = longest;
       }
-      ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
-      ESTREAM_ASSIGN_OR_RETURN(profiler::PromptLengthsResult r,
-                               profiler::BenchPromptLengths(*engine, ids, lengths_, repeat_));
-      for (const profiler::PromptLengthPoint& p : r.points)
-        std::printf("%-10s %-14s %6lld %10.3f %9.1f %8.1f %9.3f\n", c.budget.empty() ? "resident" : c.budget.c_str(),
-                    c.budget.empty() ? "resident" : c.schedule.c_str(), static_cast<long long>(p.n_tokens),
-                    p.seconds, static_cast<double>(p.n_tokens) / p.seconds, p.gops, p.cpu_seconds_per_thread);
-      std::fflush(stdout);
-      if (!json_.empty()) {
-        std::ofstream o(json_, std::ios::app);
-        o << profiler::PromptLengthsJson(model_, r) << "\n";
-        if (!o) return Status::IOError(json_ + ": cannot write");
+      profiler::ReleaseFreedMemory();  // the previous engine's pages, before this one's budget check
+      const bool exact = profiler::ResetPeakRssForMeasurement();
+      if (!exact && !warned) {
+        std::fprintf(stderr, "estream bench: warning: %s\n", profiler::CumulativePeakWarning().c_str());
+        warned = true;
       }
+      Result<std::unique_ptr<Engine>> engine = Engine::Load(model_, eo);
+      Result<profiler::PromptLengthsResult> r =
+          engine.ok() ? profiler::BenchPromptLengths(**engine, ids, lengths_, repeat_)
+                      : Result<profiler::PromptLengthsResult>(engine.status());
+      if (!r.ok()) {
+        const std::string error = r.status().message();
+        for (int T : lengths_) {
+          rows.push_back({{"n_tokens", T}, {"budget", budget}, {"schedule", schedule}, {"error", error}});
+          std::printf("%-10s %-14s %6d  error: %s\n", budget.c_str(), schedule.c_str(), T, error.c_str());
+        }
+        continue;
+      }
+      for (const profiler::PromptLengthPoint& p : r->points) {
+        const Response& last = p.last;
+        nlohmann::json row{{"n_tokens", p.n_tokens}, {"budget", budget}, {"schedule", schedule},
+                           {"seconds", p.seconds}, {"tokens_per_second", static_cast<double>(p.n_tokens) / p.seconds},
+                           {"peak_rss_bytes", r->peak_rss_bytes}, {"peak_rss_exact", exact},
+                           {"bubble_rate", last.bubble_rate}, {"bubble_seconds", last.bubble_seconds},
+                           {"read_gbps", last.read_gbps}, {"bytes_read", last.bytes_read},
+                           {"expert_seconds", last.expert_seconds}, {"nonexpert_seconds", last.nonexpert_seconds},
+                           {"seconds_all", p.seconds_all}, {"gops", p.gops},
+                           {"cpu_seconds_per_thread", p.cpu_seconds_per_thread},
+                           {"timing", {{"attention", p.timing.attention},
+                                       {"attention_projections", p.timing.attention_projections},
+                                       {"attention_kernel", p.timing.attention_kernel}, {"router", p.timing.router},
+                                       {"experts", p.timing.experts}, {"dense_ffn", p.timing.dense_ffn},
+                                       {"head", p.timing.embed + p.timing.head}}}};
+        std::string gbq = "-";
+        if (last.config.streamed) {
+          row["config"] = StreamConfigJson(last);
+          gbq = std::to_string(last.config.group_size) + "/" + std::to_string(last.config.banks) + "/" +
+                std::to_string(last.config.queue_depth);
+        }
+        std::printf("%-10s %-14s %6lld %10.3f %9.1f %8.0fMi %7.1f%% %9.2f %6s %8.1f %9.3f\n", budget.c_str(),
+                    schedule.c_str(), static_cast<long long>(p.n_tokens), p.seconds,
+                    static_cast<double>(p.n_tokens) / p.seconds, static_cast<double>(r->peak_rss_bytes) / (1 << 20),
+                    100 * last.bubble_rate, last.read_gbps, gbq.c_str(), p.gops, p.cpu_seconds_per_thread);
+        rows.push_back(std::move(row));
+      }
+      std::fflush(stdout);
     }
-    return 0;
+    return Finish(rows, /*in_process=*/true);
   }
 
   std::string model_;

@@ -25,6 +25,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
 #include "tools/estream/common_flags.h"
+#include "tools/estream/response_json.h"
 
 namespace estream::cli {
 namespace {
@@ -220,16 +221,7 @@ class PrefillCommand : public Command {
       j["bytes_read"] = resp.bytes_read;
       j["read_gbps"] = resp.read_gbps;
       j["streamed"] = resp.config.streamed;
-      if (resp.config.streamed)
-        j["config"] = {{"group_size", resp.config.group_size}, {"banks", resp.config.banks},
-                       {"queue_depth", resp.config.queue_depth}, {"schedule", resp.config.schedule},
-                       {"io", resp.config.io_backend}, {"arena_bytes", resp.config.arena_bytes},
-                       {"expert_bytes", resp.config.expert_bytes}, {"budget_bytes", resp.config.budget_bytes},
-                       {"groups_read", resp.config.groups_read}, {"groups_skipped", resp.config.groups_skipped},
-                       {"groups_cancelled", resp.config.groups_cancelled}, {"source", resp.config.source},
-                       {"other_bytes", resp.config.other_bytes}, {"cache_banks", resp.config.cache_banks},
-                       {"cache_bytes", resp.config.cache_bytes}, {"experts_needed", resp.experts_needed},
-                       {"experts_cached", resp.experts_cached}};
+      if (resp.config.streamed) j["config"] = StreamConfigJson(resp);
       j["top"] = nlohmann::json::array();
       for (const TokenLogprob& t : resp.top) {
         nlohmann::json e{{"token", t.token}, {"logprob", t.logprob}};

