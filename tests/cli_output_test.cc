@@ -92,5 +92,32 @@ TEST_F(CliOutput, BenchWritesTheSameJsonAndCsvInBothModes) {
   }
 }
 
+// --logprobs in text: one row per scored token (position, id, logprob, piece), the values of
+// --json; a long prompt shows its first and last 32 rows and says how many were left out.
+TEST_F(CliOutput, PrefillLogprobsTable) {
+  const CliResult j = Run("prefill -m " + Model() + " --tokens " + Ids(10) + " --logprobs --json -t 1");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const std::vector<float> lp = Json::parse(j.out)["logprobs"].get<std::vector<float>>();
+  ASSERT_EQ(lp.size(), 9u);
+  const CliResult t = Run("prefill -m " + Model() + " --tokens " + Ids(10) + " --logprobs -t 1");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("position     token    logprob  piece"), std::string::npos) << t.out;
+  for (size_t i = 0; i < lp.size(); ++i) {
+    char row[64];
+    std::snprintf(row, sizeof(row), "  %8zu  %8d  %9.4f  \"", i + 1, 1 + static_cast<int>((i + 1) * 37 % 500), lp[i]);
+    EXPECT_NE(t.out.find(row), std::string::npos) << "missing row: " << row << "\n" << t.out;
+  }
+  EXPECT_NE(t.out.find("log-likelihood:"), std::string::npos);
+
+  const CliResult l = Run("prefill -m " + Model() + " --tokens " + Ids(101) + " --logprobs -t 1");
+  ASSERT_EQ(l.exit_code, 0) << l.err;
+  EXPECT_NE(l.out.find("... 36 rows left out (--json prints every one)"), std::string::npos) << l.out;
+  EXPECT_NE(l.out.find("\n        32  "), std::string::npos) << l.out;   // the last of the first 32
+  EXPECT_EQ(l.out.find("\n        33  "), std::string::npos) << l.out;   // left out
+  EXPECT_EQ(l.out.find("\n        68  "), std::string::npos) << l.out;   // left out
+  EXPECT_NE(l.out.find("\n        69  "), std::string::npos) << l.out;   // the first of the last 32
+  EXPECT_NE(l.out.find("\n       100  "), std::string::npos) << l.out;
+}
+
 }  // namespace
 }  // namespace estream

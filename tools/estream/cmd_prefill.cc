@@ -64,7 +64,9 @@ class PrefillCommand : public Command {
     file_opt_ = sub->add_option("-f,--file", prompt_file_, "file holding the prompt text");
     sub->add_flag("--no-bos", no_bos_, "with -p/-f: do not add the BOS/EOS tokens the vocabulary asks for");
     sub->add_option("--top-k", top_k_, "how many next tokens to print (default 5)")->check(NonNegativeInt());
-    sub->add_flag("--logprobs", logprobs_, "score the prompt: per-token log-probabilities and perplexity");
+    sub->add_flag("--logprobs", logprobs_, "score the prompt: each token's log-probability (a table: position, "
+                  "token, logprob, piece; the first and last 32 rows of a longer prompt, all with --json), the "
+                  "log-likelihood and the perplexity");
     sub->add_flag("--embedding", embedding_, "output the final hidden state (after the final norm)");
     pool_opt_ = sub->add_option("--pool", pool_, "embedding pooling: last (default) or mean (implies --embedding)")
                     ->check(CLI::IsMember({"last", "mean"}));
@@ -277,11 +279,12 @@ class PrefillCommand : public Command {
       std::printf("top %zu next tokens:\n", resp.top.size());
       for (const TokenLogprob& t : resp.top) {
         std::printf("  %8d  logprob %9.4f  p %.4f", t.token, t.logprob, std::exp(t.logprob));
-        if (tokenizer_) std::printf("  %s", DumpJson(nlohmann::json(tokenizer_->TokenPiece(t.token))).c_str());
+        if (tokenizer_) std::printf("  %s", PieceJson(t.token).c_str());
         std::printf("\n");
       }
     }
     if (logprobs_) {
+      PrintPromptLogprobs(ids, resp.prompt_logprobs);
       std::printf("log-likelihood: %.4f over %lld scored tokens, perplexity: %.4f\n", resp.log_likelihood,
                   static_cast<long long>(resp.n_tokens - 1), resp.perplexity);
     }
@@ -296,6 +299,30 @@ class PrefillCommand : public Command {
       std::printf("logits: %s (%lld x %d float32)\n", dump_logits_.c_str(), static_cast<long long>(resp.n_tokens),
                   info.n_vocab);
     return 0;
+  }
+
+  // --logprobs in text: one row per scored token (position t + 1, its id, logprobs[t], its piece),
+  // the first and last kLogprobRowsShown / 2 rows of a longer prompt (--json has every value).
+  static constexpr size_t kLogprobRowsShown = 64;
+  void PrintPromptLogprobs(const std::vector<int32_t>& ids, const std::vector<float>& logprobs) const {
+    const size_t n = logprobs.size();
+    std::printf("prompt log-probabilities (log p(token | the tokens before it); position 0 is not scored):\n");
+    std::printf("  %8s  %8s  %9s%s\n", "position", "token", "logprob", tokenizer_ ? "  piece" : "");
+    const size_t head = n > kLogprobRowsShown ? kLogprobRowsShown / 2 : n;
+    for (size_t t = 0; t < n; ++t) {
+      if (t == head && n > kLogprobRowsShown) {
+        std::printf("  ... %zu rows left out (--json prints every one)\n", n - kLogprobRowsShown);
+        t = n - kLogprobRowsShown / 2;
+      }
+      std::printf("  %8zu  %8d  %9.4f", t + 1, ids[t + 1], logprobs[t]);
+      if (tokenizer_) std::printf("  %s", PieceJson(ids[t + 1]).c_str());
+      std::printf("\n");
+    }
+  }
+
+  // A token's piece as a JSON string (quoted, escapes for control bytes and invalid UTF-8).
+  std::string PieceJson(int32_t token) const {
+    return DumpJson(nlohmann::json(tokenizer_->TokenPiece(token)));
   }
 
   // With --budget: says on stderr when G/B/Q did not come from the configurator (estream profile),
