@@ -108,6 +108,11 @@ TEST_F(CliErrors, ModelGivenTwiceOrNotAtAll) {
   }
 }
 
+TEST_F(CliErrors, ABareBudgetNumberIsBytesAndSaysSo) {
+  ExpectError("prefill -m " + Packed() + " -p hi --budget 600", "estream prefill: error: ",
+              "memory budget 600 bytes (a size without a K/M/G/T suffix counts bytes");
+}
+
 TEST_F(CliErrors, ScoreOutputMustBeARegularFile) {
   std::ofstream(dir_->File("in.jsonl")) << "{\"id\": 1, \"prompt\": \"hi\"}\n";
   ExpectError("score -m " + Model() + " --input " + dir_->File("in.jsonl") + " --output " + dir_->path() +

@@ -119,5 +119,44 @@ TEST_F(CliOutput, PrefillLogprobsTable) {
   EXPECT_NE(l.out.find("\n       100  "), std::string::npos) << l.out;
 }
 
+// Streaming flags on a run that does not stream: one warning line naming them, and the run.
+TEST_F(CliOutput, PrefillWarnsAboutStreamingFlagsThatDoNothing) {
+  const CliResult u = Run("prefill -m " + Model() + " -p hi -t 1 --schedule on-demand --expert-cache auto");
+  EXPECT_EQ(u.exit_code, 0) << u.err;
+  EXPECT_EQ(std::count(u.err.begin(), u.err.end(), '\n'), 1) << u.err;
+  EXPECT_EQ(u.err.rfind("estream prefill: warning: --schedule, --expert-cache do nothing here: ", 0), 0u) << u.err;
+  EXPECT_NE(u.err.find("is not packed"), std::string::npos) << u.err;
+  const CliResult p = Run("prefill -m " + Packed() + " -p hi -t 1 --queue-depth 4");
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("warning: --queue-depth does nothing here: no --budget"), std::string::npos) << p.err;
+  // Streamed, or no such flag: no warning.
+  for (const std::string& args : {"-m " + Packed() + " -p hi -t 1 --budget 100M --schedule on-demand",
+                                  "-m " + Model() + " -p hi -t 1"}) {
+    const CliResult r = Run("prefill " + args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err.find("warning"), std::string::npos) << args << "\n" << r.err;
+  }
+}
+
+// A streamed prefill's trace names the lanes it has events on: compute and loader (the engine
+// checks checksums on the compute threads, so no feeder lane), and every event is on one of them.
+TEST_F(CliOutput, TraceNamesOnlyTheLanesItUses) {
+  const std::string trace = dir_->File("t.json");
+  ASSERT_EQ(Run("prefill -m " + Packed() + " -p hi -t 1 --budget 100M --trace " + trace).exit_code, 0);
+  const Json j = Json::parse(Read(trace));
+  std::set<int> named, used;
+  std::set<std::string> names;
+  for (const Json& e : j["traceEvents"]) {
+    if (e["ph"] == "M") {
+      named.insert(e["tid"].get<int>());
+      names.insert(e["args"]["name"].get<std::string>());
+    } else {
+      used.insert(e["tid"].get<int>());
+    }
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"compute", "loader (reads)"}));
+  EXPECT_EQ(named, used);
+}
+
 }  // namespace
 }  // namespace estream

@@ -58,10 +58,17 @@ Status TraceRecorder::WriteJson(const std::string& path) const {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return Status::IOError(path + ": cannot create the trace file: " + std::strerror(errno));
   std::string out = "{\"traceEvents\": [\n";
-  const char* lanes[] = {"", "compute", "loader (reads)", "feeder (checksums, banks)"};
-  for (int tid = 1; tid <= 3; ++tid)
+  // A lane is named only when it has events: the engine checks checksums on the compute threads,
+  // so its traces have two lanes; the feeder's lane appears where the streamer verifies reads
+  // itself (StreamParams::verify_checksums).
+  const char* lanes[] = {"", "compute", "loader (reads)", "feeder (checksums)"};
+  const bool feeder_used =
+      std::any_of(events.begin(), events.end(), [](const TraceEvent& e) { return e.tid == kFeederTid; });
+  for (int tid = 1; tid <= 3; ++tid) {
+    if (tid == kFeederTid && !feeder_used) continue;
     out += fmt::format("{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": {}, \"args\": {{\"name\": \"{}\"}}}},\n",
                        tid, lanes[tid]);
+  }
   for (size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
     out += fmt::format("{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"pid\": 1, \"tid\": {}, \"ts\": {:.3f}, "

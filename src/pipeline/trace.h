@@ -2,11 +2,13 @@
 //
 // Every event has a step kind (TraceStep: what a reader such as the calibration looks for,
 // typed, so that nobody parses names), a name, a category, a thread lane (tid: kLoaderTid for reads, kFeederTid for
-// checksum checks and bank bookkeeping, kComputeTid for the compute threads' steps), a start and
+// the streamer's own checksum checks (StreamParams::verify_checksums; the engine checks on the
+// compute threads instead), kComputeTid for the compute threads' steps), a start and
 // a duration in seconds (NowSeconds() clock) and optional integer arguments. WriteJson writes
 //   {"traceEvents": [{"name": ..., "cat": ..., "ph": "X", "pid": 1, "tid": ..., "ts": µs, "dur": µs,
 //                     "args": {...}}, ...], "displayTimeUnit": "ms"}
-// with ts relative to the earliest event, which chrome://tracing and ui.perfetto.dev open as is.
+// with ts relative to the earliest event, which chrome://tracing and ui.perfetto.dev open as is;
+// a thread_name entry names each lane, the feeder's only when it has events.
 //
 // Thread safety: Add, Clear, Events and WriteJson may be called from any thread (one mutex).
 #pragma once

@@ -21,6 +21,7 @@
 #include "config/profile.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
+#include "pack/packed_layout.h"
 #include "profiler/prompt_lengths.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/estream/command.h"
@@ -89,19 +90,24 @@ class PrefillCommand : public Command {
         ->check(PositiveInt());
     sub->add_option("--banks", banks_, "packed models: banks of the arena (B; default: from --budget)")
         ->check(PositiveInt());
-    sub->add_option("--queue-depth", queue_depth_, "packed models: reads in flight (Q; default: from --budget, else 8)")
-        ->check(PositiveInt());
-    AddScheduleFlag(sub, &schedule_, "packed models: when expert groups are read: on-demand, after-routing, "
-                    "early (default)");
-    AddIoFlag(sub, &io_, "packed models: ");
-    sub->add_option("--budget-tokens", budget_tokens_,
-                    "packed models: longest prompt the budget plans activations for (default: the prompt's length)")
-        ->check(PositiveInt());
-    AddExpertCacheFlag(sub, &expert_cache_, "0: each run streams as if it were the first; with --repeat, auto "
-                       "measures warm runs");
+    // The flags that change only a streamed run (a packed model with --budget): named in a warning
+    // when given to a run that does not stream.
+    streaming_only_ = {
+        sub->add_option("--queue-depth", queue_depth_,
+                        "packed models: reads in flight (Q; default: from --budget, else 8)")->check(PositiveInt()),
+        AddScheduleFlag(sub, &schedule_, "packed models: when expert groups are read: on-demand, after-routing, "
+                        "early (default)"),
+        AddIoFlag(sub, &io_, "packed models: "),
+        sub->add_option("--budget-tokens", budget_tokens_,
+                        "packed models: longest prompt the budget plans activations for (default: the prompt's "
+                        "length)")->check(PositiveInt()),
+        AddExpertCacheFlag(sub, &expert_cache_, "0: each run streams as if it were the first; with --repeat, auto "
+                           "measures warm runs")};
     sub->add_flag("--no-verify", no_verify_, "packed models: skip the per-record checksum check of streamed reads");
-    sub->add_flag("--verify-every-read", verify_every_read_,
-                  "packed models: check a record's checksum on every read (default: the first read of each record)");
+    streaming_only_.push_back(
+        sub->add_flag("--verify-every-read", verify_every_read_,
+                      "packed models: check a record's checksum on every read (default: the first read of each "
+                      "record)"));
     sub->add_option("--trace", trace_, "packed models: write a Chrome/Perfetto trace (JSON) of the reads and compute "
                     "steps of the (last) request to FILE");
     sub->add_option("--repeat", repeat_, "run the prompt N times (model loaded once) and report the median time")
@@ -131,9 +137,11 @@ class PrefillCommand : public Command {
 
   Result<int> Run() override {
     // The tokenizer, when the model has one (only needed for text prompts and for printing).
+    bool packed = false;
     {
       auto file = GgufFile::Open(model_, {.mmap = false});
       if (file.ok()) {
+        packed = io::IsPackedModel(**file);
         stored_threads_ = config::ReadStoredThreads((*file)->kvs());
         auto tok = Tokenizer::FromGguf(**file);
         if (tok.ok()) tokenizer_ = std::move(*tok);
@@ -161,6 +169,7 @@ class PrefillCommand : public Command {
     eo.verify_checksums = !no_verify_;
     eo.verify_every_read = verify_every_read_;
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
+    if (eo.budget_bytes == 0 && group_size_ == 0 && banks_ == 0) WarnStreamingOnlyFlags(packed);
 
     if (!sweep_.empty()) return Sweep(*engine, ids);
 
@@ -348,6 +357,19 @@ class PrefillCommand : public Command {
     }
   }
 
+  // One warning line on stderr naming the streaming-only flags given to a run that does not
+  // stream (an unpacked GGUF, or a packed model without --budget / --group-size / --banks): they
+  // would do nothing there.
+  void WarnStreamingOnlyFlags(bool packed) const {
+    std::string given;
+    for (const CLI::Option* o : streaming_only_)
+      if (o->count() > 0) given += (given.empty() ? "" : ", ") + o->get_name();
+    if (given.empty()) return;
+    std::fprintf(stderr, "estream prefill: warning: %s %s nothing here: %s (they apply to a packed model run with "
+                 "--budget)\n", given.c_str(), given.find(',') == std::string::npos ? "does" : "do",
+                 packed ? "no --budget, so the experts are resident" : (model_ + " is not packed").c_str());
+  }
+
   CLI::Option* tokens_opt_ = nullptr;
   CLI::Option* prompt_opt_ = nullptr;
   CLI::Option* file_opt_ = nullptr;
@@ -400,6 +422,7 @@ class PrefillCommand : public Command {
   std::string trace_;
   bool no_verify_ = false;
   bool verify_every_read_ = false;
+  std::vector<CLI::Option*> streaming_only_;
   std::unique_ptr<Tokenizer> tokenizer_;
   config::StoredThreads stored_threads_;  // n_threads keys of the model's stored profile/choice
   Status tokenizer_status_ = Status::NotSupported("no tokenizer");
