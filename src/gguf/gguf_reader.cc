@@ -458,7 +458,8 @@ Status GgufFile::Parse(gguf_internal::Cursor& cur) {
   for (size_t k = 1; k < order.size(); ++k) {
     const GgufTensorInfo& prev = tensors_[order[k - 1]];
     const GgufTensorInfo& t = tensors_[order[k]];
-    if (prev.n_bytes > 0 && t.n_bytes > 0 && prev.offset + prev.n_bytes > t.offset)
+    // Sorted, so t.offset >= prev.offset: the difference cannot wrap.
+    if (prev.n_bytes > 0 && t.n_bytes > 0 && t.offset - prev.offset < prev.n_bytes)
       return Status::Corruption(fmt::format(
           "{}: tensor {} (info at byte {}): data [{}, {}) overlaps tensor {} data [{}, {})", path_,
           Quote(t.name), info_at[order[k]], t.offset, t.offset + t.n_bytes, Quote(prev.name), prev.offset,

@@ -104,7 +104,10 @@ Status ReadParts(const GgufFile& f, size_t i, const std::vector<uint64_t>& types
                                             layouts[j], TypeName(part.type), PartLayoutCode(expected_layout)));
     part.layout = expected_layout;
     const uint64_t want = PackedPartBytes(part.type, part.n, part.k);
-    if (want == 0 || bytes[j] != want)
+    if (want == 0)
+      return Status::Corruption(fmt::format("{}: a {} x {} {} matrix is not a valid expert part (rows not whole "
+                                            "blocks, or too large)", where(), part.n, part.k, TypeName(part.type)));
+    if (bytes[j] != want)
       return Status::Corruption(fmt::format("{}: {} is {}, but a {} x {} {} matrix takes {} bytes", where(),
                                             packed_keys::kPartBytes, bytes[j], part.n, part.k, TypeName(part.type), want));
     part.bytes = bytes[j];
@@ -112,13 +115,16 @@ Status ReadParts(const GgufFile& f, size_t i, const std::vector<uint64_t>& types
       return Status::Corruption(fmt::format("{}: {} is {}: not a multiple of {} or overlapping the previous part "
                                             "(which ends at {})", where(), packed_keys::kPartOffsets, offsets[j],
                                             kPackedPartAlignment, end));
+    // offset + bytes <= record_bytes, written so that no sum can wrap around (an offset near
+    // 2^64 would otherwise pass and point before the record).
+    if (offsets[j] > layer->record_bytes || part.bytes > layer->record_bytes - offsets[j])
+      return Status::Corruption(fmt::format("{}: {} {} + {} bytes runs past the record size {} ({})", where(),
+                                            packed_keys::kPartOffsets, offsets[j], part.bytes, layer->record_bytes,
+                                            packed_keys::kRecordBytes));
     part.offset = offsets[j];
     end = part.offset + part.bytes;
   }
-  if (end > layer->record_bytes)
-    return Status::Corruption(fmt::format("{}: layer {}: parts end at byte {}, past the record size {} ({})", f.path(),
-                                          layer->layer, end, layer->record_bytes, packed_keys::kRecordBytes));
-  layer->payload_bytes = end;
+  layer->payload_bytes = end;  // > 0: every part has bytes, and <= record_bytes
   return Status::Ok();
 }
 
@@ -147,8 +153,13 @@ WeightLayout PackedPartLayout(QuantType t) {
 
 uint64_t PackedPartBytes(QuantType t, int64_t n, int64_t k) {
   if (n <= 0 || k <= 0 || RowBytes(t, k) == 0) return 0;
-  if (CanRepack(t)) return PackedWeightBytes(t, n, k);
-  return static_cast<uint64_t>(n) * RowBytes(t, k);
+  // The shapes come from a file (u32 keys): a product past 2^64 is refused, not wrapped.
+  uint64_t bytes = 0;
+  const bool overflow =
+      CanRepack(t) ? __builtin_mul_overflow(static_cast<uint64_t>(PackedPanels(n)),
+                                            static_cast<uint64_t>(PackedPanelBytes(t, k)), &bytes)
+                   : __builtin_mul_overflow(static_cast<uint64_t>(n), static_cast<uint64_t>(RowBytes(t, k)), &bytes);
+  return overflow ? 0 : bytes;
 }
 
 int PackedLayerInfo::GroupRecords(int q, int g) const {

@@ -133,7 +133,8 @@ struct PackedPart {
 };
 
 // The bytes one part of an n x k matrix of type t takes in a record, and the layout it gets:
-// packed when CanRepack(t), else GGUF rows. 0 bytes if k is not a multiple of t's block.
+// packed when CanRepack(t), else GGUF rows. 0 bytes if k is not a multiple of t's block, or if
+// the size does not fit in 64 bits.
 uint64_t PackedPartBytes(QuantType t, int64_t n, int64_t k);
 WeightLayout PackedPartLayout(QuantType t);
 
