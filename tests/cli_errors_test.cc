@@ -74,6 +74,16 @@ TEST_F(CliErrors, SizesOutOfRangeAreRefused) {
   ExpectError("prefill -m " + Packed() + " -p hi --budget nan", "estream prefill: error: ", "bad size 'nan'");
   ExpectError("prefill -m " + Packed() + " -p hi --budget 1G --expert-cache lots", "estream prefill: error: ",
               "or auto");
+  // An empty or zero budget is an error everywhere, not "no budget" (it ran all-resident).
+  for (const std::string& cmd : {"prefill -m " + Packed() + " -p hi", "profile " + Packed(), "sweep " + Packed(),
+                                "score -m " + Packed() + " --input x.jsonl -o y.jsonl", "serve -m " + Packed()}) {
+    ExpectError(cmd + " --budget ''", "estream " + cmd.substr(0, cmd.find(' ')) + ": error: ", "--budget: empty size");
+    ExpectError(cmd + " --budget 0", "estream " + cmd.substr(0, cmd.find(' ')) + ": error: ", "must be positive");
+  }
+  ExpectError("bench -m " + Packed() + " --budgets ''", "estream bench: error: ", "--budgets: empty size");
+  // Sizes are decimal: no hexadecimal (0x100M read as 256 MiB), exponents, signs or spaces.
+  for (const char* bad : {"0x100M", "1e9", "-1G", "+1G", "' 1G'", "1.5.1G", "1GG", ".G"})
+    ExpectError("prefill -m " + Packed() + " -p hi --budget " + bad, "estream prefill: error: ", "bad size");
 }
 
 TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {

@@ -53,7 +53,7 @@ struct BatchEngineFlags {
     EngineOptions o;
     o.n_threads = threads;
     if (!budget.empty()) {
-      ESTREAM_ASSIGN_OR_RETURN(o.budget_bytes, ParseSize(budget));
+      ESTREAM_ASSIGN_OR_RETURN(o.budget_bytes, ParseBudget(budget));
     }
     o.budget_tokens = budget_tokens;
     o.batch_tokens = batch_tokens;

@@ -52,7 +52,10 @@ class BenchCommand : public Command {
     if (lengths_.empty()) lengths_ = {128, 256, 512, 1024, 2048, 4096};
     if (schedules_.empty()) schedules_ = {"early"};
     if (budgets_.empty() && !resident_) resident_ = true;
-    for (const std::string& b : budgets_) ESTREAM_RETURN_IF_ERROR(ParseSize(b).status());
+    for (const std::string& b : budgets_) {
+      if (Result<uint64_t> bytes = ParseBudget(b); !bytes.ok())
+        return Status::InvalidArgument("--budgets: " + bytes.status().message());
+    }
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(model_, {.mmap = false}));
     const GgufTensorInfo* emb = f->FindTensor("token_embd.weight");
     if (!emb) return Status::Corruption(model_ + ": tensor 'token_embd.weight' is missing");
@@ -184,7 +187,7 @@ class BenchCommand : public Command {
       const std::string schedule = c.budget.empty() ? "resident" : c.schedule;
       EngineOptions eo{.n_threads = threads_};
       if (!c.budget.empty()) {
-        ESTREAM_ASSIGN_OR_RETURN(eo.budget_bytes, ParseSize(c.budget));
+        ESTREAM_ASSIGN_OR_RETURN(eo.budget_bytes, ParseBudget(c.budget));
         ESTREAM_ASSIGN_OR_RETURN(eo.schedule, ParseSchedule(c.schedule));
         eo.budget_tokens = longest;
       }

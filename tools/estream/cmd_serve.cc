@@ -126,7 +126,7 @@ class ServeCommand : public Command {
     eo.batch_tokens = max_batch_tokens_;
     ESTREAM_ASSIGN_OR_RETURN(eo.expert_cache_bytes, ParseExpertCache(expert_cache_));
     if (!budget_.empty()) {
-      ESTREAM_ASSIGN_OR_RETURN(o_.budget_bytes, ParseSize(budget_));
+      ESTREAM_ASSIGN_OR_RETURN(o_.budget_bytes, ParseBudget(budget_));
       if (o_.budget_bytes <= o_.server_reserve_bytes)
         return Status::InvalidArgument("--budget " + budget_ + " does not cover the server's own reserve of " +
                                        FormatBytes(o_.server_reserve_bytes) + " (" + kReserveFormula +

@@ -90,8 +90,16 @@ struct ModelArg {
   }
 };
 
+// --budget SIZE, checked at parse time with ParseBudget: an empty or zero value is an error (it
+// would otherwise read as "no budget" and run with every expert resident).
 inline CLI::Option* AddBudgetFlag(CLI::App* sub, std::string* budget, const std::string& help) {
-  return sub->add_option("--budget", *budget, help);
+  return sub->add_option("--budget", *budget, help)
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            Result<uint64_t> bytes = ParseBudget(v);
+            return bytes.ok() ? std::string() : bytes.status().message();
+          },
+          "SIZE"));
 }
 
 // --io: "uring" (default; pread when unavailable) or "pread"; parse with ParseIoBackend.
