@@ -2,10 +2,13 @@
 // pread), writer failure behaviour, a sparse 17 GB file opened without reading it, and the real
 // GGUF files of shared/testdata.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -15,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/file_signals.h"
 #include "gguf/gguf.h"
 #include "gguf_test_util.h"
 
@@ -336,6 +340,74 @@ TEST(GgufWriter, AbandonedOrFailedWritesLeaveNothingBehind) {
     EXPECT_FALSE(writer.Finish().ok());
     EXPECT_TRUE(dir.List().empty());
   }
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;  // the sanitizers own SIGBUS and SIGSEGV
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Writes a GGUF with one 64 KiB f32 tensor "w" (a dense weight) and returns its path.
+std::string WriteOneTensorModel(const ScratchDir& dir) {
+  const std::string path = dir.File("m.gguf");
+  GgufWriter writer;
+  EXPECT_TRUE(writer.AddTensor("w", QuantType::kF32, {16384}).ok());
+  EXPECT_TRUE(writer.Begin(path).ok());
+  const std::vector<float> w(16384, 1.0f);
+  EXPECT_TRUE(writer.WriteTensorData(w.data(), w.size() * sizeof(float)).ok());
+  EXPECT_TRUE(writer.Finish().ok());
+  return path;
+}
+
+// Reads the last byte of tensor "w" through the mapping (the page is not resident yet after the
+// truncation, so the access faults).
+int TouchLastByte(const GgufFile& f) {
+  const GgufTensorInfo* t = f.FindTensor("w");
+  return t == nullptr ? -1 : *(static_cast<const volatile uint8_t*>(f.TensorData(*t)) + t->n_bytes - 1);
+}
+
+// A model truncated while mapped: the access to a dense weight past the new end gets SIGBUS,
+// which the handlers of base/file_signals.h (installed by the CLI) turn into one line naming the
+// file and exit status 74 (docs/DESIGN.md section 11).
+TEST(GgufFileDeathTest, TruncatedWhileMappedIsOneLineAndExitStatus74) {
+  if (kSanitized) GTEST_SKIP() << "the sanitizers handle SIGBUS themselves";
+  ScratchDir dir;
+  const std::string path = WriteOneTensorModel(dir);
+  EXPECT_EXIT(
+      {
+        InstallFileSignalHandlers("estream test: error: ");
+        auto f = GgufFile::Open(path);
+        if (!f.ok()) std::_Exit(2);
+        if (::truncate(path.c_str(), 4096) != 0) std::_Exit(3);
+        (void)TouchLastByte(**f);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(kMappedFileErrorExitCode),
+      "^estream test: error: .*m\\.gguf: the model file was truncated or could not be read \\(I/O error\\) "
+      "while in use; ");
+}
+
+// A SIGBUS elsewhere (a mapping no GgufFile registered) keeps the default action.
+TEST(GgufFileDeathTest, OtherBusErrorsKeepTheDefaultAction) {
+  if (kSanitized) GTEST_SKIP() << "the sanitizers handle SIGBUS themselves";
+  ScratchDir dir;
+  const std::string path = WriteOneTensorModel(dir);
+  EXPECT_EXIT(
+      {
+        InstallFileSignalHandlers("estream test: error: ");
+        const int fd = ::open(path.c_str(), O_RDONLY);
+        void* p = ::mmap(nullptr, 65536 + 4096, PROT_READ, MAP_SHARED, fd, 0);
+        if (fd < 0 || p == MAP_FAILED || ::truncate(path.c_str(), 4096) != 0) std::_Exit(3);
+        std::_Exit(*(static_cast<const volatile uint8_t*>(p) + 65536));
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
 }
 
 TEST(GgufWriter, RejectsBadTensorDeclarations) {

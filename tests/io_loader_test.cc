@@ -321,6 +321,11 @@ TEST_P(LoaderBackendTest, TruncatedFileFailsCleanly) {
   EXPECT_EQ(result.outcome, ReadOutcome::kFailed);
   EXPECT_NE(result.status.message().find("end of file"), std::string::npos) << result.status.message();
   EXPECT_NE(result.status.message().find("layer 1 group 1"), std::string::npos);
+  // The size the file has now, not the one seen at open.
+  EXPECT_NE(result.status.message().find("file size now " + std::to_string(6 * kA) + ", " +
+                                         std::to_string(16 * kA) + " when opened"),
+            std::string::npos)
+      << result.status.message();
 }
 
 // Cancelled jobs end kCancelled; their banks return to Available without ever being visible.

@@ -44,7 +44,9 @@
 // read-only (MAP_SHARED) and only the header pages are touched by Open, so a 17 GB file opens in
 // milliseconds; with mmap = false the header is parsed through a 1 MiB pread window and tensor
 // bytes are read on demand by ReadTensor. (A file truncated by someone else while mapped makes
-// later accesses fault: SIGBUS, as with any mapping.) Metadata is parsed into GgufValues (about
+// later accesses fault: SIGBUS, as with any mapping; the mapping is registered with
+// base/file_signals.h, so a program that installed its handlers reports that in one line and
+// exits with kMappedFileErrorExitCode.) Metadata is parsed into GgufValues (about
 // 100 bytes per array element), so the metadata's memory is proportional to its size on disk.
 //
 // Thread safety: a GgufFile is immutable after Open; all const methods may be called
@@ -189,6 +191,7 @@ class GgufFile {
   const uint8_t* map_ = nullptr;  // whole-file mapping (or the FromMemory buffer)
   size_t map_size_ = 0;
   bool owns_map_ = false;
+  int mapped_slot_ = -1;  // RegisterMappedFile's slot of the mapping (base/file_signals.h)
 };
 
 // Streams a GGUF file to disk tensor by tensor, without holding tensor data in memory.

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "base/file_signals.h"
 #include "gguf/gguf.h"
 
 namespace estream {
@@ -271,6 +272,7 @@ class Parser {
 }  // namespace
 
 GgufFile::~GgufFile() {
+  UnregisterMappedFile(mapped_slot_);
   if (owns_map_ && map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
   if (fd_ >= 0) ::close(fd_);
 }
@@ -292,6 +294,9 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, GgufOp
     f->map_ = static_cast<const uint8_t*>(p);
     f->map_size_ = f->file_size_;
     f->owns_map_ = true;
+    // A SIGBUS in the mapping (the file truncated or unreadable while in use) is then reported
+    // as such by the CLI's handler (base/file_signals.h).
+    f->mapped_slot_ = RegisterMappedFile(f->map_, f->map_size_, path);
     Cursor cur(f->map_, f->file_size_);
     ESTREAM_RETURN_IF_ERROR(f->Parse(cur));
   } else {

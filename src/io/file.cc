@@ -38,7 +38,7 @@ Status File::ReadAt(uint64_t offset, size_t n, void* dst) {
     // 0, or a short read that reached the end of the file: the rest does not exist.
     if (r == 0 || offset + done + static_cast<uint64_t>(r) >= size()) {
       return Status::IOError(name() + ": unexpected end of file at offset " + std::to_string(offset + done + r) +
-                             " (file size " + std::to_string(size()) + ", wanted " + std::to_string(n - done - r) +
+                             " (" + SizeText(*this) + ", wanted " + std::to_string(n - done - r) +
                              " more bytes); the file may be truncated");
     }
     // With O_DIRECT a resumed read must start aligned: keep only the aligned part of the
@@ -79,6 +79,17 @@ Result<std::unique_ptr<PosixFile>> PosixFile::Open(const std::string& path, Posi
 }
 
 PosixFile::~PosixFile() { ::close(fd_); }
+
+uint64_t PosixFile::current_size() const {
+  struct stat st;
+  return ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : size_;
+}
+
+std::string SizeText(const File& file) {
+  const uint64_t now = file.current_size();
+  if (now == file.size()) return "file size " + std::to_string(now);
+  return "file size now " + std::to_string(now) + ", " + std::to_string(file.size()) + " when opened";
+}
 
 int64_t PosixFile::ReadOnce(uint64_t offset, size_t n, void* dst) {
   const ssize_t r = ::pread(fd_, dst, n, static_cast<off_t>(offset));

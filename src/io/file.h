@@ -38,6 +38,9 @@ class File {
 
   virtual const std::string& name() const = 0;  // the path, for error messages
   virtual uint64_t size() const = 0;            // bytes, fixed at open
+  // The size now (fstat), for messages about a file that shrank while in use; size() when it
+  // cannot be known.
+  virtual uint64_t current_size() const { return size(); }
   // Required alignment of offsets, lengths and buffers (1: none; 4096 with O_DIRECT).
   virtual size_t alignment() const { return 1; }
   // A descriptor io_uring can read, or -1 if there is none (then only ReadOnce works).
@@ -66,6 +69,7 @@ class PosixFile final : public File {
 
   const std::string& name() const override { return path_; }
   uint64_t size() const override { return size_; }
+  uint64_t current_size() const override;
   size_t alignment() const override { return direct_ ? kDirectIoAlignment : 1; }
   int fd() const override { return fd_; }
   bool direct() const { return direct_; }
@@ -79,6 +83,10 @@ class PosixFile final : public File {
   const uint64_t size_;
   const bool direct_;
 };
+
+// "file size N", or "file size now N, M when opened" for a file that changed size since it was
+// opened: for the messages about reads that stopped at the end of the file.
+std::string SizeText(const File& file);
 
 // A fault to inject on reads that overlap [offset, offset + length).
 struct FaultRule {
@@ -116,6 +124,7 @@ class FaultInjectingFile final : public File {
 
   const std::string& name() const override { return base_->name(); }
   uint64_t size() const override { return base_->size(); }
+  uint64_t current_size() const override { return base_->current_size(); }
   size_t alignment() const override { return base_->alignment(); }
   int fd() const override { return base_->fd(); }
   int64_t ReadOnce(uint64_t offset, size_t n, void* dst) override;

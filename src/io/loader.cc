@@ -244,8 +244,8 @@ bool Loader::HandleResult(Chunk* c, int64_t result, Status* status) {
   // 0, or a short read that reached the end of the file: the rest does not exist (the file
   // shrank after the job was checked against its size).
   if (result == 0 || c->offset + got >= job.req.file->size()) {
-    *status = Status::IOError("unexpected end of file: " + where() + ", file size " +
-                              std::to_string(job.req.file->size()) + "; the file may have been truncated");
+    *status = Status::IOError("unexpected end of file: " + where() + ", " + SizeText(*job.req.file) +
+                              "; the file may have been truncated while in use");
     return true;
   }
   // A short read: resume. With O_DIRECT the next read must start aligned, so keep only the

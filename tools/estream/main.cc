@@ -12,6 +12,7 @@
 #include <new>
 
 #include "base/cpu.h"
+#include "base/file_signals.h"
 #include "tools/estream/command.h"
 
 namespace estream::cli {
@@ -150,6 +151,9 @@ int main(int argc, char** argv) {
   }
   for (size_t i = 0; i < commands.size(); ++i) {
     if (!subs[i]->parsed()) continue;
+    // A model file truncated or unreadable while mapped: one line and exit status 74, not a
+    // bare "Bus error"; temporary outputs removed when the command is killed.
+    estream::InstallFileSignalHandlers(std::string("estream ") + commands[i]->name() + ": error: ");
     // Errors are Status values; an exception reaching here (an allocation that failed: an input
     // or a pass too large for the memory left) still ends as one line and exit code 1, not abort.
     try {
