@@ -57,6 +57,12 @@ TEST_F(CliErrors, CommandLineMistakesAreOneLineAndExitCode1) {
   ExpectError("prefill -p hi", "estream prefill: error: ", "--model");
   ExpectError("prefill -m " + Model() + " -p hi -t 100000", "estream prefill: error: ", "--threads");
   ExpectError("synth --layers 0 -o " + dir_->File("x.gguf"), "estream synth: error: ", "--layers");
+  // Thread counts are bounded by kMaxThreads everywhere (synth --threads 100000 crashed in
+  // GOMP_parallel and left its temporary file).
+  ExpectError("synth --threads 100000 -o " + dir_->File("x.gguf"), "estream synth: error: ", "--threads");
+  ExpectError("pack -t 1025 " + Model() + " -o " + dir_->File("x.gguf"), "estream pack: error: ", "--threads");
+  ExpectError("serve -m " + Model() + " -t 1025", "estream serve: error: ", "--threads");
+  ExpectError("serve -m " + Model() + " --http-threads 100000", "estream serve: error: ", "--http-threads");
   // Integer flags: what is wanted, in one short line (CLI11's own check printed DBL_MAX in full).
   ExpectError("eval --task hellaswag -m " + Model() + " f.txt --tasks 0", "estream eval: error: ",
               "--tasks: expected a positive integer, got '0'");

@@ -13,6 +13,7 @@
 
 #include "base/fp16.h"
 #include "base/timer.h"
+#include "estream/engine.h"  // kMaxThreads
 #include "model/bpe_builder.h"
 #include "quant/quant.h"
 
@@ -712,6 +713,9 @@ Status SynthModel::Write(const std::string& path, const SynthWriteOptions& wo, S
   GgufWriter writer;
   for (const GgufKv& kv : kvs_) writer.AddKv(kv.key, kv.value);
   for (const SynthTensor& t : tensors_) ESTREAM_RETURN_IF_ERROR(writer.AddTensor(t.name, t.type, t.dims));
+  if (wo.threads < 0 || wo.threads > kMaxThreads)
+    return Status::InvalidArgument("synth: " + std::to_string(wo.threads) + " generator threads: give 1 to " +
+                                   std::to_string(kMaxThreads) + " (0: all)");
   ESTREAM_RETURN_IF_ERROR(writer.Begin(path));
 
   const int threads = wo.threads > 0 ? wo.threads : omp_get_max_threads();

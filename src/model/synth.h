@@ -134,7 +134,7 @@ struct SynthTensor {
 };
 
 struct SynthWriteOptions {
-  int threads = 0;            // generator threads; 0: all OpenMP threads
+  int threads = 0;            // generator threads, 0..kMaxThreads (InvalidArgument beyond); 0: all
   bool progress = false;      // percent and MB/s on stderr, about twice a second
   size_t chunk_bytes = 16u << 20;
 };

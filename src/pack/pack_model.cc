@@ -24,6 +24,7 @@
 #include "base/omp_threads.h"
 #include "base/mutex.h"
 #include "base/timer.h"
+#include "estream/engine.h"  // kMaxThreads
 #include "pack/metadata_update.h"
 #include "pack/packed_layout.h"
 #include "kernels/kernels.h"
@@ -346,6 +347,9 @@ Result<SourceExperts> FindSourceExperts(const GgufFile& in) {
 
 Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, const PackOptions& options) {
   Timer timer;
+  if (options.threads < 1 || options.threads > kMaxThreads)
+    return Status::InvalidArgument(fmt::format("estream pack: {} repacking threads: give 1 to {}", options.threads,
+                                               kMaxThreads));
   ESTREAM_ASSIGN_OR_RETURN(SourceExperts src, FindSourceExperts(in));
   {
     std::error_code ec;

@@ -57,7 +57,7 @@ struct PackOptions {
   // OpenMP threads of the repacking (kernels::RepackWeights). One is the default: a second
   // thread gains little next to the I/O, and a team whose threads the OS does not run at the
   // same moment (a busy machine) repacks several times slower than one thread.
-  int threads = 1;
+  int threads = 1;  // 1..kMaxThreads (estream/engine.h); InvalidArgument otherwise
 };
 
 struct PackStats {

@@ -8,6 +8,7 @@
 
 #include "base/json_text.h"
 #include "base/memory.h"
+#include "estream/engine.h"
 #include "gguf/gguf.h"
 #include "pack/pack_model.h"
 #include "tools/estream/command.h"
@@ -25,7 +26,7 @@ class PackCommand : public Command {
                     "JSON file: {\"LAYER\": [expert at position 0, expert at position 1, ...], ...}; layers not "
                     "listed keep the identity order");
     sub->add_option("-t,--threads", options_threads_, "Repacking threads (default 1: the work is mostly I/O)")
-        ->check(CLI::Range(1, 256));
+        ->check(CLI::Range(1, kMaxThreads));
     sub->add_flag("--json", json_, "Print a JSON summary on stdout");
     sub->add_flag("-q,--quiet", quiet_, "No progress output");
   }

@@ -52,7 +52,7 @@ class ServeCommand : public Command {
     sub->add_option("--host", o_.host, "address to listen on (default 127.0.0.1)");
     sub->add_option("--port", o_.port, "port (default 8080; 0: any free port, printed at start)")->check(CLI::Range(0, 65535));
     sub->add_option("--api-key", o_.api_key, "require \"Authorization: Bearer KEY\" on every route but /health");
-    sub->add_option("-t,--threads", threads_, "engine compute threads (default: one per CPU)")->check(CLI::Range(0, 1024));
+    AddThreadsFlag(sub, &threads_, "engine compute threads (default: one per CPU)");
     const uint64_t default_reserve =
         ServerReserve(o_.scheduler.max_queue + 8, *ParseSize(max_body_), *ParseSize(reply_memory_));
     AddBudgetFlag(sub, &budget_, "memory budget of the whole process, in bytes or with a K/M/G/T suffix (powers of "
@@ -90,7 +90,7 @@ class ServeCommand : public Command {
                     "requests in flight, all together (default 32M): a request whose body or reply needs more gets "
                     "413, others wait for room");
     sub->add_option("--http-threads", o_.http_threads, "HTTP worker threads (default --max-queue + 8)")
-        ->check(NonNegativeInt());
+        ->check(CLI::Range(0, kMaxThreads));
     sub->add_option("--shutdown-grace", o_.shutdown_grace_seconds, "on SIGTERM/SIGINT, seconds queued work may "
                     "still run (default 10)")->check(SecondsCheck());
     sub->add_option("--alias", alias_, "model id in replies and /v1/models (default: the file name)");

@@ -2,6 +2,7 @@
 // byte-level BPE tokenizer) in GGUF, with the shapes and conventions of a real model family.
 #include <cstdio>
 
+#include "estream/engine.h"
 #include "model/synth.h"
 #include "tools/estream/command.h"
 
@@ -29,7 +30,7 @@ class SynthCommand : public Command {
                     "Zipf exponent S of expert popularity (~1/rank^S; 0: uniform)")->capture_default_str();
     sub->add_option("--seed", opt_.seed, "Random seed (same seed, same bytes)")->capture_default_str();
     sub->add_option("--vocab-from", opt_.vocab_from, "Copy the tokenizer.* keys from this GGUF (vocab size follows it)");
-    sub->add_option("--threads", threads_, "Generator threads (default: all)")->check(CLI::Range(1, 1 << 24));
+    sub->add_option("-t,--threads", threads_, "Generator threads (default: all)")->check(CLI::Range(1, kMaxThreads));
     sub->add_flag("-q,--quiet", quiet_, "No progress output");
   }
 
