@@ -2,6 +2,9 @@
 // error is one line on stderr, "estream <command>: error: ..." (or "estream: error: ..." before
 // a command is known), exit code 1, and names what to change. Runs the built binary on a tiny
 // model that the test makes with `estream synth` and `estream pack`.
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,6 +93,29 @@ TEST_F(CliErrors, SizesOutOfRangeAreRefused) {
   // Sizes are decimal: no hexadecimal (0x100M read as 256 MiB), exponents, signs or spaces.
   for (const char* bad : {"0x100M", "1e9", "-1G", "+1G", "' 1G'", "1.5.1G", "1GG", ".G"})
     ExpectError("prefill -m " + Packed() + " -p hi --budget " + bad, "estream prefill: error: ", "bad size");
+}
+
+// Outputs renamed into place (pack, synth, score --merge) refuse a FIFO or a device before any
+// work: the rename would replace it with a regular file (as root, `pack -o /dev/null` did).
+TEST_F(CliErrors, OutputsThatAreNotRegularFilesAreRefused) {
+  const std::string fifo = dir_->File("out.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  ExpectError("pack -q " + Model() + " -o " + fifo, "estream pack: error: ", fifo + " is a FIFO");
+  ExpectError("synth -q --preset tiny -o " + fifo, "estream synth: error: ", fifo + " is a FIFO");
+  std::ofstream(dir_->File("shard.jsonl")) << "{\"id\": 1, \"n_tokens\": 3}\n";
+  ExpectError("score --merge " + dir_->File("shard.jsonl") + " -o " + fifo, "estream score: error: ",
+              fifo + " is a FIFO");
+  const std::string null = dir_->File("null");
+  if (::mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {  // root only
+    ExpectError("pack -q " + Model() + " -o " + null, "estream pack: error: ", null + " is a character device");
+    struct stat st;
+    ASSERT_EQ(::lstat(null.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode));
+  }
+  struct stat st;
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  for (const std::string& name : dir_->List()) EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
 }
 
 TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -408,6 +409,107 @@ TEST(GgufFileDeathTest, OtherBusErrorsKeepTheDefaultAction) {
         std::_Exit(*(static_cast<const volatile uint8_t*>(p) + 65536));
       },
       ::testing::KilledBySignal(SIGBUS), "");
+}
+
+// rename(2) over a device node or a FIFO would replace it with a regular file (as root,
+// `pack x.gguf -o /dev/null` turned /dev/null into a model): such destinations are refused before
+// anything is written; a symbolic link to a regular file is followed (the link stays).
+TEST(GgufWriter, DestinationMustBeARegularFileOrALinkToOne) {
+  ScratchDir dir;
+  const float x[4] = {1, 2, 3, 4};
+  auto write = [&](const std::string& path) {
+    GgufWriter writer;
+    EXPECT_TRUE(writer.AddTensor("t", QuantType::kF32, {4}).ok());
+    Status s = writer.Begin(path);
+    if (s.ok()) s = writer.WriteTensorData(x, sizeof(x));
+    if (s.ok()) s = writer.Finish();
+    return s;
+  };
+  ASSERT_EQ(::mkfifo(dir.File("fifo").c_str(), 0644), 0);
+  ASSERT_EQ(::mkdir(dir.File("dir").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(dir.File("fifo").c_str(), dir.File("link-to-fifo").c_str()), 0);
+  ASSERT_EQ(::symlink(dir.File("missing").c_str(), dir.File("dangling").c_str()), 0);
+  std::vector<std::pair<std::string, std::string>> refused = {{"fifo", "is a FIFO"},
+                                                              {"dir", "is a directory"},
+                                                              {"link-to-fifo", "is a symbolic link to a FIFO"},
+                                                              {"dangling", "is a symbolic link to a file that does not exist"}};
+  // A /dev/null-like node: only root may make one.
+  if (::mknod(dir.File("null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0)
+    refused.push_back({"null", "is a character device"});
+  for (const auto& [name, what] : refused) {
+    const Status s = write(dir.File(name));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << name << ": " << s.ToString();
+    EXPECT_NE(s.message().find(dir.File(name) + " " + what), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("give "), std::string::npos) << s.message();  // what to do instead
+  }
+  struct stat st;
+  ASSERT_EQ(::stat(dir.File("fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  if (::lstat(dir.File("null").c_str(), &st) == 0) {
+    EXPECT_TRUE(S_ISCHR(st.st_mode));
+  }
+
+  // Through a link: the target is written, the link kept, no temporary left anywhere.
+  ASSERT_EQ(::mkdir(dir.File("models").c_str(), 0755), 0);
+  testing_gguf::WriteAll(dir.File("models/m.gguf"), {1, 2, 3});
+  ASSERT_EQ(::symlink("models/m.gguf", dir.File("link.gguf").c_str()), 0);
+  ASSERT_TRUE(write(dir.File("link.gguf")).ok());
+  ASSERT_EQ(::lstat(dir.File("link.gguf").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  auto f = GgufFile::Open(dir.File("models/m.gguf"));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_NE((*f)->FindTensor("t"), nullptr);
+  EXPECT_EQ(std::filesystem::directory_iterator(dir.File("models"))->path().filename(), "m.gguf");
+}
+
+// Until Finish has written everything, the temporary's magic is zero: a temporary left by a
+// crash or a kill is not a GGUF any reader accepts.
+TEST(GgufWriter, TemporaryIsNotAGgufUntilFinished) {
+  ScratchDir dir;
+  GgufWriter writer;
+  ASSERT_TRUE(writer.AddTensor("t", QuantType::kF32, {4}).ok());
+  ASSERT_TRUE(writer.Begin(dir.File("m.gguf")).ok());
+  const float x[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(writer.WriteTensorData(x, sizeof(x)).ok());
+  std::string tmp;
+  ASSERT_EQ(dir.List().size(), 1u);
+  tmp = dir.File(dir.List()[0]);
+  // What a crash would leave: everything but the magic (the writer's buffer, flushed here by a
+  // Finish callback that copies the file at that moment).
+  ASSERT_TRUE(writer
+                  .Finish([&](int) {
+                    std::filesystem::copy_file(tmp, dir.File("left-behind"));
+                    return Status::Ok();
+                  })
+                  .ok());
+  auto left = GgufFile::Open(dir.File("left-behind"));
+  ASSERT_FALSE(left.ok());
+  EXPECT_EQ(left.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(left.status().message().find("bad magic 0x00000000"), std::string::npos) << left.status().ToString();
+  EXPECT_NE(left.status().message().find("did not finish writing"), std::string::npos) << left.status().ToString();
+  EXPECT_TRUE(GgufFile::Open(dir.File("m.gguf")).ok());
+}
+
+// A process killed while writing (SIGTERM, SIGINT, SIGHUP) removes its temporary when the
+// handlers of base/file_signals.h are installed, as the CLI does; the signal still ends it.
+TEST(GgufWriterDeathTest, KilledWriterRemovesItsTemporary) {
+  ScratchDir dir;
+  for (const int sig : {SIGTERM, SIGINT}) {
+    EXPECT_EXIT(
+        {
+          InstallFileSignalHandlers("estream test: error: ");
+          GgufWriter writer;
+          if (!writer.AddTensor("t", QuantType::kF32, {1 << 20}).ok() || !writer.Begin(dir.File("m.gguf")).ok())
+            std::_Exit(2);
+          const std::vector<float> half(1 << 19, 1.0f);
+          if (!writer.WriteTensorData(half.data(), half.size() * sizeof(float)).ok() || dir.List().size() != 1)
+            std::_Exit(3);
+          std::raise(sig);
+          std::_Exit(4);
+        },
+        ::testing::KilledBySignal(sig), "");
+    EXPECT_TRUE(dir.List().empty()) << dir.List()[0];
+  }
 }
 
 TEST(GgufWriter, RejectsBadTensorDeclarations) {

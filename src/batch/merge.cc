@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/file_signals.h"
+#include "base/output_path.h"
 #include "batch/shard.h"
 
 namespace estream::batch {
@@ -198,12 +200,18 @@ Result<MergeStats> MergeShardOutputs(const MergeOptions& o) {
     fds[f] = open(files[f].c_str(), O_RDONLY | O_CLOEXEC);
     if (fds[f] < 0) return Status::IOError("merge: " + files[f] + ": cannot open: " + std::strerror(errno));
   }
-  const std::string tmp = o.output + ".tmp";
-  closer.out = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The merged file replaces OUT by a rename: OUT must be a regular file or a link to one
+  // (base/output_path.h), or a device such as /dev/null would become a regular file.
+  Result<std::string> target = ResolveOutputPath(o.output, "the merged output");
+  if (!target.ok()) return Status(target.status().code(), "merge: " + target.status().message());
+  const std::string tmp = *target + ".tmp";
+  closer.out = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (closer.out < 0) return Status::IOError("merge: " + tmp + ": cannot create: " + std::strerror(errno));
+  const int temp_slot = RegisterTempFile(tmp);  // removed if the process is killed
   std::string buf;
   auto fail = [&](Status s) {
     unlink(tmp.c_str());
+    UnregisterTempFile(temp_slot);
     return s;
   };
   for (const std::string& key : order) {
@@ -235,8 +243,9 @@ Result<MergeStats> MergeShardOutputs(const MergeOptions& o) {
   if (fsync(closer.out) != 0) return fail(Status::IOError("merge: " + tmp + ": fsync failed: " + std::strerror(errno)));
   close(closer.out);
   closer.out = -1;
-  if (rename(tmp.c_str(), o.output.c_str()) != 0)
-    return fail(Status::IOError("merge: cannot rename " + tmp + " to " + o.output + ": " + std::strerror(errno)));
+  if (rename(tmp.c_str(), target->c_str()) != 0)
+    return fail(Status::IOError("merge: cannot rename " + tmp + " to " + *target + ": " + std::strerror(errno)));
+  UnregisterTempFile(temp_slot);
   return stats;
 }
 

@@ -14,7 +14,9 @@
 //   - every problem found is reported in one Status (InvalidArgument, or IOError for a file that
 //     cannot be read) listing up to max_listed keys per kind of problem and the total, and then
 //     nothing is written. Otherwise OUT is written to OUT.tmp, fsynced and renamed over OUT, so it
-//     appears only when complete.
+//     appears only when complete. OUT must be absent, a regular file, or a symbolic link to one
+//     (whose target is then replaced); a device, FIFO or directory is refused (InvalidArgument),
+//     as the rename would replace it (base/output_path.h).
 // Memory: one entry per result line (the key and where the line is: ~100 bytes plus the id's
 // text), the lines themselves are copied from the files. The inputs are read once to index them,
 // then each line once more to write it.

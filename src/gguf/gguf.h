@@ -54,6 +54,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -197,11 +198,19 @@ class GgufFile {
 // Streams a GGUF file to disk tensor by tensor, without holding tensor data in memory.
 // Usage: AddKv... AddTensor... (declares all tensors: name, type, dims) ; Begin(path) writes the
 // header; then WriteTensorData for each tensor in declaration order (in one or more chunks, which
-// may span tensor boundaries; zero-byte tensors are skipped); Finish() pads, fsyncs and renames
-// the temporary file "<path>.tmp.<pid>" to `path` (and fsyncs the directory).
+// may span tensor boundaries; zero-byte tensors are skipped); Finish() pads, writes the magic,
+// fsyncs and renames the temporary file "<path>.tmp.<pid>" to `path` (and fsyncs the directory).
+// Destination: Begin refuses a path that names a directory, a device, a FIFO or a socket (the
+// rename would replace it) and follows a symbolic link to a regular file, whose target is
+// replaced and whose directory holds the temporary (base/output_path.h).
+// Unfinished files: the temporary's first 4 bytes (the magic) stay zero until Finish has written
+// everything else, so a temporary left by a crash is refused by every GGUF reader ("bad magic"),
+// and the temporary is registered with base/file_signals.h, so a process killed by SIGINT,
+// SIGTERM or SIGHUP (in a program that installed the handlers) removes it.
 // Offsets are assigned in declaration order, each aligned to `alignment`; the file ends padded to
 // the alignment (as ggml writes it). An alignment other than 32 adds a general.alignment key.
-// Errors: Begin on an unwritable path -> IOError naming the path; any failed write, too much
+// Errors: Begin on an unwritable path -> IOError naming the path, on a destination that is not a
+// regular file (nor a link to one) -> InvalidArgument saying what it is; any failed write, too much
 // data, or Finish before every tensor is complete -> an error, and the temporary file is removed
 // at once; every later call returns that error. Destruction before Finish also removes it: a
 // failure never leaves a partial file at `path` nor a temporary beside it.
@@ -226,7 +235,10 @@ class GgufWriter {
   // Appends bytes of the current tensor; a tensor is complete after n_bytes have been written,
   // and the next call continues with the next declared tensor.
   Status WriteTensorData(const void* data, size_t size);
-  Status Finish();
+  // `before_magic`, when given, is called with the temporary's descriptor once every byte but the
+  // magic is written (and flushed): for a caller that fills in header values it knows only at the
+  // end (pack's checksums) with pwrite. Its error fails the write like any other.
+  Status Finish(const std::function<Status(int fd)>& before_magic = {});
 
   // The temporary file's descriptor from a successful Begin until Finish or a failure, else -1:
   // for a caller that sets the new file's mode or owner (fchmod/fchown) before Finish renames it

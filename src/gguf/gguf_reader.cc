@@ -329,8 +329,11 @@ Status GgufFile::Parse(gguf_internal::Cursor& cur) {
   ESTREAM_RETURN_IF_ERROR(p.Pod(&magic, "header.magic"));
   if (magic != kGgufMagic)
     return p.Corrupt(0, "header.magic",
-                     fmt::format("bad magic 0x{:08x}, expected 0x{:08x} (\"GGUF\"): not a GGUF file", magic,
-                                 kGgufMagic));
+                     fmt::format("bad magic 0x{:08x}, expected 0x{:08x} (\"GGUF\"): not a GGUF file{}", magic,
+                                 kGgufMagic,
+                                 magic == 0 ? " (a zero magic: an output estream did not finish writing, or a "
+                                              "header update that was interrupted)"
+                                            : ""));
   ESTREAM_RETURN_IF_ERROR(p.Pod(&version_, "header.version"));
   if (version_ != 2 && version_ != 3) {
     const uint32_t swapped = __builtin_bswap32(version_);

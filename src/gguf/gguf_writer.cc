@@ -1,4 +1,7 @@
 // GgufWriter: streams a GGUF file to "<path>.tmp.<pid>" and renames it into place at Finish.
+// The temporary's magic stays zero until every other byte is written, so an unfinished file is
+// never taken for a GGUF, and it is registered with base/file_signals.h, so a killed process
+// removes it.
 //
 // Small writes (the header, padding, tensor chunks below kDirectBytes) are gathered in one buffer
 // and written in large chunks; larger tensor chunks bypass the buffer (no extra copy). Any failure closes and removes
@@ -14,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "base/file_signals.h"
+#include "base/output_path.h"
 #include "gguf/gguf.h"
 
 namespace estream {
@@ -81,8 +86,11 @@ struct GgufWriter::Impl {
   enum class State { kDeclaring, kWriting, kDone, kFailed };
   State state = State::kDeclaring;
   Status failure;
-  std::string path, tmp_path;
+  std::string path;      // as given, for messages
+  std::string target;    // what the temporary is renamed onto (path, or the file a link names)
+  std::string tmp_path;
   int fd = -1;
+  int temp_slot = -1;    // RegisterTempFile's slot of tmp_path
   std::string header;            // serialised header (kept until written)
   std::vector<uint8_t> buffer;   // pending bytes, flushed in large chunks
   size_t buffered = 0;
@@ -138,6 +146,8 @@ struct GgufWriter::Impl {
       fd = -1;
     }
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
+    UnregisterTempFile(temp_slot);
+    temp_slot = -1;
     state = State::kFailed;
     failure = s;
     return s;
@@ -271,16 +281,24 @@ Status GgufWriter::Begin(const std::string& path) {
           "{}: key general.alignment must be a u32 equal to the writer's alignment {}", path, alignment_));
   }
   w.path = path;
-  w.tmp_path = fmt::format("{}.tmp.{}", path, ::getpid());
-  w.fd = ::open(w.tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A device, FIFO or directory is refused; a symbolic link is followed (base/output_path.h).
+  Result<std::string> target = ResolveOutputPath(path, "a GGUF file");
+  if (!target.ok()) return w.Fail(target.status());
+  w.target = std::move(*target);
+  w.tmp_path = fmt::format("{}.tmp.{}", w.target, ::getpid());
+  // Read-write: a Finish callback may read the header back (pack compares before it patches).
+  w.fd = ::open(w.tmp_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (w.fd < 0) {
     Status s = Status::IOError(fmt::format("{}: cannot create '{}' for writing: {}", path, w.tmp_path, Errno()));
     w.tmp_path.clear();  // nothing was created
     return w.Fail(s);
   }
+  w.temp_slot = RegisterTempFile(w.tmp_path);
   w.state = Impl::State::kWriting;
   w.buffer.resize(kBufferBytes);
-  const std::string header = SerializeHeader(version_, alignment_, kvs_, tensors_);
+  // The magic is written last (Finish): until then the file is no GGUF any reader accepts.
+  std::string header = SerializeHeader(version_, alignment_, kvs_, tensors_);
+  std::memset(header.data(), 0, sizeof(kGgufMagic));
   Status s = w.Append(reinterpret_cast<const uint8_t*>(header.data()), header.size());
   if (s.ok()) s = w.Zeros(AlignUp(header.size(), alignment_) - header.size());
   if (!s.ok()) return w.Fail(s);
@@ -323,7 +341,7 @@ Status GgufWriter::WriteTensorData(const void* data, size_t size) {
 
 int GgufWriter::temp_fd() const { return impl_->state == Impl::State::kWriting ? impl_->fd : -1; }
 
-Status GgufWriter::Finish() {
+Status GgufWriter::Finish(const std::function<Status(int fd)>& before_magic) {
   Impl& w = *impl_;
   if (w.state == Impl::State::kFailed) return w.failure;
   if (w.state != Impl::State::kWriting)
@@ -335,16 +353,22 @@ Status GgufWriter::Finish() {
   }
   Status s = w.Zeros(DataBytes(tensors_, alignment_) - w.data_pos);
   if (s.ok()) s = w.Flush();
+  if (s.ok() && before_magic) s = before_magic(w.fd);
   if (!s.ok()) return w.Fail(s);
+  const uint32_t magic = kGgufMagic;
+  if (::pwrite(w.fd, &magic, sizeof(magic), 0) != static_cast<ssize_t>(sizeof(magic)))
+    return w.Fail(Status::IOError(fmt::format("{}: writing the magic failed: {}", w.tmp_path, Errno())));
   if (::fsync(w.fd) != 0) return w.Fail(Status::IOError(fmt::format("{}: fsync failed: {}", w.tmp_path, Errno())));
   const int fd = w.fd;
   w.fd = -1;
   if (::close(fd) != 0) return w.Fail(Status::IOError(fmt::format("{}: close failed: {}", w.tmp_path, Errno())));
-  if (::rename(w.tmp_path.c_str(), w.path.c_str()) != 0)
+  if (::rename(w.tmp_path.c_str(), w.target.c_str()) != 0)
     return w.Fail(Status::IOError(fmt::format("{}: cannot rename '{}' into place: {}", w.path, w.tmp_path, Errno())));
+  UnregisterTempFile(w.temp_slot);
+  w.temp_slot = -1;
   // Make the rename durable (best effort: some file systems refuse fsync on directories).
-  const size_t slash = w.path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : w.path.substr(0, slash));
+  const size_t slash = w.target.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : w.target.substr(0, slash));
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     (void)::fsync(dfd);

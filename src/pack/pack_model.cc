@@ -21,8 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "base/memory.h"
-#include "base/omp_threads.h"
 #include "base/mutex.h"
+#include "base/omp_threads.h"
+#include "base/output_path.h"
 #include "base/timer.h"
 #include "estream/engine.h"  // kMaxThreads
 #include "pack/metadata_update.h"
@@ -177,19 +178,6 @@ Status CheckTensor(const GgufFile& in, const GgufTensorInfo& t, const std::vecto
                                         t.name, t.ShapeString(), want, dims.size() == 3 ? ", n_expert" : ""));
 }
 
-// Removes a file on scope exit unless released.
-class FileRemover {
- public:
-  explicit FileRemover(std::string path) : path_(std::move(path)) {}
-  ~FileRemover() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  void Release() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 // One estream.checksums.N value in the header of the written file.
 struct ChecksumSlot {
   std::string key;
@@ -209,13 +197,10 @@ std::unordered_map<std::string, uint64_t> KeyPositions(const std::vector<GgufKv>
   return out;
 }
 
-// Writes the checksums into the header of the finished file at `path`. The bytes at each slot
-// (key, array type, element type, count) are compared first, so a disagreement with the
-// writer's serialisation is an error, never a silent overwrite.
-Status PatchChecksums(const std::string& path, const std::vector<ChecksumSlot>& slots) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(fmt::format("{}: cannot reopen to write checksums: {}", path, std::strerror(errno)));
-  Status st;
+// Writes the checksums into the header of the written file (descriptor fd; `path` names it in
+// messages). The bytes at each slot (key, array type, element type, count) are compared first, so
+// a disagreement with the writer's serialisation is an error, never a silent overwrite.
+Status PatchChecksums(int fd, const std::string& path, const std::vector<ChecksumSlot>& slots) {
   for (const ChecksumSlot& slot : slots) {
     std::string expect;
     auto put = [&expect](const void* p, size_t n) { expect.append(static_cast<const char*>(p), n); };
@@ -230,30 +215,15 @@ Status PatchChecksums(const std::string& path, const std::vector<ChecksumSlot>& 
     std::string got(expect.size(), '\0');
     if (::pread(fd, got.data(), got.size(), static_cast<off_t>(slot.key_pos)) != static_cast<ssize_t>(got.size()) ||
         got != expect) {
-      st = Status::Internal(fmt::format("{}: key {} is not at header byte {} as computed; checksums not written", path,
-                                        slot.key, slot.key_pos));
-      break;
+      return Status::Internal(fmt::format("{}: key {} is not at header byte {} as computed; checksums not written",
+                                          path, slot.key, slot.key_pos));
     }
     const size_t n = count * sizeof(uint64_t);
     if (::pwrite(fd, slot.sums->data(), n, static_cast<off_t>(slot.key_pos + expect.size())) !=
         static_cast<ssize_t>(n)) {
-      st = Status::IOError(fmt::format("{}: cannot write checksums of {}: {}", path, slot.key, std::strerror(errno)));
-      break;
+      return Status::IOError(fmt::format("{}: cannot write checksums of {}: {}", path, slot.key, std::strerror(errno)));
     }
   }
-  if (st.ok() && ::fsync(fd) != 0) st = Status::IOError(fmt::format("{}: fsync failed: {}", path, std::strerror(errno)));
-  ::close(fd);
-  return st;
-}
-
-Status SyncDirectoryOf(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(fmt::format("{}: cannot open directory to sync: {}", dir, std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return Status::IOError(fmt::format("{}: fsync of the directory failed: {}", dir, std::strerror(errno)));
   return Status::Ok();
 }
 
@@ -350,6 +320,9 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
   if (options.threads < 1 || options.threads > kMaxThreads)
     return Status::InvalidArgument(fmt::format("estream pack: {} repacking threads: give 1 to {}", options.threads,
                                                kMaxThreads));
+  // A device, FIFO or directory as the output is refused before any work (GgufWriter::Begin
+  // checks again when it creates the temporary).
+  ESTREAM_RETURN_IF_ERROR(ResolveOutputPath(out_path, "the packed model").status());
   ESTREAM_ASSIGN_OR_RETURN(SourceExperts src, FindSourceExperts(in));
   {
     std::error_code ec;
@@ -486,8 +459,8 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
     }
   }
 
-  const std::string staging = fmt::format("{}.packing.{}", out_path, ::getpid());
-  if (Status st = writer.Begin(staging); !st.ok())
+  // Written to "<out>.tmp.<pid>" (GgufWriter), renamed to out_path by Finish.
+  if (Status st = writer.Begin(out_path); !st.ok())
     return Status(st.code(), fmt::format("{}: cannot write the packed model: {}", out_path, st.message()));
 
   // ---- data ----
@@ -559,15 +532,10 @@ Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, con
     stats.record_bytes += R.record_bytes * static_cast<uint64_t>(src.n_expert);
   }
   ESTREAM_RETURN_IF_ERROR(write_behind.Close());
-  ESTREAM_RETURN_IF_ERROR(writer.Finish());
+  // The checksums go into the header once every record is written, before the magic makes the
+  // file a GGUF and the rename puts it in place.
+  ESTREAM_RETURN_IF_ERROR(writer.Finish([&](int fd) { return PatchChecksums(fd, out_path, slots); }));
   stats.output_bytes = writer.ExpectedFileSize();
-
-  FileRemover remove_staging(staging);
-  ESTREAM_RETURN_IF_ERROR(PatchChecksums(staging, slots));
-  if (::rename(staging.c_str(), out_path.c_str()) != 0)
-    return Status::IOError(fmt::format("{}: cannot rename {} to it: {}", out_path, staging, std::strerror(errno)));
-  remove_staging.Release();
-  ESTREAM_RETURN_IF_ERROR(SyncDirectoryOf(out_path));
 
   stats.input_bytes = in.file_size();
   stats.seconds = timer.Seconds();

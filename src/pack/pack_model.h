@@ -11,10 +11,11 @@
 // Overlap: one extra thread writes record r (two record buffers circulate) while the calling
 // thread reads and repacks record r + 1.
 //
-// Output: written to "<out>.packing.<pid>" (itself through GgufWriter's temporary name), the
-// per-record checksums are filled into its header once every record has been written, then it
-// is fsynced and renamed to `out`: a failure never leaves a partial file at `out` nor a
-// temporary beside it.
+// Output: written to "<out>.tmp.<pid>" (GgufWriter), the per-record checksums are filled into
+// its header once every record has been written, then the magic, then it is fsynced and renamed
+// to `out`: a failure never leaves a partial file at `out` nor a temporary beside it, and an
+// unfinished temporary is not a valid GGUF. `out` must be absent, a regular file or a symbolic
+// link to one (which is then replaced); anything else is refused before packing starts.
 //
 // Sources handled: general.architecture olmoe, qwen3moe, llama (Mixtral) or deepseek2, with the merged
 // blk.N.ffn_{gate,up,down}_exps.weight [n_embd, n_ff, n_expert] / [n_ff, n_embd, n_expert]
