@@ -346,6 +346,62 @@ TEST(MetadataUpdate, FailedRewriteLeavesTheOriginal) {
   ExpectNoTemporary(path);
 }
 
+// Through a symbolic link, the whole-file rewrite replaces the file the link names and keeps the
+// link (it used to replace the link with a full copy and leave the target unprofiled).
+TEST(MetadataUpdate, FullRewriteThroughASymlinkUpdatesItsTarget) {
+  ScratchDir dir;
+  fs::create_directory(dir.File("models"));
+  const std::string target = WithoutReserve(dir, "models/old.gguf");
+  const std::string link = dir.File("link.gguf");
+  fs::create_symlink("models/old.gguf", link);
+  const auto tensors = TensorBytes(target);
+  std::vector<GgufKv> old_kvs = (*GgufFile::Open(target, {.mmap = false}))->kvs();
+  const std::vector<GgufKv> set = SomeKeys(1, 4000);
+  io::MetadataUpdateInfo info;
+  const Status st = io::UpdateMetadata(link, set, {}, {}, &info);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_FALSE(info.in_place) << "the test needs the full-rewrite path";
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(fs::read_symlink(link), "models/old.gguf");
+  ExpectUpdated(target, tensors, old_kvs, set, {});
+  ExpectNoTemporary(target);
+  ExpectNoTemporary(link);
+}
+
+// A file that cannot be written (here: writes fail with EFBIG under a file size limit, as they
+// fail with EROFS or ENOSYS on read-only or write-less file systems) is found by CheckUpdatable
+// without changing it, and an in-place update that writes nothing says the file is unchanged
+// (not "restoring the old header failed too ... pack the model again").
+TEST(MetadataUpdate, UnwritableFileIsFoundFirstAndLeftUnchanged) {
+  ScratchDir dir;
+  const std::string path = CopyPacked(dir, "m.gguf");
+  const std::string before = ReadBytes(path);
+  EXPECT_TRUE(io::CheckUpdatable(path).ok());
+  struct rlimit old_limit {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit tiny = old_limit;
+  tiny.rlim_cur = 0;  // every write fails, none in part
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &tiny), 0);
+  const Status check = io::CheckUpdatable(path);
+  const Status update = io::UpdateMetadata(path, SomeKeys(1, 10), {});
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(check.code(), StatusCode::kIOError) << check.ToString();
+  EXPECT_NE(check.message().find(path + ": cannot update its metadata: writing to it fails"), std::string::npos)
+      << check.ToString();
+  EXPECT_EQ(update.code(), StatusCode::kIOError) << update.ToString();
+  EXPECT_NE(update.message().find("(the file is unchanged)"), std::string::npos) << update.ToString();
+  EXPECT_EQ(update.message().find("restoring"), std::string::npos) << update.ToString();
+  EXPECT_TRUE(ReadBytes(path) == before);
+  if (::geteuid() != 0) {  // root may open any file for writing
+    ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
+    const Status ro = io::CheckUpdatable(path);
+    EXPECT_NE(ro.message().find("cannot open for updating its metadata: Permission denied"), std::string::npos)
+        << ro.ToString();
+  }
+}
+
 TEST(MetadataUpdate, BadArgumentsAndLockedFile) {
   ScratchDir dir;
   const std::string path = CopyPacked(dir, "m.gguf");

@@ -17,9 +17,11 @@
 //     --report);
 //   - the CLI as smoke tests: one-line errors for a budget below the minimum and for an unpacked
 //     model, the notes of a budgeted prefill.
+#include <sys/resource.h>
+
 #include <gtest/gtest.h>
 
-
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -599,6 +601,29 @@ TEST(ProfileModel, ReportWithARefusedPeakReset) {
       EXPECT_TRUE(point["within_budget"].is_null()) << point.dump();
   }
   EXPECT_EQ(Count(progress, "warning: the peak RSS cannot be reset here"), 1u) << progress;
+}
+
+// A model that cannot be written is refused before the disk and the model are measured (profile
+// used to measure for minutes, then fail to store and print nothing). Writes fail here under a
+// file size limit (EFBIG), as they do on a read-only mount (EROFS) or a file system without write
+// support (ENOSYS).
+TEST(ProfileModel, UnwritableModelIsRefusedBeforeMeasuring) {
+  pipeline_test::ScratchDir dir;
+  const std::string model = dir.File("ro.packed.gguf");
+  fs::copy_file(TestModels().packed, model);
+  struct rlimit old_limit {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit tiny = old_limit;
+  tiny.rlim_cur = 0;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &tiny), 0);
+  const ProfileRun run = Profile(model, uint64_t{1} << 30);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(run.status.code(), StatusCode::kIOError) << run.status.ToString();
+  EXPECT_NE(run.status.message().find("writing to it fails"), std::string::npos) << run.status.ToString();
+  EXPECT_NE(run.status.message().find("give it a copy it can write"), std::string::npos) << run.status.ToString();
+  EXPECT_EQ(run.progress, "") << "nothing may be measured first";
 }
 
 TEST(ProfilerCli, Errors) {

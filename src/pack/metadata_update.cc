@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "base/memory.h"
+#include "base/output_path.h"
 
 // GCC 12's -Wrestrict misfires inside std::string's inlined copies (GCC bug 105329) on the
 // path strings built below.
@@ -48,12 +49,15 @@ class Fd {
   int fd_;
 };
 
-Status PwriteAll(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
+// `written`, when given, counts the bytes that reached the file (also on failure).
+Status PwriteAll(int fd, const void* data, size_t n, uint64_t offset, const std::string& path,
+                 size_t* written = nullptr) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t r = ::pwrite(fd, p, n, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return Status::IOError(fmt::format("{}: header write at byte {} failed: {}", path, offset, Errno()));
+    if (written != nullptr) *written += static_cast<size_t>(r);
     p += r;
     n -= static_cast<size_t>(r);
     offset += static_cast<uint64_t>(r);
@@ -124,7 +128,10 @@ Result<std::vector<GgufKv>> MergeKvs(const std::string& path, const std::vector<
 // three steps of the header comment. On an I/O error writes `old_image` back (best effort).
 Status WriteHeaderInPlace(int fd, const std::string& path, const std::string& image, const std::string& old_image) {
   static const char kZeroMagic[4] = {0, 0, 0, 0};
-  Status st = PwriteAll(fd, kZeroMagic, 4, 0, path);
+  size_t written = 0;
+  Status st = PwriteAll(fd, kZeroMagic, 4, 0, path, &written);
+  // Not a byte written (a read-only or write-less file system: EROFS, ENOSYS): nothing to undo.
+  if (!st.ok() && written == 0) return Status::IOError(fmt::format("{} (the file is unchanged)", st.message()));
   if (st.ok()) st = Sync(fd, path);
   if (st.ok()) st = PwriteAll(fd, image.data() + 4, image.size() - 4, 4, path);
   if (st.ok()) st = Sync(fd, path);
@@ -231,10 +238,26 @@ GgufValue HeaderReserveValue(uint64_t payload_bytes) {
                                                                  GgufValue::U64(0)));
 }
 
-Status UpdateMetadata(const std::string& path, const std::vector<GgufKv>& set,
+Status CheckUpdatable(const std::string& path) {
+  ESTREAM_ASSIGN_OR_RETURN(const std::string file, ResolveOutputPath(path, "the model"));
+  Fd fd(::open(file.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return Status::IOError(fmt::format("{}: cannot open for updating its metadata: {}", path, Errno()));
+  // Writing the first 4 bytes back as they are finds file systems that open for writing but
+  // cannot write (ENOSYS on a FUSE file system without write support) without changing a byte.
+  char magic[4];
+  ESTREAM_RETURN_IF_ERROR(PreadAll(fd.get(), magic, sizeof(magic), 0, path));
+  if (::pwrite(fd.get(), magic, sizeof(magic), 0) != static_cast<ssize_t>(sizeof(magic)))
+    return Status::IOError(fmt::format("{}: cannot update its metadata: writing to it fails: {}", path, Errno()));
+  return Status::Ok();
+}
+
+Status UpdateMetadata(const std::string& path_given, const std::vector<GgufKv>& set,
                       const std::vector<std::string>& remove_prefixes, ProgressFn progress,
                       MetadataUpdateInfo* info) {
   Timer timer;
+  // Through a symbolic link the file it names is updated (and, on the full-rewrite path,
+  // replaced), never the link itself.
+  ESTREAM_ASSIGN_OR_RETURN(const std::string path, ResolveOutputPath(path_given, "the model"));
   // Lock first, then parse: what is parsed is what gets rewritten.
   Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (fd.get() < 0) return Status::IOError(fmt::format("{}: cannot open for updating its metadata: {}", path, Errno()));

@@ -51,6 +51,7 @@
 //   header at open and only read tensor data).
 // Concurrent updates of one file are excluded with flock(LOCK_EX) on it: a second UpdateMetadata
 // fails at once ("being updated by another process") instead of interleaving.
+// A symbolic link is resolved first: the file it names is updated (or replaced), the link stays.
 //
 // Thread safety: UpdateMetadata may run concurrently on different files.
 #pragma once
@@ -97,5 +98,11 @@ struct MetadataUpdateInfo {
 Status UpdateMetadata(const std::string& path, const std::vector<GgufKv>& set,
                       const std::vector<std::string>& remove_prefixes, ProgressFn progress = {},
                       MetadataUpdateInfo* info = nullptr);
+
+// Whether UpdateMetadata could write `path`, found without changing it: it opens for writing and
+// writes the first 4 bytes back as they are. IOError naming the path and the OS error (EACCES,
+// EROFS, ENOSYS on a file system without write support, ...). For a caller that does long work
+// before its update (estream profile measures first) and should fail at once instead.
+Status CheckUpdatable(const std::string& path);
 
 }  // namespace estream::io

@@ -12,6 +12,7 @@
 #include "base/timer.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
+#include "pack/metadata_update.h"
 #include "pack/packed_layout.h"
 #include "profiler/measure.h"
 
@@ -85,6 +86,11 @@ Result<ProfileModelResult> ProfileModel(const ProfileModelParams& p) {
       return Status::InvalidArgument(p.model_path + ": not a packed model: run 'estream pack " + p.model_path +
                                      " -o MODEL.packed.gguf' and profile that file");
     ESTREAM_ASSIGN_OR_RETURN(io::PackedModelInfo layout, io::ReadPackedLayout(*header));
+    // The result is stored in the model: a file that cannot be written (a read-only mount, no
+    // permission, a file system without write support) is refused now, not after the measuring.
+    if (Status st = io::CheckUpdatable(p.model_path); !st.ok())
+      return Status(st.code(), st.message() + "; estream profile stores its result in the model, so give it a copy "
+                                              "it can write");
     if (config::HasProfile(header->kvs()) && !p.recalibrate) {
       Result<config::Profile> stored = config::ParseProfile(header->kvs(), p.model_path);
       if (!stored.ok())

@@ -78,7 +78,8 @@ struct ProfileModelResult {
 };
 
 // Errors: InvalidArgument (not a packed model: "run estream pack"; a group size the model or the
-// stored profile lacks), the stored profile's parse error (with "run with --recalibrate"), the
+// stored profile lacks), IOError before any measuring when the model cannot be written
+// (io::CheckUpdatable), the stored profile's parse error (with "run with --recalibrate"), the
 // errors of CharacteriseDisk / Calibrate / SelectConfig (an infeasible budget: the minimum; a
 // fresh profile is stored first so that another budget re-solves in milliseconds),
 // StoreInModel's.
