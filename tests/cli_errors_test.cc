@@ -118,6 +118,29 @@ TEST_F(CliErrors, OutputsThatAreNotRegularFilesAreRefused) {
   for (const std::string& name : dir_->List()) EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
 }
 
+// pack runs the loader's checks on its source first: a model prefill would refuse is refused by
+// pack with the same message (it used to be packed, and prefill then said "re-pack the model").
+TEST_F(CliErrors, PackRefusesWhatPrefillRefuses) {
+  std::string bytes;
+  {
+    std::ifstream in(Model(), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string key = "olmoe.attention.head_count";
+  std::string pattern(8, '\0');
+  pattern[0] = static_cast<char>(key.size());
+  pattern += key + std::string("\x04\0\0\0", 4);  // the u32 key, not head_count_kv
+  const size_t at = bytes.find(pattern);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at + pattern.size(), 4, std::string(4, '\0'));
+  const std::string bad = dir_->File("head_count_0.gguf");
+  std::ofstream(bad, std::ios::binary) << bytes;
+  const std::string why = "attention.head_count/head_count_kv/context_length must be positive";
+  ExpectError("prefill -m " + bad + " --tokens 1,2", "estream prefill: error: ", why);
+  ExpectError("pack -q " + bad + " -o " + dir_->File("never.gguf"), "estream pack: error: ", why);
+  EXPECT_FALSE(std::ifstream(dir_->File("never.gguf")).good());
+}
+
 TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {
   // A text prompt with a model that cannot be opened: the open error, not a tokenizer hint.
   const CliResult r = Run("prefill -m " + dir_->File("nope.gguf") + " -p hi");

@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "estream/engine.h"
+#include "model/model.h"
 #include "model_test_util.h"
 
 namespace estream {
 namespace {
 
+using model_test::OutTensor;
 using model_test::RewriteGguf;
 using model_test::GgufContents;
 using model_test::ScratchDir;
@@ -142,6 +144,47 @@ TEST(ModelLoad, UnsupportedTensorType) {
   // An I32 tensor where a matrix belongs: same byte count as the F32 original.
   ExpectError(LoadEdited(kOlmoe, [](GgufContents* c) { c->FindTensor("blk.0.attn_v.weight")->type = QuantType::kI32; }),
               StatusCode::kNotSupported, {"blk.0.attn_v.weight", "i32"});
+}
+
+// Model::Validate (what `estream pack` runs on its source) refuses exactly what Load refuses, with
+// the same message, on a file opened without a mapping (no tensor byte is read).
+TEST(ModelLoad, ValidateAgreesWithLoad) {
+  static std::vector<uint8_t> q8k_bytes;  // a matrix relabelled as q8_K needs bytes of its size
+  const std::vector<std::pair<std::string, std::function<void(GgufContents*)>>> edits = {
+      {"unchanged", [](GgufContents*) {}},
+      {"head_count 0", [](GgufContents* c) { c->FindKv("olmoe.attention.head_count")->value = GgufValue::U32(0); }},
+      {"epsilon NaN",
+       [](GgufContents* c) {
+         c->FindKv("olmoe.attention.layer_norm_rms_epsilon")->value = GgufValue::F32(std::nanf(""));
+       }},
+      {"no output_norm", [](GgufContents* c) { c->EraseTensor("output_norm.weight"); }},
+      {"attn_q reshaped", [](GgufContents* c) { c->FindTensor("blk.0.attn_q.weight")->dims = {128, 512}; }},
+      {"block_count 2^32-1",
+       [](GgufContents* c) { c->FindKv("olmoe.block_count")->value = GgufValue::U32(0xFFFFFFFFu); }},
+      {"q8_K weight",
+       [](GgufContents* c) {
+         OutTensor* t = c->FindTensor("blk.0.attn_q.weight");
+         t->type = QuantType::kQ8_K;
+         q8k_bytes.assign(RowBytes(QuantType::kQ8_K, t->dims[0]) * t->dims[1], 0);
+         t->data = q8k_bytes.data();
+         t->size = q8k_bytes.size();
+       }},
+  };
+  for (const std::string& src : {kOlmoe, kQwen, kMixtral}) {
+    for (const auto& [label, edit] : edits) {
+      if (src != kOlmoe && label != "unchanged") continue;  // the edits name olmoe's keys
+      SCOPED_TRACE(src + ": " + label);
+      ScratchDir dir;
+      const std::string path = dir.File("edited.gguf");
+      ASSERT_TRUE(RewriteGguf(src, path, edit).ok());
+      auto file = GgufFile::Open(path, {.mmap = false});
+      ASSERT_TRUE(file.ok()) << file.status().ToString();
+      const Status validated = model::Model::Validate(**file);
+      auto loaded = model::Model::Load(path);
+      EXPECT_EQ(validated.ToString(), loaded.status().ToString());
+      EXPECT_EQ(validated.ok(), label == "unchanged");
+    }
+  }
 }
 
 // Mixtral's older per-expert tensors give exactly the merged model's results (same bytes, same

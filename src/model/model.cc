@@ -41,7 +41,10 @@ void ReleaseMappedRange(const void* p, size_t n) {
 // options without long argument lists.
 class ModelLoader {
  public:
-  ModelLoader(Model* m, const ModelLoadOptions& options) : m_(m), f_(*m->file_), options_(options) {}
+  // check_only: Model::Validate's mode, on a file that may not be mapped: every check of Load,
+  // but no tensor byte is read and nothing is built (the model's views stay empty).
+  ModelLoader(Model* m, const GgufFile& f, const ModelLoadOptions& options, bool check_only = false)
+      : m_(m), f_(f), options_(options), check_only_(check_only) {}
 
   Status Load() {
     ESTREAM_RETURN_IF_ERROR(ReadConfig());
@@ -144,6 +147,7 @@ class ModelLoader {
     if (!CanDequantize(t->type))
       return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which estream cannot read (supported: {})",
                                               f_.path(), name, TypeName(t->type), SupportedTypeNames()));
+    if (check_only_) return Status::Ok();
     std::vector<float> cl(static_cast<size_t>(L * d));  // GGUF order: channel c's L taps at c * L
     const size_t row_bytes = RowBytes(t->type, L);
     for (int64_t ch = 0; ch < d; ++ch) DequantizeRow(t->type, f_.TensorData(*t) + ch * row_bytes, cl.data() + ch * L, L);
@@ -401,53 +405,60 @@ class ModelLoader {
     if (!c.kv_b_split) {
       ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_kv_b.weight", r, H * (c.qk_nope + c.v_head_dim), rd, &w.wkv_b));
     } else {
-      // attn_k_b [qk_nope, kv_lora_rank, n_head]: row c of head h holds k_nope[h][i] / ckv[c] for
-      // every i; the decompression needs rows (h, i) of kv_lora_rank, i.e. the transpose.
+      // attn_k_b is transposed at load (TransposeKb), attn_v_b used as it is.
       ESTREAM_ASSIGN_OR_RETURN(const GgufTensorInfo* kb, Tensor(p + "attn_k_b.weight", {c.qk_nope, r, H}));
       if (!CanDequantize(kb->type))
         return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which estream cannot read", f_.path(),
                                                 kb->name, TypeName(kb->type)));
-      const int64_t n = H * c.qk_nope;
-      std::vector<float> src(static_cast<size_t>(c.qk_nope)), t(static_cast<size_t>(n * r));
-      const uint8_t* data = f_.TensorData(*kb);
-      const size_t row_bytes = RowBytes(kb->type, c.qk_nope);
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t cc = 0; cc < r; ++cc) {
-          DequantizeRow(kb->type, data + (h * r + cc) * row_bytes, src.data(), c.qk_nope);
-          for (int64_t i = 0; i < c.qk_nope; ++i) t[(h * c.qk_nope + i) * r + cc] = src[i];
-        }
-      // Float files stay f32 (exact); quantised ones get Q8_0 (the GEMM's fast path).
-      const bool quantised = kb->type != QuantType::kF32 && kb->type != QuantType::kF16 && kb->type != QuantType::kBF16;
-      const QuantType type = quantised ? QuantType::kQ8_0 : QuantType::kF32;
-      const size_t bytes = static_cast<size_t>(n) * RowBytes(type, r);
-      AlignedPtr<uint8_t> buf = AllocAligned<uint8_t>(bytes, 4096);
-      if (!buf)
-        return Status::ResourceExhausted(
-            fmt::format("{}: cannot allocate {} bytes for '{}' transposed", f_.path(), bytes, kb->name));
-      if (quantised) {
-        const size_t rb = RowBytes(type, r);
-        for (int64_t row = 0; row < n; ++row) QuantizeRow(type, t.data() + row * r, buf.get() + row * rb, r);
-      } else {
-        std::memcpy(buf.get(), t.data(), bytes);
-      }
-      w.wk_b = {.type = type, .layout = kernels::WeightLayout::kGguf, .n = n, .k = r, .data = buf.get()};
-      if (rd && kernels::CanRepack(type)) {
-        AlignedPtr<uint8_t> packed = AllocAligned<uint8_t>(kernels::PackedWeightBytes(type, n, r), 4096);
-        if (packed) {
-          kernels::RepackWeights(type, buf.get(), n, r, packed.get());
-          w.wk_b = {.type = type, .layout = kernels::WeightLayout::kPacked, .n = n, .k = r, .data = packed.get()};
-          buf = std::move(packed);
-        }
-      }
-      m_->weight_bytes_ +=
-          w.wk_b.layout == kernels::WeightLayout::kPacked ? kernels::PackedWeightBytes(type, n, r) : bytes;
-      m_->packed_.push_back(std::move(buf));
       // attn_v_b [kv_lora_rank, v_head_dim, n_head]: n_head * v_head_dim rows of kv_lora_rank.
       ESTREAM_ASSIGN_OR_RETURN(const GgufTensorInfo* vb, Tensor(p + "attn_v_b.weight", {r, c.v_head_dim, H}));
       ESTREAM_RETURN_IF_ERROR(CheckGemmType(*vb));
       Matrices(*vb, H * c.v_head_dim, r, 1, rd, &w.wv_b);
+      if (!check_only_) ESTREAM_RETURN_IF_ERROR(TransposeKb(*kb, &w));
     }
     ESTREAM_RETURN_IF_ERROR(Matrix(p + "attn_output.weight", H * c.v_head_dim, d, rd, &L->wo));
+    return Status::Ok();
+  }
+
+  // attn_k_b [qk_nope, kv_lora_rank, n_head] (row c of head h holds k_nope[h][i] / ckv[c] for every
+  // i) transposed into w->wk_b: rows (h, i) of kv_lora_rank, as the decompression needs them.
+  Status TransposeKb(const GgufTensorInfo& kb, MlaWeights* w) {
+    const ModelConfig& c = m_->config_;
+    const int64_t H = c.n_head, r = c.kv_lora_rank, n = H * c.qk_nope;
+    std::vector<float> src(static_cast<size_t>(c.qk_nope)), t(static_cast<size_t>(n * r));
+    const uint8_t* data = f_.TensorData(kb);
+    const size_t row_bytes = RowBytes(kb.type, c.qk_nope);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t cc = 0; cc < r; ++cc) {
+        DequantizeRow(kb.type, data + (h * r + cc) * row_bytes, src.data(), c.qk_nope);
+        for (int64_t i = 0; i < c.qk_nope; ++i) t[(h * c.qk_nope + i) * r + cc] = src[i];
+      }
+    // Float files stay f32 (exact); quantised ones get Q8_0 (the GEMM's fast path).
+    const bool quantised = kb.type != QuantType::kF32 && kb.type != QuantType::kF16 && kb.type != QuantType::kBF16;
+    const QuantType type = quantised ? QuantType::kQ8_0 : QuantType::kF32;
+    const size_t bytes = static_cast<size_t>(n) * RowBytes(type, r);
+    AlignedPtr<uint8_t> buf = AllocAligned<uint8_t>(bytes, 4096);
+    if (!buf)
+      return Status::ResourceExhausted(
+          fmt::format("{}: cannot allocate {} bytes for '{}' transposed", f_.path(), bytes, kb.name));
+    if (quantised) {
+      const size_t rb = RowBytes(type, r);
+      for (int64_t row = 0; row < n; ++row) QuantizeRow(type, t.data() + row * r, buf.get() + row * rb, r);
+    } else {
+      std::memcpy(buf.get(), t.data(), bytes);
+    }
+    w->wk_b = {.type = type, .layout = kernels::WeightLayout::kGguf, .n = n, .k = r, .data = buf.get()};
+    if (options_.repack_dense && kernels::CanRepack(type)) {
+      AlignedPtr<uint8_t> packed = AllocAligned<uint8_t>(kernels::PackedWeightBytes(type, n, r), 4096);
+      if (packed) {
+        kernels::RepackWeights(type, buf.get(), n, r, packed.get());
+        w->wk_b = {.type = type, .layout = kernels::WeightLayout::kPacked, .n = n, .k = r, .data = packed.get()};
+        buf = std::move(packed);
+      }
+    }
+    m_->weight_bytes_ +=
+        w->wk_b.layout == kernels::WeightLayout::kPacked ? kernels::PackedWeightBytes(type, n, r) : bytes;
+    m_->packed_.push_back(std::move(buf));
     return Status::Ok();
   }
 
@@ -469,6 +480,7 @@ class ModelLoader {
       return Status::NotSupported(fmt::format("{}: tensor '{}' has type {}, which estream cannot read (supported: {}); {}",
                                               f_.path(), name, TypeName(t->type), SupportedTypeNames(),
                                               UnsupportedTypeAdvice(static_cast<uint32_t>(t->type))));
+    if (check_only_) return nullptr;
     m_->norms_.emplace_back(n);
     DequantizeRow(t->type, f_.TensorData(*t), m_->norms_.back().data(), n);
     m_->weight_bytes_ += n * sizeof(float);
@@ -488,6 +500,7 @@ class ModelLoader {
   // repacked into one buffer when `repack` and the kernels support it.
   void Matrices(const GgufTensorInfo& t, int64_t n, int64_t k, int count, bool repack,
                 kernels::WeightView* out) {
+    if (check_only_) return;
     const uint8_t* src = f_.TensorData(t);
     const size_t gguf_bytes = static_cast<size_t>(n) * RowBytes(t.type, k);
     if (repack && kernels::CanRepack(t.type)) {
@@ -644,15 +657,21 @@ class ModelLoader {
   Model* m_;
   const GgufFile& f_;
   ModelLoadOptions options_;
+  const bool check_only_;
   std::vector<std::pair<const void*, size_t>> used_ranges_;  // mapped (not repacked) weights
 };
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const ModelLoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
   ESTREAM_ASSIGN_OR_RETURN(m->file_, GgufFile::Open(path));
-  ModelLoader loader(m.get(), options);
+  ModelLoader loader(m.get(), *m->file_, options);
   ESTREAM_RETURN_IF_ERROR(loader.Load());
   return m;
+}
+
+Status Model::Validate(const GgufFile& file) {
+  Model scratch;
+  return ModelLoader(&scratch, file, {}, /*check_only=*/true).Load();
 }
 
 }  // namespace estream::model

@@ -163,6 +163,10 @@ class Model {
  public:
   // Opens, validates and maps `path`. See the file comment for the checks and their Status.
   static Result<std::unique_ptr<Model>> Load(const std::string& path, const ModelLoadOptions& options = {});
+  // Every check of Load (the same Status for the same defect) on an open file, mapped or not,
+  // without reading any tensor data: `estream pack` runs it on its source, so a model that would
+  // not load is refused before it is packed.
+  static Status Validate(const GgufFile& file);
 
   const ModelConfig& config() const { return config_; }
   const GgufFile& file() const { return *file_; }

@@ -22,6 +22,12 @@
 namespace estream::model {
 namespace {
 
+// estream pack checks its source as Load does and writes the layout from the same metadata, so a
+// disagreement between the two means the packed file changed afterwards: packing the original
+// again is what helps (a defect of the original itself is refused by pack, with its reason).
+constexpr char kChangedAfterPacking[] =
+    "the packed file's metadata was changed after packing or is damaged: pack the original GGUF again";
+
 // The view of one part of a layer's records without data (type, layout and shape only).
 kernels::WeightView ShapeView(const io::PackedLayerInfo& li, io::ExpertPart part) {
   const io::PackedPart& p = li.part(part);
@@ -80,8 +86,9 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
   const ModelConfig& c = model->config();
   if (v->layout_.n_embd != c.n_embd || v->layout_.n_ff_expert != c.n_ff_expert || v->layout_.n_expert != c.n_expert)
     return Status::Corruption(fmt::format("{}: estream.n_embd/n_ff/n_expert = {}/{}/{} disagree with the model's "
-                                          "{}/{}/{}; re-pack the model", model->path(), v->layout_.n_embd,
-                                          v->layout_.n_ff_expert, v->layout_.n_expert, c.n_embd, c.n_ff_expert, c.n_expert));
+                                          "{}/{}/{}; {}", model->path(), v->layout_.n_embd,
+                                          v->layout_.n_ff_expert, v->layout_.n_expert, c.n_embd, c.n_ff_expert, c.n_expert,
+                                          kChangedAfterPacking));
   v->ordinal_of_block_.assign(c.n_layer, -1);
   for (size_t i = 0; i < v->layout_.layers.size(); ++i) {
     const int blk = v->layout_.layers[i].layer;
@@ -94,10 +101,10 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
     if ((v->ordinal_of_block_[il] < 0) == model->layers()[il].moe)
       return Status::Corruption(!model->layers()[il].moe
                                     ? fmt::format("{}: block {} is a dense block ({}) but has a packed expert region; "
-                                                  "re-pack the model", model->path(), il,
-                                                  "leading_dense_block_count")
-                                    : fmt::format("{}: block {} has no packed expert region ({}); re-pack the model",
-                                                  model->path(), il, io::packed_keys::RegionTensor(il)));
+                                                  "{}", model->path(), il, "leading_dense_block_count",
+                                                  kChangedAfterPacking)
+                                    : fmt::format("{}: block {} has no packed expert region ({}); {}", model->path(), il,
+                                                  io::packed_keys::RegionTensor(il), kChangedAfterPacking));
   // Every layer gets views of the right types and shapes; data is bound later (or now, resident).
   for (int il = 0; il < c.n_layer; ++il) {
     if (v->ordinal_of_block_[il] < 0) continue;  // a dense block

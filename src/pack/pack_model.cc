@@ -253,6 +253,11 @@ Result<SourceExperts> FindSourceExperts(const GgufFile& in) {
   ESTREAM_ASSIGN_OR_RETURN(uint32_t n_embd, in.GetU32(arch + ".embedding_length"));
   ESTREAM_ASSIGN_OR_RETURN(uint32_t n_layer, in.GetU32(arch + ".block_count"));
   src.n_embd = n_embd;
+  // Every block has tensors: a count beyond the file's tensors is damage, and looking up
+  // 2^32 blocks' names would take a quarter of an hour.
+  if (n_layer > in.tensors().size())
+    return Status::Corruption(fmt::format("{}: {}.block_count = {} but the file has only {} tensors", in.path(), arch,
+                                          n_layer, in.tensors().size()));
 
   for (uint32_t n = 0; n < n_layer; ++n) {
     const std::string p = fmt::format("blk.{}.", n);

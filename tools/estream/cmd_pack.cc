@@ -10,7 +10,9 @@
 #include "base/memory.h"
 #include "estream/engine.h"
 #include "gguf/gguf.h"
+#include "model/model.h"
 #include "pack/pack_model.h"
+#include "pack/packed_layout.h"
 #include "tools/estream/command.h"
 
 namespace estream::cli {
@@ -42,6 +44,11 @@ class PackCommand : public Command {
     // Pages read with pread: the source is never mapped, so RSS stays at a few records.
     Result<std::unique_ptr<GgufFile>> in = GgufFile::Open(input_, {.mmap = false});
     if (!in.ok()) return in.status();
+    // The loader's own checks (hyper-parameters, every tensor's presence, shape and type), no
+    // tensor read: a model that prefill would refuse is refused here, with the same message,
+    // instead of being packed into a file that cannot run. An already packed input is left to
+    // PackModel, which says so.
+    if (!io::IsPackedModel(**in)) ESTREAM_RETURN_IF_ERROR(model::Model::Validate(**in));
 
     const bool tty = ::isatty(STDERR_FILENO) != 0;
     double last_print = -1;
