@@ -301,6 +301,26 @@ TEST(GgufCorrupt, OffsetPastEof) {
   ExpectError(im, StatusCode::kCorruption, {"tensor 'b.weight'", "runs past end of file"});
 }
 
+// header.n_tensors one too small: the last tensor info is read as padding, and the data section
+// would start too early (every tensor shifted, the last one lost). Its bytes are not zero.
+TEST(GgufCorrupt, TensorCountOneTooSmallLeavesNonZeroPadding) {
+  Image im = Valid();
+  im.tensors.push_back({"c.weight", {8}, kF32, 128});
+  im.data_bytes = 160;
+  im.n_tensors_override = 2;
+  im.Build();
+  ExpectError(im, StatusCode::kCorruption,
+              {"header padding (at byte " + std::to_string(im.info_at[2]) + ")", "is not zero",
+               "header.n_tensors = 2 may be lower than the number of tensor infos"});
+  // Non-zero padding after complete infos is refused too (writers pad with zeros).
+  Image pad = Valid();
+  std::vector<uint8_t> bytes = pad.Build();
+  ASSERT_GT(pad.data_offset, pad.info_at[1] + 8 + 8 + 2 * 8 + 4 + 4 + 8) << "the test needs some padding";
+  bytes[pad.data_offset - 1] = 1;
+  const Status st = ParseAllWays(bytes);
+  EXPECT_NE(st.message().find("header padding"), std::string::npos) << st.ToString();
+}
+
 TEST(GgufCorrupt, OverlappingTensors) {
   Image im = Valid();
   im.tensors[1].offset = 32;  // a.weight covers [0, 64)

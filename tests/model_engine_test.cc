@@ -146,6 +146,12 @@ TEST(ModelLoad, UnsupportedTensorType) {
               StatusCode::kNotSupported, {"blk.0.attn_v.weight", "i32"});
 }
 
+// Tensors of a block past block_count would be ignored, running a shallower model: refused.
+TEST(ModelLoad, TensorsBeyondBlockCountRefused) {
+  ExpectError(LoadEdited(kOlmoe, [](GgufContents* c) { c->FindKv("olmoe.block_count")->value = GgufValue::U32(1); }),
+              StatusCode::kCorruption, {"the file has tensors for layer 1 ('blk.1.", "olmoe.block_count is 1"});
+}
+
 // Model::Validate (what `estream pack` runs on its source) refuses exactly what Load refuses, with
 // the same message, on a file opened without a mapping (no tensor byte is read).
 TEST(ModelLoad, ValidateAgreesWithLoad) {
@@ -159,6 +165,7 @@ TEST(ModelLoad, ValidateAgreesWithLoad) {
        }},
       {"no output_norm", [](GgufContents* c) { c->EraseTensor("output_norm.weight"); }},
       {"attn_q reshaped", [](GgufContents* c) { c->FindTensor("blk.0.attn_q.weight")->dims = {128, 512}; }},
+      {"block_count 1", [](GgufContents* c) { c->FindKv("olmoe.block_count")->value = GgufValue::U32(1); }},
       {"block_count 2^32-1",
        [](GgufContents* c) { c->FindKv("olmoe.block_count")->value = GgufValue::U32(0xFFFFFFFFu); }},
       {"q8_K weight",
@@ -185,6 +192,32 @@ TEST(ModelLoad, ValidateAgreesWithLoad) {
       EXPECT_EQ(validated.ok(), label == "unchanged");
     }
   }
+}
+
+// NaN weights (here a NaN in output_norm, as a relabelled or shifted tensor gives) are an error of
+// the request naming the file, never NaN logits or embeddings returned as a result; the engine
+// then serves the next request.
+TEST(Request, NonFiniteOutputsAreAnError) {
+  ScratchDir dir;
+  const std::string path = dir.File("nan.gguf");
+  std::vector<float> norm;
+  ASSERT_TRUE(RewriteGguf(kOlmoe, path, [&](GgufContents* c) {
+                OutTensor* t = c->FindTensor("output_norm.weight");
+                norm.assign(t->size / sizeof(float), 1.0f);
+                norm[7] = std::nanf("");
+                t->data = reinterpret_cast<const uint8_t*>(norm.data());
+              }).ok());
+  std::unique_ptr<Engine> e = LoadOk(path);
+  ASSERT_NE(e, nullptr);
+  for (const Request& r : {Request{.tokens = Prompt(5), .top_k = 3}, Request{.tokens = Prompt(5), .top_k = 0,
+                                                                            .logits = Request::Logits::kAll},
+                           Request{.tokens = Prompt(5), .top_k = 0, .embedding = Request::Pooling::kMean}}) {
+    auto out = e->Run(r);
+    ASSERT_FALSE(out.ok());
+    ExpectError(out.status(), StatusCode::kCorruption, {"nan.gguf", "non-finite values (NaN/inf)", "corrupt"});
+  }
+  // The engine stays usable: a request that needs neither logits nor the embedding still runs.
+  EXPECT_TRUE(e->Run({.tokens = Prompt(5), .top_k = 0}).ok());
 }
 
 // Mixtral's older per-expert tensors give exactly the merged model's results (same bytes, same

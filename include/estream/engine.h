@@ -283,8 +283,10 @@ class Engine {
 
   // Runs one prefill. Errors: InvalidArgument (empty prompt, token id out of range, negative
   // top_k, a request longer than one forward pass: pass_tokens()), OutOfRange (prompt longer
-  // than the context length), ResourceExhausted (activation buffers cannot be allocated), or the
-  // Status of logits_sink. Thread safety: see above.
+  // than the context length), ResourceExhausted (activation buffers cannot be allocated),
+  // Corruption when the logits (or the embedding asked for) hold NaN or infinity (a damaged
+  // model file: they are checked, never returned), or the Status of logits_sink. Thread safety:
+  // see above.
   Result<Response> Run(const Request& request);
 
   // Runs a batch: results[i] is requests[i]'s Response, or its error; a request with bad input

@@ -441,8 +441,28 @@ Status GgufFile::Parse(gguf_internal::Cursor& cur) {
     t.n_bytes = n_bytes;
   }
 
-  // ---- data section ----
+  // ---- padding, then the data section ----
   data_offset_ = AlignUp(cur.pos(), alignment_);
+  // Writers pad with zeros. Bytes that are not zero there are usually the tail of a tensor info
+  // that header.n_tensors leaves out: the data section would start too early, every tensor would
+  // be read shifted, and the last tensor (output.weight, then silently "tied") would be lost.
+  {
+    const uint64_t pad_at = cur.pos();
+    const uint64_t pad_end = std::min<uint64_t>(data_offset_, cur.size());
+    uint8_t chunk[256];
+    for (uint64_t at = pad_at; at < pad_end;) {
+      const uint64_t n = std::min<uint64_t>(sizeof(chunk), pad_end - at);
+      if (!cur.Read(chunk, n)) return p.Truncated(at, "header padding", n);
+      for (uint64_t i = 0; i < n; ++i)
+        if (chunk[i] != 0)
+          return p.Corrupt(at + i, "header padding",
+                           fmt::format("byte {} between the last tensor info (ends at byte {}) and the data section "
+                                       "(byte {}) is not zero: header.n_tensors = {} may be lower than the number "
+                                       "of tensor infos; the file is damaged",
+                                       at + i, pad_at, data_offset_, n_tensors));
+      at += n;
+    }
+  }
   for (uint64_t k = 0; k < n_tensors; ++k) {
     const GgufTensorInfo& t = tensors_[k];
     auto bad = [&](std::string_view what) {

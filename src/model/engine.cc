@@ -45,6 +45,22 @@ int32_t Argmax(const float* row, int64_t n) {
 // Positions of the LM head rows computed at a time: bounds the logits scratch.
 int64_t LogitsChunkRows(int64_t n_vocab) { return std::clamp<int64_t>((int64_t{8} << 20) / n_vocab, 1, 64); }
 
+// Index of the first value of x[0, n) that is NaN or infinite, or n.
+int64_t FirstNonFinite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return n;
+}
+
+// What a request gets instead of NaN or infinite outputs. A valid model's activations stay finite
+// (load checks epsilon, RoPE base and the like), so these come from damaged weights: a tensor's
+// type relabelled, a shifted data section, flipped bytes.
+Status NonFiniteOutputs(const std::string& path, const char* what) {
+  return Status::Corruption(fmt::format("{}: the model produced non-finite values (NaN/inf) in its {}: the file may "
+                                        "be corrupt (damaged weights or metadata); check it against the original or "
+                                        "convert it again", path, what));
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -400,7 +416,7 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
   FillStreamStats(&pass);
   for (size_t j = 0; j < ids.size(); ++j) {
     Result<Response>& slot = (*results)[ids[j]];
-    if (!out[j].ok()) {  // its logits_sink failed
+    if (!out[j].ok()) {  // its logits_sink failed, or its outputs were not finite
       slot = out[j];
       continue;
     }
@@ -453,6 +469,8 @@ Status Engine::Impl::LmHead(const float* h, int64_t n_rows,
   for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
     const int64_t n = std::min(chunk, n_rows - r0);
     kernels::MatMul(model->output(), h + r0 * d, d, n, logits.get(), V);
+    // Cheap next to the product (1/n_embd of its work): NaN is an error, never printed as a result.
+    if (FirstNonFinite(logits.get(), n * V) < n * V) return NonFiniteOutputs(model->path(), "logits");
     ESTREAM_RETURN_IF_ERROR(fn(r0, n, logits.get()));
   }
   return Status::Ok();
@@ -518,6 +536,8 @@ Status Engine::Impl::RequestOutputs(const Request& req, const float* h, Response
     resp->log_likelihood = ll;
     resp->perplexity = T > 1 ? std::exp(-ll / static_cast<double>(T - 1)) : std::numeric_limits<double>::quiet_NaN();
   }
+  if (req.embedding != Request::Pooling::kNone && FirstNonFinite(h, T * d) < T * d)
+    return NonFiniteOutputs(model->path(), "final hidden states (the embedding)");
   if (req.embedding == Request::Pooling::kLast) {
     resp->embedding.assign(h + (T - 1) * d, h + T * d);
   } else if (req.embedding == Request::Pooling::kMean) {

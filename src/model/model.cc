@@ -259,6 +259,23 @@ class ModelLoader {
     ESTREAM_ASSIGN_OR_RETURN(const int vocab_key, GetIntOr("vocab_size", c.n_vocab));
     if (vocab_key != c.n_vocab)
       return Bad(fmt::format("{} = {} but token_embd.weight has {} rows", Key("vocab_size"), vocab_key, c.n_vocab));
+    return CheckLayerIndices();
+  }
+
+  // Tensors of blocks past block_count would be ignored silently (a block_count lowered by
+  // mistake or damage runs a shallower model and answers something else): refused.
+  Status CheckLayerIndices() const {
+    const int n_layer = m_->config_.n_layer;
+    for (const GgufTensorInfo& t : f_.tensors()) {
+      if (t.name.rfind("blk.", 0) != 0) continue;
+      int64_t il = 0;
+      size_t i = 4;
+      for (; i < t.name.size() && t.name[i] >= '0' && t.name[i] <= '9'; ++i)
+        il = std::min<int64_t>(il * 10 + (t.name[i] - '0'), int64_t{1} << 40);  // no overflow
+      if (i == 4 || il < n_layer) continue;  // not blk.N.*, or a block of the model
+      return Bad(fmt::format("the file has tensors for layer {} ('{}') but {} is {}; the metadata does not match the "
+                             "tensors", il, t.name, Key("block_count"), n_layer));
+    }
     return Status::Ok();
   }
 
