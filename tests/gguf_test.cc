@@ -429,10 +429,11 @@ TEST(GgufWriter, DestinationMustBeARegularFileOrALinkToOne) {
   ASSERT_EQ(::mkdir(dir.File("dir").c_str(), 0755), 0);
   ASSERT_EQ(::symlink(dir.File("fifo").c_str(), dir.File("link-to-fifo").c_str()), 0);
   ASSERT_EQ(::symlink(dir.File("missing").c_str(), dir.File("dangling").c_str()), 0);
-  std::vector<std::pair<std::string, std::string>> refused = {{"fifo", "is a FIFO"},
-                                                              {"dir", "is a directory"},
-                                                              {"link-to-fifo", "is a symbolic link to a FIFO"},
-                                                              {"dangling", "is a symbolic link to a file that does not exist"}};
+  std::vector<std::pair<std::string, std::string>> refused = {
+      {"fifo", "is a FIFO"},
+      {"dir", "is a directory"},
+      {"link-to-fifo", "is a symbolic link to a FIFO"},
+      {"dangling", "is a symbolic link to a file that does not exist"}};
   // A /dev/null-like node: only root may make one.
   if (::mknod(dir.File("null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0)
     refused.push_back({"null", "is a character device"});

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 namespace estream {
 namespace {
@@ -34,6 +35,8 @@ char g_prefix[256] = {};
 std::atomic<bool> g_installed{false};
 
 constexpr int kSignals[] = {SIGBUS, SIGSEGV, SIGABRT, SIGINT, SIGTERM, SIGHUP};
+// The dispositions found at installation, given back before a signal is passed on.
+struct sigaction g_previous[std::size(kSignals)];
 
 template <typename Slot, int N>
 int Claim(Slot (&slots)[N]) {
@@ -99,13 +102,13 @@ void OnSignal(int sig, siginfo_t* info, void*) {
       _exit(kMappedFileErrorExitCode);
     }
   }
-  // The default action, as if no handler had been installed: a fault that re-raises on return
-  // (SIGBUS, SIGSEGV) or the pending raise below ends the process with the signal.
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  ::sigaction(sig, &dfl, nullptr);
-  ::raise(sig);
+  // Passed on as if this handler had not been installed: the disposition found before it (the
+  // default action, or a sanitizer's or host program's handler) is given back; a fault (si_code
+  // > 0: SIGBUS, SIGSEGV from an access) then recurs when this handler returns and reaches it
+  // with its own siginfo, a sent signal (kill, raise, abort) is raised again.
+  for (size_t i = 0; i < std::size(kSignals); ++i)
+    if (kSignals[i] == sig) ::sigaction(sig, &g_previous[i], nullptr);
+  if (info == nullptr || info->si_code <= 0) ::raise(sig);
   errno = saved_errno;
 }
 
@@ -146,11 +149,13 @@ void InstallFileSignalHandlers(const std::string& error_prefix) {
   g_prefix[n] = '\0';
   if (g_installed.exchange(true)) return;
   std::atexit(RemoveTempFiles);
-  for (int sig : kSignals) {
-    struct sigaction old {};
+  for (size_t i = 0; i < std::size(kSignals); ++i) {
+    const int sig = kSignals[i];
+    struct sigaction& old = g_previous[i];
+    if (::sigaction(sig, nullptr, &old) != 0) continue;
     // A signal the process was started to ignore (nohup, a background job of a script) stays
     // ignored.
-    if (::sigaction(sig, nullptr, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) continue;
+    if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) continue;
     struct sigaction sa {};
     sa.sa_sigaction = OnSignal;
     sa.sa_flags = SA_SIGINFO;

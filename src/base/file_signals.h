@@ -6,14 +6,15 @@
 // InstallFileSignalHandlers ran, a SIGBUS whose faulting address (si_addr) lies inside a
 // registered mapping instead writes one line to stderr,
 //   "<prefix>PATH: the model file was truncated or could not be read (I/O error) while in use; ..."
-// and ends the process with kMappedFileErrorExitCode. Any other SIGBUS keeps the default action
-// (the handler restores it and re-raises: a core dump as before).
+// and ends the process with kMappedFileErrorExitCode. Any other SIGBUS keeps the behaviour it had
+// (the handler gives back the disposition it found, the default action or a sanitizer's handler,
+// and lets the fault recur: a core dump as before).
 //
 // Temporary files. A writer that creates a temporary file to rename into place later (GgufWriter)
 // registers it; a process killed by SIGINT, SIGTERM or SIGHUP, or dying of SIGSEGV, SIGBUS or
 // SIGABRT (a failed thread creation in OpenMP), or calling exit() while one is registered, removes
-// it before it goes, so no full-size "<out>.tmp.<pid>" is left behind. The signal's default
-// action then ends the process as it would have (the handler restores it and re-raises).
+// it before it goes, so no full-size "<out>.tmp.<pid>" is left behind. The signal then ends the
+// process as it would have (the previous disposition is given back and the signal re-raised).
 //
 // The registries are fixed arrays written before the handler can look at them (atomic slot
 // states, release/acquire), and the handler uses only async-signal-safe calls (unlink, write,

@@ -86,8 +86,8 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
   const ModelConfig& c = model->config();
   if (v->layout_.n_embd != c.n_embd || v->layout_.n_ff_expert != c.n_ff_expert || v->layout_.n_expert != c.n_expert)
     return Status::Corruption(fmt::format("{}: estream.n_embd/n_ff/n_expert = {}/{}/{} disagree with the model's "
-                                          "{}/{}/{}; {}", model->path(), v->layout_.n_embd,
-                                          v->layout_.n_ff_expert, v->layout_.n_expert, c.n_embd, c.n_ff_expert, c.n_expert,
+                                          "{}/{}/{}; {}", model->path(), v->layout_.n_embd, v->layout_.n_ff_expert,
+                                          v->layout_.n_expert, c.n_embd, c.n_ff_expert, c.n_expert,
                                           kChangedAfterPacking));
   v->ordinal_of_block_.assign(c.n_layer, -1);
   for (size_t i = 0; i < v->layout_.layers.size(); ++i) {
@@ -103,8 +103,8 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
                                     ? fmt::format("{}: block {} is a dense block ({}) but has a packed expert region; "
                                                   "{}", model->path(), il, "leading_dense_block_count",
                                                   kChangedAfterPacking)
-                                    : fmt::format("{}: block {} has no packed expert region ({}); {}", model->path(), il,
-                                                  io::packed_keys::RegionTensor(il), kChangedAfterPacking));
+                                    : fmt::format("{}: block {} has no packed expert region ({}); {}", model->path(),
+                                                  il, io::packed_keys::RegionTensor(il), kChangedAfterPacking));
   // Every layer gets views of the right types and shapes; data is bound later (or now, resident).
   for (int il = 0; il < c.n_layer; ++il) {
     if (v->ordinal_of_block_[il] < 0) continue;  // a dense block

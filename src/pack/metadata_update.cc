@@ -242,6 +242,10 @@ Status CheckUpdatable(const std::string& path) {
   ESTREAM_ASSIGN_OR_RETURN(const std::string file, ResolveOutputPath(path, "the model"));
   Fd fd(::open(file.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) return Status::IOError(fmt::format("{}: cannot open for updating its metadata: {}", path, Errno()));
+  // Under the update's lock: an update in progress rewrites the magic, and writing back what was
+  // read before it did would undo that.
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0)
+    return Status::IOError(fmt::format("{}: being updated by another process; try again when it is done", path));
   // Writing the first 4 bytes back as they are finds file systems that open for writing but
   // cannot write (ENOSYS on a FUSE file system without write support) without changing a byte.
   char magic[4];
