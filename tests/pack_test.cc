@@ -575,38 +575,41 @@ TEST(Pack, CorruptRecordDetectedWithLayerExpertAndOffset) {
   for (int p = 0; p < L0.n_expert; ++p) EXPECT_TRUE(VerifyRecord(L0, p, base0 + p * L0.record_bytes).ok());
 }
 
-// Finds the value of u32 key `key` in the header bytes of `path` and overwrites it.
-void PatchU32Key(const std::string& path, const std::string& key, uint32_t v) {
-  const std::vector<uint8_t> bytes = testing_gguf::ReadAll(path);
+// Offset in `path` of the type field of key `key`'s value (the key found in the first MiB of the
+// header); npos when the key is not there.
+size_t KeyValueOffset(const std::string& path, const std::string& key, std::vector<uint8_t>* bytes) {
+  *bytes = testing_gguf::ReadAll(path);
   std::string pattern(8, '\0');
   const uint64_t len = key.size();
   std::memcpy(pattern.data(), &len, 8);
   pattern += key;
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), std::min<size_t>(bytes.size(), 1 << 20));
+  const std::string_view text(reinterpret_cast<const char*>(bytes->data()), std::min<size_t>(bytes->size(), 1 << 20));
   const size_t at = text.find(pattern);
+  return at == std::string_view::npos ? at : at + pattern.size();
+}
+
+// Finds the value of u32 key `key` in the header bytes of `path` and overwrites it.
+void PatchU32Key(const std::string& path, const std::string& key, uint32_t v) {
+  std::vector<uint8_t> bytes;
+  const size_t at = KeyValueOffset(path, key, &bytes);
   ASSERT_NE(at, std::string_view::npos) << key;
   uint32_t type;
-  std::memcpy(&type, &bytes[at + pattern.size()], 4);
+  std::memcpy(&type, &bytes[at], 4);
   ASSERT_EQ(type, static_cast<uint32_t>(GgufType::kU32));
-  PatchFile(path, at + pattern.size() + 4, &v, 4);
+  PatchFile(path, at + 4, &v, 4);
 }
 
 // Overwrites element `index` of the u64 array key `key` in the header of `path`.
 void PatchU64ArrayElement(const std::string& path, const std::string& key, size_t index, uint64_t v) {
-  const std::vector<uint8_t> bytes = testing_gguf::ReadAll(path);
-  std::string pattern(8, '\0');
-  const uint64_t len = key.size();
-  std::memcpy(pattern.data(), &len, 8);
-  pattern += key;
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), std::min<size_t>(bytes.size(), 1 << 20));
-  const size_t at = text.find(pattern);
+  std::vector<uint8_t> bytes;
+  const size_t at = KeyValueOffset(path, key, &bytes);
   ASSERT_NE(at, std::string_view::npos) << key;
   uint32_t type, elem;
-  std::memcpy(&type, &bytes[at + pattern.size()], 4);
-  std::memcpy(&elem, &bytes[at + pattern.size() + 4], 4);
+  std::memcpy(&type, &bytes[at], 4);
+  std::memcpy(&elem, &bytes[at + 4], 4);
   ASSERT_EQ(type, static_cast<uint32_t>(GgufType::kArray));
   ASSERT_EQ(elem, static_cast<uint32_t>(GgufType::kU64));
-  PatchFile(path, at + pattern.size() + 4 + 4 + 8 + 8 * index, &v, 8);
+  PatchFile(path, at + 4 + 4 + 8 + 8 * index, &v, 8);
 }
 
 TEST(PackedLayout, UnknownLayoutVersionRejected) {
