@@ -6,6 +6,11 @@
 
 namespace estream {
 
+// The most compute threads any part of estream accepts (estream::kMaxThreads in the public
+// estream/engine.h equals it: src/model/engine.cc checks); for layers below the engine, which
+// may not include it (pack, docs/DESIGN.md section 1).
+inline constexpr int kMaxComputeThreads = 1024;
+
 class ScopedOmpThreads {
  public:
   explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }

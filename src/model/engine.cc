@@ -32,6 +32,9 @@
 #include "pipeline/trace.h"
 
 namespace estream {
+
+static_assert(kMaxThreads == kMaxComputeThreads, "one thread bound for the engine and the layers below it");
+
 namespace {
 
 // Index of the largest value (ties: the lowest index), as torch.argmax.

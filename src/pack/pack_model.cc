@@ -25,7 +25,6 @@
 #include "base/omp_threads.h"
 #include "base/output_path.h"
 #include "base/timer.h"
-#include "estream/engine.h"  // kMaxThreads
 #include "pack/metadata_update.h"
 #include "pack/packed_layout.h"
 #include "kernels/kernels.h"
@@ -322,9 +321,9 @@ Result<SourceExperts> FindSourceExperts(const GgufFile& in) {
 
 Result<PackStats> PackModel(const GgufFile& in, const std::string& out_path, const PackOptions& options) {
   Timer timer;
-  if (options.threads < 1 || options.threads > kMaxThreads)
+  if (options.threads < 1 || options.threads > kMaxComputeThreads)
     return Status::InvalidArgument(fmt::format("estream pack: {} repacking threads: give 1 to {}", options.threads,
-                                               kMaxThreads));
+                                               kMaxComputeThreads));
   // A device, FIFO or directory as the output is refused before any work (GgufWriter::Begin
   // checks again when it creates the temporary).
   ESTREAM_RETURN_IF_ERROR(ResolveOutputPath(out_path, "the packed model").status());
