@@ -163,11 +163,11 @@ TEST_F(CliErrors, ModelGivenTwiceOrNotAtAll) {
                 "two models given");
     // The same path twice is accepted: the command goes on to its next check (the budget).
     ExpectError(cmd + " " + Packed() + " -m " + Packed() + " --budget 0", "estream " + cmd + ": error: ",
-                "--budget must be positive");
+                "a memory budget must be positive");
     const CliResult help = Run(cmd + " --help");
     // Only --budget is marked REQUIRED (CLI11 marked both MODEL and -m, of which one is).
     const size_t required = help.out.find("REQUIRED");
-    EXPECT_NE(help.out.find("--budget TEXT REQUIRED"), std::string::npos) << help.out;
+    EXPECT_NE(help.out.find("--budget TEXT:SIZE REQUIRED"), std::string::npos) << help.out;
     EXPECT_EQ(help.out.find("REQUIRED", required + 1), std::string::npos) << help.out;
     EXPECT_NE(help.out.find("one of the two is required"), std::string::npos) << help.out;
   }
