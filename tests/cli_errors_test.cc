@@ -141,6 +141,28 @@ TEST_F(CliErrors, PackRefusesWhatPrefillRefuses) {
   EXPECT_FALSE(std::ifstream(dir_->File("never.gguf")).good());
 }
 
+// A FIFO given as the model is refused at once (the open used to wait for a writer forever), an
+// output path that cannot be written is refused before the work (bench ran every benchmark
+// first), and a budget that per-thread scratch overflows says so and how many threads fit.
+TEST_F(CliErrors, FifoModelsUnwritableOutputsAndThreadHungryBudgets) {
+  const std::string fifo = dir_->File("model.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& cmd : {"prefill -m " + fifo + " --tokens 1,2", "inspect " + fifo, "pack -q " + fifo + " -o " +
+                                dir_->File("p.gguf"), "profile " + fifo + " --budget 1G"})
+    ExpectError(cmd, "estream " + cmd.substr(0, cmd.find(' ')) + ": error: ", fifo + ": not a regular file (a FIFO)");
+  const CliResult bench = Run("bench -m " + Packed() + " --prompt-lengths 4 --json " + dir_->File("no/such/x.json"));
+  EXPECT_EQ(bench.exit_code, 1);
+  EXPECT_EQ(bench.out, "") << "nothing may run first";
+  EXPECT_NE(bench.err.find("--json " + dir_->File("no/such/x.json") + ": cannot create"), std::string::npos)
+      << bench.err;
+  ExpectError("bench -m " + Packed() + " --prompt-lengths 4 --csv " + dir_->path(), "estream bench: error: ",
+              "--csv " + dir_->path() + " is a directory");
+  ExpectError("prefill -m " + Packed() + " --tokens 1,2 -t 1024 --budget 200M", "estream prefill: error: ",
+              "at 1024 threads");
+  ExpectError("prefill -m " + Packed() + " --tokens 1,2 -t 1024 --budget 200M", "estream prefill: error: ",
+              "use fewer threads (up to -t ");
+}
+
 TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {
   // A text prompt with a model that cannot be opened: the open error, not a tokenizer hint.
   const CliResult r = Run("prefill -m " + dir_->File("nope.gguf") + " -p hi");

@@ -57,8 +57,10 @@ Status File::ReadAt(uint64_t offset, size_t n, void* dst) {
 Result<std::unique_ptr<PosixFile>> PosixFile::Open(const std::string& path, PosixOpenOptions options) {
   int fd = -1;
   bool direct = false;
+  // O_NONBLOCK: a FIFO is refused below instead of blocking the open; the flag is cleared again
+  // for the regular file (io_uring would otherwise answer uncached reads with EAGAIN).
   if (options.direct) {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_DIRECT);
     direct = fd >= 0;
     // EINVAL: the file system does not support O_DIRECT; read through the page cache instead.
     if (fd < 0 && errno != EINVAL) {
@@ -66,7 +68,7 @@ Result<std::unique_ptr<PosixFile>> PosixFile::Open(const std::string& path, Posi
     }
   }
   if (fd < 0) {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return Status::IOError(path + ": cannot open: " + ErrnoText(errno));
   }
   struct stat st;
@@ -74,6 +76,16 @@ Result<std::unique_ptr<PosixFile>> PosixFile::Open(const std::string& path, Posi
     const int err = errno;
     ::close(fd);
     return Status::IOError(path + ": cannot stat: " + ErrnoText(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::IOError(path + ": not a regular file; give the path of a model file");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::IOError(path + ": cannot set up the descriptor: " + ErrnoText(err));
   }
   return std::unique_ptr<PosixFile>(new PosixFile(path, fd, static_cast<uint64_t>(st.st_size), direct));
 }

@@ -238,8 +238,8 @@ Status VirtualExperts::SolveBanks() {
   uint64_t stride = 0;
   for (const io::PackedLayerInfo& li : layout_.layers) stride = std::max(stride, li.record_bytes);
   const auto groups = [&](int g) { return (c.n_expert + g - 1) / g; };
-  const auto other = [&](int64_t tokens) {
-    return rss + ActivationBytes(c, tokens, options_.n_threads, float_experts) + kBudgetMargin;
+  const auto other = [&](int64_t tokens, int threads) {
+    return rss + ActivationBytes(c, tokens, threads, float_experts) + kBudgetMargin;
   };
   // Default pass length (see the header, "Pass length"): the longest long pass for which the
   // budget still holds the default rule's full arena with its activations, else the short one if
@@ -249,7 +249,9 @@ Status VirtualExperts::SolveBanks() {
   if (default_pass && k.budget_bytes > 0) {
     const int g = std::min(8, c.n_expert);
     const uint64_t group = static_cast<uint64_t>(g) * stride;
-    const auto fits = [&](int64_t tokens, uint64_t arena) { return other(tokens) + arena <= k.budget_bytes; };
+    const auto fits = [&](int64_t tokens, uint64_t arena) {
+      return other(tokens, options_.n_threads) + arena <= k.budget_bytes;
+    };
     bool chosen = false;
     for (int64_t pass : kLongPassTokens) {
       if (c.n_ctx <= kShortPassTokens) break;
@@ -269,7 +271,7 @@ Status VirtualExperts::SolveBanks() {
       }
     }
   }
-  k.other_bytes = other(k.budget_tokens);
+  k.other_bytes = other(k.budget_tokens, options_.n_threads);
   k.source = ConfigSource::kExplicit;
   if (k.budget_bytes == 0) {  // explicit sizes only
     k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);
@@ -282,16 +284,36 @@ Status VirtualExperts::SolveBanks() {
   const bool load_set_peak = process_peak > options_.peak_rss_before_load;
   const uint64_t peak = load_set_peak ? process_peak : rss;
   const uint64_t minimum = k.other_bytes + stride;
-  if (peak > k.budget_bytes || minimum > k.budget_bytes)
+  if (peak > k.budget_bytes || minimum > k.budget_bytes) {
+    // Part of the activations is per compute thread (kernel tiles, attention scratch): with many
+    // threads it can outweigh the prompt's share, and then fewer threads are the way to fit.
+    const int n = options_.n_threads;
+    const uint64_t threads_share = k.other_bytes - other(k.budget_tokens, 0);
+    const uint64_t activations = k.other_bytes - rss - kBudgetMargin;
+    int fits_with = 0;  // the most threads that would fit, 0: none below n
+    if (peak <= k.budget_bytes)
+      for (int t = n - 1; t >= 1 && fits_with == 0; --t)
+        if (other(k.budget_tokens, t) + stride <= k.budget_bytes) fits_with = t;
+    const bool threads_matter = n > 1 && peak <= k.budget_bytes && (fits_with > 0 || 2 * threads_share >= activations);
+    const std::string threads_text =
+        threads_matter ? fmt::format(" at {} threads, {} of it the threads' scratch", n, Mib(threads_share)) : "";
+    const std::string pass_advice = default_pass ? "plan a pass shorter than the shortest one the default tries"
+                                                 : "plan a shorter pass";
+    const std::string advice =
+        fits_with > 0 ? fmt::format("use fewer threads (up to -t {} fits), raise the budget, or {} (budget_tokens, "
+                                    "--budget-tokens)", fits_with, pass_advice)
+        : threads_matter ? fmt::format("raise the budget, use fewer threads (-t), or {} (budget_tokens, "
+                                       "--budget-tokens)", pass_advice)
+                         : fmt::format("raise the budget, or {} (budget_tokens, --budget-tokens)", pass_advice);
     return Status::ResourceExhausted(fmt::format(
         "memory budget {} is too small for {}: {}, and the dense part plus the activations of a {}-token pass "
-        "({}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); raise the budget, or {} (budget_tokens, "
-        "--budget-tokens)", BudgetText(k.budget_bytes), model_->path(),
+        "({}{}) plus one bank of one expert ({}) need at least {} ({:.0f} MiB); {}", BudgetText(k.budget_bytes),
+        model_->path(),
         load_set_peak ? fmt::format("loading its dense part peaked at {}", Mib(peak))
                       : fmt::format("the process holds {} with its dense part loaded", Mib(peak)),
-        k.budget_tokens, Mib(k.other_bytes), Mib(stride), Mib(std::max(minimum, peak)),
-        std::ceil(static_cast<double>(std::max(minimum, peak)) / (1 << 20)),
-        default_pass ? "plan a pass shorter than the shortest one the default tries" : "plan a shorter pass"));
+        k.budget_tokens, Mib(k.other_bytes), threads_text, Mib(stride), Mib(std::max(minimum, peak)),
+        std::ceil(static_cast<double>(std::max(minimum, peak)) / (1 << 20)), advice));
+  }
   const uint64_t avail = k.budget_bytes - k.other_bytes;
   if (options_.group_size > 0 || options_.banks > 0) {
     k.group_size = options_.group_size > 0 ? options_.group_size : std::min(8, c.n_expert);

@@ -52,6 +52,8 @@ class BenchCommand : public Command {
     if (lengths_.empty()) lengths_ = {128, 256, 512, 1024, 2048, 4096};
     if (schedules_.empty()) schedules_ = {"early"};
     if (budgets_.empty() && !resident_) resident_ = true;
+    ESTREAM_RETURN_IF_ERROR(CheckWritableOutput(json_, "--json"));
+    ESTREAM_RETURN_IF_ERROR(CheckWritableOutput(csv_, "--csv"));
     for (const std::string& b : budgets_) {
       if (Result<uint64_t> bytes = ParseBudget(b); !bytes.ok())
         return Status::InvalidArgument("--budgets: " + bytes.status().message());

@@ -64,6 +64,7 @@ class BenchBatchCommand : public Command {
 
   Result<int> Run() override {
     if (sizes_.empty()) sizes_ = {1, 4, 16, 64};
+    ESTREAM_RETURN_IF_ERROR(CheckWritableOutput(json_, "--json"));
     ESTREAM_ASSIGN_OR_RETURN(EngineOptions eo, flags_.Options());
     ESTREAM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(model_, eo));
     const int V = engine->info().n_vocab;

@@ -151,6 +151,7 @@ class PrefillCommand : public Command {
       }
     }
     ESTREAM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptTokens());
+    ESTREAM_RETURN_IF_ERROR(CheckWritableOutput(dump_logits_, "--dump-logits"));
     EngineOptions eo{.n_threads = threads_,
                      .repack = repack_ == "never" ? EngineOptions::Repack::kNever : EngineOptions::Repack::kAuto};
     if (!budget_.empty()) {

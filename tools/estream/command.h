@@ -72,6 +72,11 @@ Result<uint64_t> ParseSize(const std::string& text);
 // The value of --budget: a size (ParseSize) that must be positive.
 Result<uint64_t> ParseBudget(const std::string& text);
 
+// Whether an output file named by `flag` (e.g. "--json") can be written, checked before a command
+// does its work (bench ran every benchmark, then failed to write): an existing file must be
+// writable and not a directory, a new one needs a writable directory. Ok for an empty path.
+Status CheckWritableOutput(const std::string& path, const std::string& flag);
+
 // The most bytes ReadFileText reads: 1 GiB, a hundred times the largest of llama-perplexity's
 // task files (HellaSwag's 10042 tasks are 10 MB) and twice wikitext-103's training text.
 constexpr uint64_t kMaxInputFileBytes = uint64_t{1} << 30;

@@ -1,4 +1,5 @@
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -67,6 +68,23 @@ Result<uint64_t> ParseBudget(const std::string& text) {
   ESTREAM_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(text));
   if (bytes == 0) return Status::InvalidArgument("a memory budget must be positive (leave --budget out for none)");
   return bytes;
+}
+
+Status CheckWritableOutput(const std::string& path, const std::string& flag) {
+  if (path.empty()) return Status::Ok();
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(flag + " " + path + " is a directory: give a file");
+    if (::access(path.c_str(), W_OK) != 0)
+      return Status::IOError(flag + " " + path + ": cannot write: " + std::strerror(errno));
+    return Status::Ok();
+  }
+  if (errno != ENOENT) return Status::IOError(flag + " " + path + ": " + std::strerror(errno));
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return Status::IOError(flag + " " + path + ": cannot create: " + dir + ": " + std::strerror(errno));
+  return Status::Ok();
 }
 
 Result<std::string> ReadFileText(const std::string& path) {
