@@ -14,31 +14,14 @@
 #include <string>
 
 #include "cli_test_util.h"
-#include "scratch_dir.h"
 
 namespace estream {
 namespace {
 
 using cli_test::CliResult;
-using test_util::ScratchDir;
 
-class CliErrors : public ::testing::Test {
+class CliErrors : public cli_test::TinyModelCli {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new ScratchDir;
-    ASSERT_EQ(Run("synth --preset tiny -q -o " + Model()).exit_code, 0);
-    ASSERT_EQ(Run("pack -q " + Model() + " -o " + Packed()).exit_code, 0);
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static CliResult Run(const std::string& args, const std::string& shell_prefix = "") {
-    return cli_test::RunCli(args, dir_->File("stderr.txt"), shell_prefix);
-  }
-  static std::string Model() { return dir_->File("tiny.gguf"); }
-  static std::string Packed() { return dir_->File("tiny.packed.gguf"); }
-
   // `args` fails with exit code 1 and one stderr line that starts with `prefix` and holds `what`.
   static void ExpectError(const std::string& args, const std::string& prefix, const std::string& what,
                           const std::string& shell_prefix = "") {
@@ -48,10 +31,7 @@ class CliErrors : public ::testing::Test {
     EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(what), std::string::npos) << args << "\n" << r.err;
   }
-
-  static ScratchDir* dir_;
 };
-ScratchDir* CliErrors::dir_ = nullptr;
 
 TEST_F(CliErrors, CommandLineMistakesAreOneLineAndExitCode1) {
   ExpectError("frob", "estream: error: unknown command 'frob'", "prefill");

@@ -14,29 +14,15 @@
 #include <vector>
 
 #include "cli_test_util.h"
-#include "scratch_dir.h"
 
 namespace estream {
 namespace {
 
 using cli_test::CliResult;
-using test_util::ScratchDir;
 using Json = nlohmann::json;
 
-class CliOutput : public ::testing::Test {
+class CliOutput : public cli_test::TinyModelCli {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new ScratchDir;
-    ASSERT_EQ(Run("synth --preset tiny -q -o " + Model()).exit_code, 0);
-    ASSERT_EQ(Run("pack -q " + Model() + " -o " + Packed()).exit_code, 0);
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static CliResult Run(const std::string& args) { return cli_test::RunCli(args, dir_->File("stderr.txt")); }
-  static std::string Model() { return dir_->File("tiny.gguf"); }
-  static std::string Packed() { return dir_->File("tiny.packed.gguf"); }
   static std::string Read(const std::string& path) {
     std::ifstream in(path);
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -47,10 +33,7 @@ class CliOutput : public ::testing::Test {
     for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(1 + (i * 37) % 500);
     return s;
   }
-
-  static ScratchDir* dir_;
 };
-ScratchDir* CliOutput::dir_ = nullptr;
 
 // Both modes write one JSON document (scripts/plot_frontier.py reads "runs") and the CSV, with a
 // row per (configuration, length); a configuration that fails gives error rows and exit code 1.

@@ -9,6 +9,10 @@
 #include <iterator>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include "scratch_dir.h"
+
 namespace estream::cli_test {
 
 // Whether this build runs under AddressSanitizer (then `ulimit -v` makes every run fail).
@@ -46,5 +50,27 @@ inline CliResult RunCli(const std::string& args, const std::string& err_path, co
   r.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
   return r;
 }
+
+// A suite that runs the CLI on the tiny synthetic model (`estream synth --preset tiny`) and its
+// packed form, both made once per suite in a scratch directory.
+class TinyModelCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test_util::ScratchDir;
+    ASSERT_EQ(Run("synth --preset tiny -q -o " + Model()).exit_code, 0);
+    ASSERT_EQ(Run("pack -q " + Model() + " -o " + Packed()).exit_code, 0);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static CliResult Run(const std::string& args, const std::string& shell_prefix = "") {
+    return RunCli(args, dir_->File("stderr.txt"), shell_prefix);
+  }
+  static std::string Model() { return dir_->File("tiny.gguf"); }
+  static std::string Packed() { return dir_->File("tiny.packed.gguf"); }
+
+  static inline test_util::ScratchDir* dir_ = nullptr;
+};
 
 }  // namespace estream::cli_test
