@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -153,7 +154,8 @@ TEST(ProfilerTrace, RouteCountsArePerPhysicalExpert) {
   EXPECT_FALSE(profiler::PhysicalRouteCounts(routing, T, K, B, layout).ok());
 }
 
-// One calibrated copy of the permuted test model, shared by the tests below.
+// One calibrated copy of the permuted test model, shared by the tests below; its directory is
+// removed at exit.
 struct Calibrated {
   pipeline_test::ScratchDir dir;
   std::string model;
@@ -162,8 +164,8 @@ struct Calibrated {
 };
 
 Calibrated& TheCalibration() {
-  static Calibrated* c = [] {
-    auto* c = new Calibrated();
+  static const std::unique_ptr<Calibrated> c = [] {
+    auto c = std::make_unique<Calibrated>();
     c->model = c->dir.File("calibrated.packed.gguf");
     fs::copy_file(TestModels().permuted, c->model);
     auto tokens = profiler::CalibrationTokens(c->model, "", kCalibTokens);
