@@ -321,6 +321,31 @@ TEST(GgufCorrupt, TensorCountOneTooSmallLeavesNonZeroPadding) {
   EXPECT_NE(st.message().find("header padding"), std::string::npos) << st.ToString();
 }
 
+// The same with the counted infos ending exactly on an alignment boundary: no padding to read, so
+// the reader finds the info left out where the data section would start, and the file's bytes
+// past the last counted tensor's data.
+TEST(GgufCorrupt, TensorCountOneTooSmallOnAnAlignmentBoundary) {
+  Image im;
+  for (int k = 0; k < 32; ++k) {
+    im = Valid();
+    im.kvs.push_back(KvString("general.name", std::string(k, 'x')));
+    im.tensors.push_back({"c.weight", {8}, kF32, 128});
+    im.data_bytes = 160;
+    im.Build();
+    if (im.info_at[2] % im.alignment == 0) break;
+  }
+  ASSERT_EQ(im.info_at[2] % im.alignment, 0u);
+  im.n_tensors_override = 2;
+  ExpectError(im, StatusCode::kCorruption,
+              {"header.n_tensors (at byte 8): 2 is lower than the number of tensor infos",
+               "an info of tensor 'c.weight' starts at byte " + std::to_string(im.info_at[2])});
+  // Bytes past the data that are not a tensor info (a writer that does not trim) are accepted.
+  Image tail = Valid();
+  tail.data_bytes = 300;
+  const Status st = ParseAllWays(tail.Build());
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 TEST(GgufCorrupt, OverlappingTensors) {
   Image im = Valid();
   im.tensors[1].offset = 32;  // a.weight covers [0, 64)

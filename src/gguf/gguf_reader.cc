@@ -120,6 +120,26 @@ using gguf_internal::Cursor;
 
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+// Whether the bytes at the cursor parse as a tensor info (a short printable name, 1..4 non-zero
+// dims, a known type, an aligned offset); its name in `name`. Consumes what it reads.
+bool LooksLikeTensorInfo(Cursor& cur, uint32_t alignment, std::string* name) {
+  uint64_t len = 0;
+  if (!cur.ReadPod(&len) || len == 0 || len > 256) return false;
+  name->assign(len, '\0');
+  if (!cur.Read(name->data(), len)) return false;
+  for (const unsigned char ch : *name)
+    if (ch <= ' ' || ch >= 0x7f) return false;
+  uint32_t n_dims = 0;
+  if (!cur.ReadPod(&n_dims) || n_dims < 1 || n_dims > kGgufMaxDims) return false;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    uint64_t dim = 0;
+    if (!cur.ReadPod(&dim) || dim == 0 || dim > (uint64_t{1} << 40)) return false;
+  }
+  uint32_t type = 0;
+  uint64_t offset = 0;
+  return cur.ReadPod(&type) && GetTypeTraits(type) != nullptr && cur.ReadPod(&offset) && offset % alignment == 0;
+}
+
 bool IsKnownValueType(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kF64); }
 
 // Fixed encoded size of a scalar value type (0 for string and array).
@@ -502,6 +522,21 @@ Status GgufFile::Parse(gguf_internal::Cursor& cur) {
           Quote(t.name), info_at[order[k]], t.offset, t.offset + t.n_bytes, Quote(prev.name), prev.offset,
           prev.offset + prev.n_bytes));
   }
+  // header.n_tensors too low with the infos it counts ending on an alignment boundary: there is no
+  // padding to show it, the data section would start at the first info left out. Writers end the
+  // file within one alignment of the last tensor's data; more bytes than that, with a tensor info
+  // where the data section starts, give it away.
+  uint64_t data_end = 0;
+  for (const GgufTensorInfo& t : tensors_) data_end = std::max(data_end, t.offset + t.n_bytes);
+  std::string name;
+  if (file_size_ - data_offset_ > AlignUp(data_end, alignment_) && cur.pos() == data_offset_ &&
+      LooksLikeTensorInfo(cur, alignment_, &name))
+    return p.Corrupt(8, "header.n_tensors",
+                     fmt::format("{} is lower than the number of tensor infos: an info of tensor {} starts at byte "
+                                 "{}, where the data section would begin, and the file runs {} bytes past the "
+                                 "last tensor's data; the file is damaged",
+                                 n_tensors, Quote(name), data_offset_,
+                                 file_size_ - data_offset_ - data_end));
   return Status::Ok();
 }
 
