@@ -617,5 +617,60 @@ TEST(ServerHttp, HugeTokenIdsAreReportedAsSent) {
   }
 }
 
+// The head of a raw reply (up to the blank line) and its body.
+std::pair<std::string, std::string> SplitReply(const std::string& reply) {
+  const size_t end = reply.find("\r\n\r\n");
+  if (end == std::string::npos) return {reply, ""};
+  return {reply.substr(0, end), reply.substr(end + 4)};
+}
+
+// A body is read only when framed by a Content-Length: httplib reads a chunked body (its
+// "chunked" in any case) without the --max-body limit, unpacks a gzip body without a limit, and
+// reads a body without a length until the client closes. Each is refused unread (411 / 415),
+// with an OpenAI error and Connection: close.
+TEST(ServerHttp, BodiesNotFramedByContentLengthOrCompressedAreRefusedUnread) {
+  ServerOptions o = Opts();
+  o.max_body_bytes = 1000;
+  Fixture f(o);
+  const std::string post = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n";
+  const std::string big = R"({"input": [1], "user": ")" + std::string(4000, 'x') + "\"}";
+  char size[16];
+  std::snprintf(size, sizeof(size), "%zx", big.size());
+  const std::string chunk = std::string(size) + "\r\n" + big + "\r\n0\r\n\r\n";
+  // {"input": [1], "user": "x...x"} (4,000 x), gzipped: 69 bytes, under the 1,000 the body may hold.
+  const std::string gzipped(
+      "\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\x03\xed\xc7\xab\x09\x00\x20\x00\x45\xd1\x55\xe4\x65\x8b\xd5\x55\xc4"
+      "\x68\xb0\x88\xf8\x01\x41\xdc\x5d\xb7\xb0\xdc\xd3\xce\x56\x2e\x75\x0e\x79\x13\x5c\xb4\x46\xb3\xa7\xf6\xa2"
+      "\x05\x00\x00\x00\x00\x00\xbe\xd3\xb9\x08\x96\x50\xfd\xba\x0f\x00\x00",
+      69);
+  struct Case {
+    const char* what;
+    std::string bytes, status, says;
+  };
+  const std::vector<Case> cases = {
+      {"Chunked", post + "Transfer-Encoding: Chunked\r\n\r\n" + chunk, "HTTP/1.1 411", "Transfer-Encoding"},
+      {"CHUNKED", post + "Transfer-Encoding: CHUNKED\r\n\r\n" + chunk, "HTTP/1.1 411", "Transfer-Encoding"},
+      {"gzip, chunked", post + "Transfer-Encoding: gzip, chunked\r\n\r\n" + chunk, "HTTP/1.1 411", "Transfer-Encoding"},
+      {"no Content-Length", post + "\r\n" + big, "HTTP/1.1 411", "Content-Length"},
+      {"gzip", post + "Content-Encoding: gzip\r\nContent-Length: 69\r\n\r\n" + gzipped, "HTTP/1.1 415", "uncompressed"},
+      {"deflate", post + "Content-Encoding: deflate\r\nContent-Length: 2\r\n\r\n{}", "HTTP/1.1 415", "uncompressed"},
+  };
+  for (const Case& c : cases) {
+    const auto [head, body] = SplitReply(RawExchange(f.port(), c.bytes));
+    EXPECT_EQ(head.rfind(c.status, 0), 0u) << c.what << ": " << head;
+    EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << c.what << ": " << head;
+    const json j = testing::Json(body);
+    ASSERT_TRUE(j.contains("error")) << c.what << ": " << body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(c.says), std::string::npos) << c.what << ": " << body;
+    EXPECT_EQ(Get(f.port(), "/health").status, 200) << c.what;
+  }
+  EXPECT_EQ(f.fake.batches.load(), 0);  // none of them ran
+  // "identity" is no encoding at all.
+  const std::string small = R"({"input": [1]})";
+  const std::string identity =
+      RawExchange(f.port(), post + "Content-Encoding: identity\r\nContent-Length: " + std::to_string(small.size()) + "\r\n\r\n" + small);
+  EXPECT_EQ(identity.rfind("HTTP/1.1 200", 0), 0u) << identity;
+}
+
 }  // namespace
 }  // namespace estream::server

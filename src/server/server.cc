@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -366,11 +367,34 @@ Status Server::Start() {
       SetError(res, Err(400, bad_length, "invalid_request_error", "bad_content_length"));
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") {
-      if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
+    // A body framed any other way than by Content-Length is refused before it is read: httplib
+    // reads a chunked body (its "chunked" in any case) without --max-body's limit.
+    if (req.has_header("Transfer-Encoding")) {
+      CloseAfter(req);
+      SetError(res, Err(411, "send the body with a Content-Length (Transfer-Encoding \"" +
+                                 req.get_header_value("Transfer-Encoding").substr(0, 40) + "\" is not accepted)",
+                        "invalid_request_error", "length_required"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // The methods whose body httplib reads (its expect_content).
+    const bool reads_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                            req.method == "DELETE" || req.method == "PRI";
+    if (reads_body) {
+      if (!req.has_header("Content-Length")) {
+        // Without it, httplib would read the body until the client closes or pauses for 5 s.
         CloseAfter(req);
-        SetError(res, Err(411, "send the body with a Content-Length (chunked bodies are not accepted)",
-                          "invalid_request_error"));
+        SetError(res, Err(411, "the request has no Content-Length header: send the body with one",
+                          "invalid_request_error", "length_required"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      // httplib unpacks a gzip or deflate body without a limit: a 256 KiB body can unpack to 256 MiB.
+      auto encodings = req.headers.equal_range("Content-Encoding");  // case-insensitive
+      for (auto it = encodings.first; it != encodings.second; ++it) {
+        if (strcasecmp(it->second.c_str(), "identity") == 0) continue;
+        CloseAfter(req);
+        SetError(res, Err(415, "Content-Encoding \"" + it->second.substr(0, 40) +
+                                   "\" is not accepted: send the body uncompressed",
+                          "invalid_request_error", "unsupported_content_encoding"));
         return httplib::Server::HandlerResponse::Handled;
       }
       // Every route reads its body as JSON whatever the Content-Type, but cpp-httplib refuses a

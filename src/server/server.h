@@ -12,13 +12,14 @@
 // HTTP threads never touch the engine; the engine worker never touches a socket.
 //
 // Limits, in the order a request meets them: Bearer auth on every route except /health (401,
-// checked before the body is read); a body over max_body_bytes or without Content-Length
-// (413 / 411, before it is read); bad JSON / fields (400); a job over the scheduler's
-// max_batch_tokens (413 naming the limit); a full queue (429 with Retry-After); the client
-// closing its connection while its job waits (the job is cancelled; counted as status 499);
-// timeout_seconds (504); a request's headers not all sent within header_timeout_seconds (the
-// connection is closed). Replies after which the connection closes (401, 411, 413, a malformed
-// Content-Length's 400) say "Connection: close". During load every route but /metrics answers 503 (/health: {"status":
+// checked before the body is read); a body over max_body_bytes, without Content-Length or with
+// a Transfer-Encoding, or compressed (413 / 411 / 411 / 415, before it is read: httplib would
+// read a chunked body and unpack a gzip one past the limit); bad JSON / fields (400); a job over
+// the scheduler's max_batch_tokens (413 naming the limit); a full queue (429 with Retry-After);
+// the client closing its connection while its job waits (the job is cancelled; counted as status
+// 499); timeout_seconds (504); a request's headers not all sent within header_timeout_seconds
+// (the connection is closed). Replies after which the connection closes (401, 411, 413, 415, a
+// malformed Content-Length's 400) say "Connection: close". During load every route but /metrics answers 503 (/health: {"status":
 // "loading model"}); after Shutdown starts, engine routes answer 503.
 #pragma once
 
