@@ -624,6 +624,12 @@ std::pair<std::string, std::string> SplitReply(const std::string& reply) {
   return {reply.substr(0, end), reply.substr(end + 4)};
 }
 
+size_t CountReplies(const std::string& raw) {
+  size_t n = 0;
+  for (size_t at = raw.find("HTTP/1.1 "); at != std::string::npos; at = raw.find("HTTP/1.1 ", at + 1)) ++n;
+  return n;
+}
+
 // A body is read only when framed by a Content-Length: httplib reads a chunked body (its
 // "chunked" in any case) without the --max-body limit, unpacks a gzip body without a limit, and
 // reads a body without a length until the client closes. Each is refused unread (411 / 415),
@@ -670,6 +676,48 @@ TEST(ServerHttp, BodiesNotFramedByContentLengthOrCompressedAreRefusedUnread) {
   const std::string identity =
       RawExchange(f.port(), post + "Content-Encoding: identity\r\nContent-Length: " + std::to_string(small.size()) + "\r\n\r\n" + small);
   EXPECT_EQ(identity.rfind("HTTP/1.1 200", 0), 0u) << identity;
+}
+
+// No bytes of a request are read as the start of another: not the body of a GET (which httplib
+// does not read; a proxy in front would have sent them as that body, and the request hidden in
+// them would be answered to whoever uses the connection next), nor what follows a malformed
+// request line or an over-long header line. The request is answered or refused, and the
+// connection closed; httplib's refusals are OpenAI errors naming the problem.
+TEST(ServerHttp, NoBytesOfARequestAreReadAsTheNextRequest) {
+  Fixture f(Opts());
+  const std::string hidden = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+  struct Case {
+    const char* what;
+    std::string bytes, status, says;
+  };
+  const std::vector<Case> cases = {
+      {"a GET with a body", "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(hidden.size()) + "\r\n\r\n" + hidden,
+       "HTTP/1.1 200", ""},
+      {"a malformed request line", "GARBAGE\r\n" + hidden, "HTTP/1.1 400", "request line"},
+      {"a header line over 8 KiB", "GET /health HTTP/1.1\r\nX-Big: " + std::string(9000, 'a') + "\r\n" + hidden,
+       "HTTP/1.1 400", "headers"},
+      {"a request line over 8 KiB", "GET /" + std::string(9000, 'a') + " HTTP/1.1\r\n\r\n" + hidden, "HTTP/1.1 414",
+       "request line"},
+  };
+  for (const Case& c : cases) {
+    const std::string reply = RawExchange(f.port(), c.bytes);
+    EXPECT_EQ(CountReplies(reply), 1u) << c.what << ": " << reply.substr(0, 600);
+    const auto [head, body] = SplitReply(reply);
+    EXPECT_EQ(head.rfind(c.status, 0), 0u) << c.what << ": " << head;
+    EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << c.what << ": " << head;
+    if (!c.says.empty()) {
+      const json j = testing::Json(body);
+      ASSERT_TRUE(j.contains("error")) << c.what << ": " << body;
+      EXPECT_NE(j["error"]["message"].get<std::string>().find(c.says), std::string::npos) << c.what << ": " << body;
+    }
+  }
+  // A body cut short says what was missing.
+  const auto [head, body] = SplitReply(RawExchange(
+      f.port(), "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"input\": [1"));
+  EXPECT_EQ(head.rfind("HTTP/1.1 400", 0), 0u) << head;
+  EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << head;
+  EXPECT_NE(testing::Json(body)["error"]["message"].get<std::string>().find("Content-Length says 100 bytes"), std::string::npos)
+      << body;
 }
 
 }  // namespace

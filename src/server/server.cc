@@ -171,6 +171,10 @@ class SocketStream final : public httplib::Stream {
 // after the current response (a request answered before its body was read).
 thread_local SocketStream* tls_stream = nullptr;
 thread_local bool tls_close_after = false;
+// The Content-Length of the body httplib is about to read for this thread's request (set by the
+// pre-routing hook; -1 before it runs): an error reply without a body (httplib's own) then means
+// that the body could not be read, else that the request line or headers could not be.
+thread_local int64_t tls_body_length = -1;
 
 // The memory the replies of the requests in flight may take (ServerOptions::reply_memory_bytes):
 // a request takes its Prepared::reply_bytes before it is queued and gives it back once its reply
@@ -308,6 +312,7 @@ class Server::Http : public httplib::Server {
         // byte (the pre-routing hook lifts the deadline for the body).
         strm.SetReadDeadline(NowNs() + static_cast<int64_t>(header_timeout_seconds * 1e9));
         tls_close_after = false;
+        tls_body_length = -1;
         bool connection_closed = false;
         ret = process_request(strm, count == 1 || stopped(), connection_closed, nullptr);
         if (tls_reply_held > 0) {  // the reply is sent (or failed): its memory is free again
@@ -379,6 +384,12 @@ Status Server::Start() {
     // The methods whose body httplib reads (its expect_content).
     const bool reads_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
                             req.method == "DELETE" || req.method == "PRI";
+    if (!reads_body && *len > 0) {
+      // httplib does not read the body of a GET (or HEAD, OPTIONS, ...): its bytes would be read
+      // as the next request (a request smuggled past a proxy that read them as this one's body).
+      // The request is answered, and the connection closed.
+      CloseAfter(req);
+    }
     if (reads_body) {
       if (!req.has_header("Content-Length")) {
         // Without it, httplib would read the body until the client closes or pauses for 5 s.
@@ -412,15 +423,31 @@ Status Server::Start() {
                           "invalid_request_error", "body_too_large"));
         return httplib::Server::HandlerResponse::Handled;
       }
+      tls_body_length = static_cast<int64_t>(*len);
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
   h.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg = res.status == 404 ? "no route " + req.method + " " + req.path
-                      : res.status == 413 ? "the request body is too large"
-                                          : "HTTP error " + std::to_string(res.status);
-    SetError(res, Err(res.status, msg, "invalid_request_error"));
+    if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404) {
+      SetError(res, Err(404, "no route " + req.method + " " + req.path, "invalid_request_error", "not_found"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // httplib's own refusals, before any handler: the request line, its headers or its body could
+    // not be read, so what follows on the connection cannot be trusted to start a request.
+    CloseAfter(req);
+    std::string msg;
+    if (res.status == 414) {
+      msg = "the request line is longer than 8 KiB: send a shorter path";
+    } else if (tls_body_length >= 0) {
+      msg = "the request body did not all come: Content-Length says " + std::to_string(tls_body_length) +
+            " bytes; send them all, without pausing for 5 s";
+    } else if (req.path.empty()) {
+      msg = "malformed HTTP request line: send \"METHOD /path HTTP/1.1\"";
+    } else {
+      msg = "malformed HTTP request headers: each line at most 8 KiB, all sent within 10 s";
+    }
+    SetError(res, Err(res.status, msg, "invalid_request_error", "malformed_request"));
     return httplib::Server::HandlerResponse::Handled;
   }));
   h.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
