@@ -720,5 +720,20 @@ TEST(ServerHttp, NoBytesOfARequestAreReadAsTheNextRequest) {
       << body;
 }
 
+// A known route asked with another method is a 405 naming the method to use (Allow), as vLLM
+// answers; a path that is no route stays a 404.
+TEST(ServerHttp, AKnownRouteWithTheWrongMethodIs405) {
+  Fixture f(Opts());
+  auto get = Get(f.port(), "/v1/completions");
+  ExpectOpenAiError(get, 405);
+  EXPECT_EQ(get.headers.find("Allow")->second, "POST");
+  auto post = Post(f.port(), "/health", "{}");
+  ExpectOpenAiError(post, 405);
+  EXPECT_EQ(post.headers.find("Allow")->second, "GET");
+  ExpectOpenAiError(Get(f.port(), "/models"), 404);  // only /v1/models
+  ExpectOpenAiError(Get(f.port(), "/v1/chat/completions"), 404);
+  EXPECT_EQ(Get(f.port(), "/health").status, 200);
+}
+
 }  // namespace
 }  // namespace estream::server

@@ -205,6 +205,14 @@ const char* RouteLabel(const std::string& path) {
   return "other";
 }
 
+// The method a known route takes (for a 405's Allow header), null for an unknown path (a 404 for
+// the method named here is a path that only looks like a route: "/models").
+const char* AllowedMethod(const std::string& path) {
+  const std::string route = RouteLabel(path);
+  if (route == "other") return nullptr;
+  return route == "/health" || route == "/v1/models" || route == "/metrics" ? "GET" : "POST";
+}
+
 // Marks the connection to be closed after this reply, and says so in it: the request looks to
 // httplib as if it had asked for "Connection: close", so the reply carries that header and no
 // Keep-Alive (the library's Request here is its own non-const object, passed to handlers as const).
@@ -430,7 +438,14 @@ Status Server::Start() {
   h.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
     if (res.status == 404) {
-      SetError(res, Err(404, "no route " + req.method + " " + req.path, "invalid_request_error", "not_found"));
+      const char* allowed = AllowedMethod(req.path);
+      if (allowed && req.method != allowed) {
+        res.set_header("Allow", allowed);
+        SetError(res, Err(405, req.method + " " + req.path + " is not allowed: send a " + allowed,
+                          "invalid_request_error", "method_not_allowed"));
+      } else {
+        SetError(res, Err(404, "no route " + req.method + " " + req.path, "invalid_request_error", "not_found"));
+      }
       return httplib::Server::HandlerResponse::Handled;
     }
     // httplib's own refusals, before any handler: the request line, its headers or its body could
