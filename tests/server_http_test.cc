@@ -380,8 +380,17 @@ TEST(ServerHttp, ShutdownFinishesQueuedWorkAndStopsListening) {
   f.fake.close();
   std::vector<std::thread> clients;
   std::vector<int> status(4, 0);
+  std::vector<std::string> connection(4);
   for (int i = 0; i < 4; ++i)
-    clients.emplace_back([&, i] { status[i] = Post(f.port(), "/v1/embeddings", json({{"input", {i + 1}}}).dump()).status; });
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", f.port());
+      c.set_keep_alive(true);  // else the request itself asks for "Connection: close"
+      const auto r = c.Post("/v1/embeddings", json({{"input", {i + 1}}}).dump(), "application/json");
+      if (!r) return;
+      status[i] = r->status;
+      // Answered after the stop began: the connection serves no further request, and says so.
+      connection[i] = r->get_header_value("Connection");
+    });
   while (f.fake.running.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::thread opener([&] {
@@ -395,6 +404,7 @@ TEST(ServerHttp, ShutdownFinishesQueuedWorkAndStopsListening) {
   for (auto& t : clients) t.join();
   EXPECT_LT(s, 5.0);
   EXPECT_EQ(status, (std::vector<int>{200, 200, 200, 200}));  // within the grace: all finished
+  EXPECT_EQ(connection, (std::vector<std::string>(4, "close")));
   EXPECT_EQ(Get(f.port(), "/health").status, -1);             // not listening any more
 }
 

@@ -490,6 +490,7 @@ Status Server::Start() {
       Reply r = HandleEngine(route, prepare, req.body, &gone);
       --in_flight_;
       res.status = r.status;
+      if (stopping_) CloseAfter(req);  // this connection serves no further request
       if (gone) {
         CloseAfter(req);
         metrics_.CountRequest(route, 499);
@@ -531,8 +532,9 @@ Status Server::Start() {
   h.Get("/v1/models", [this, json_reply, not_ready](const httplib::Request&, httplib::Response& res) {
     if (!not_ready(res)) json_reply(res, Models(ctx_));
   });
-  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  h.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
     if (stopping_) {
+      CloseAfter(req);
       res.status = 503;
       res.set_content(R"({"status":"shutting down"})", "application/json");
     } else if (!ready_) {
