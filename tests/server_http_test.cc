@@ -127,6 +127,18 @@ TEST(ServerHttp, BadInputIs400AndTheServerKeepsServing) {
   Fixture f(Opts(/*max_batch_tokens=*/32));
   const int p = f.port();
   ExpectOpenAiError(Post(p, "/v1/completions", "{not json"), 400);
+  // A JSON error says where it is, an empty body that it is empty.
+  auto bad_json = Post(p, "/v1/completions", R"({"prompt": [1, 2,]})");
+  ExpectOpenAiError(bad_json, 400);
+  EXPECT_NE(bad_json.json()["error"]["message"].get<std::string>().find("at byte 18 of 19"), std::string::npos)
+      << bad_json.body;
+  auto bad_utf8 = Post(p, "/v1/completions", "{\"prompt\": \"a\xff\"}");
+  ExpectOpenAiError(bad_utf8, 400);
+  EXPECT_NE(bad_utf8.json()["error"]["message"].get<std::string>().find("at byte 14 of"), std::string::npos)
+      << bad_utf8.body;
+  auto empty = Post(p, "/v1/completions", "");
+  ExpectOpenAiError(empty, 400);
+  EXPECT_NE(empty.json()["error"]["message"].get<std::string>().find("empty"), std::string::npos) << empty.body;
   ExpectOpenAiError(Post(p, "/v1/completions", "[1, 2]"), 400);
   ExpectOpenAiError(Post(p, "/v1/completions", R"({"max_tokens": 0})"), 400);
   ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": "text needs a vocabulary"})"), 400);
@@ -156,9 +168,9 @@ TEST(ServerHttp, BadInputIs400AndTheServerKeepsServing) {
   EXPECT_NE(too_big.json()["error"]["message"].get<std::string>().find("32"), std::string::npos);
   EXPECT_EQ(Post(p, "/v1/embeddings", R"({"input": [1, 2]})").status, 200);
   // The count is taken after each response is written: allow the last one a moment.
-  for (int k = 0; k < 200 && f.server->metrics().requests("/v1/completions", 400) < 13; ++k)
+  for (int k = 0; k < 200 && f.server->metrics().requests("/v1/completions", 400) < 16; ++k)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(f.server->metrics().requests("/v1/completions", 400), 13u);
+  EXPECT_EQ(f.server->metrics().requests("/v1/completions", 400), 16u);
 }
 
 // Sends `bytes` on a fresh connection, closes the sending side and returns what comes back until

@@ -32,14 +32,6 @@ ApiError Bad(std::string message, std::string param = "", std::string code = "")
   return e;
 }
 
-// Parses a JSON object body. Errors name what is wrong.
-std::optional<ApiError> ParseObject(const std::string& body, json* out) {
-  *out = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (out->is_discarded()) return Bad("the request body is not valid JSON");
-  if (!out->is_object()) return Bad("the request body must be a JSON object");
-  return std::nullopt;
-}
-
 class TreeCounter final : public nlohmann::json_sax<json> {
  public:
   uint64_t bytes = 0;
@@ -55,10 +47,12 @@ class TreeCounter final : public nlohmann::json_sax<json> {
   bool end_object() override { return Close(); }
   bool start_array(std::size_t) override { return Open(true, 24); }
   bool end_array() override { return Close(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) override {
     bytes = 0;
+    error_at = position;
     return false;
   }
+  size_t error_at = 0;  // after a parse error: the byte (1-based) where the body stopped being JSON
 
  private:
   static uint64_t Heap(const string_t& s) { return s.size() > 15 ? s.size() + 1 : 0; }
@@ -78,6 +72,21 @@ class TreeCounter final : public nlohmann::json_sax<json> {
   }
   std::vector<bool> in_array_;  // per open container: an array?
 };
+
+// Parses a JSON object body. Errors name what is wrong, and where.
+std::optional<ApiError> ParseObject(const std::string& body, json* out) {
+  *out = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (out->is_discarded()) {
+    if (body.find_first_not_of(" \t\r\n") == std::string::npos)
+      return Bad("the request body is empty: send a JSON object");
+    TreeCounter where;
+    json::sax_parse(body, &where);
+    return Bad("the request body is not valid JSON (UTF-8): the error is at byte " + std::to_string(where.error_at) +
+               " of " + std::to_string(body.size()));
+  }
+  if (!out->is_object()) return Bad("the request body must be a JSON object");
+  return std::nullopt;
+}
 
 // Fields a route does not know -> 400 (for estream's own routes, where a typo would silently
 // change the meaning).
