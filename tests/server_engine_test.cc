@@ -272,6 +272,55 @@ TEST_F(ServerEngine, TokenizeAndDetokenize) {
   EXPECT_EQ(p.json()["tokens"][0]["piece"], tok_->TokenPiece(tok_->Encode("Hi", false, false)[0]));
 }
 
+// /tokenize and /detokenize replies hold reply memory until they are sent, as the engine routes'
+// do: /tokenize's exactly its text, /detokenize's at least its text. A reply that needs more than
+// all of --reply-memory is a 413 (with_pieces on 8 KiB of text: ~200 KB of JSON), not a reply
+// built outside the budget (one such request on 250 KB of text took 110 MB; eight, 1 GB).
+TEST_F(ServerEngine, TokenizeRepliesAreBoundedByTheReplyMemory) {
+  ApiContext ctx;
+  ctx.tokenizer = tok_;
+  ctx.info = &engine_->info();
+  std::string text;
+  for (int i = 0; i < 8192; ++i) text += static_cast<char>("qzxjkvbwy{}|~^"[(i * 7919) % 14]);
+  text += " h\xc3\xa9llo <|endoftext|>";
+  std::vector<Result<Response>> none;
+  for (const char* extra : {"", R"(, "with_pieces": true)", R"(, "with_pieces": true, "parse_special": true)",
+                            R"(, "add_special": true)"}) {
+    Prepared p;
+    auto e = PrepareTokenize(R"({"content": )" + json(text).dump() + extra + "}", ctx, &p);
+    ASSERT_FALSE(e) << e->message;
+    EXPECT_EQ(p.format(none).size(), p.reply_bytes) << extra;
+  }
+  for (const std::string& ids : {std::string("[]"), std::string("[1, 2, 195, 169, 511, 0, 10]"),
+                                 json(tok_->Encode(text, true, true)).dump()}) {
+    Prepared p;
+    auto e = PrepareDetokenize(R"({"tokens": )" + ids + "}", ctx, &p);
+    ASSERT_FALSE(e) << e->message;
+    EXPECT_LE(p.format(none).size(), p.reply_bytes) << ids;
+  }
+
+  ServerOptions o;
+  o.port = 0;
+  o.reply_memory_bytes = 64 * 1024;
+  Server small(o);
+  ASSERT_TRUE(small.Start().ok());
+  Engine* eng = engine_;
+  small.SetBackend([eng](std::span<const Request> r) { return eng->RunBatch(r); }, engine_->info(), tok_, "tiny",
+                   engine_->pass_tokens());
+  const std::string content = json(text.substr(0, 8192)).dump();
+  auto pieces = Post(small.port(), "/tokenize", R"({"content": )" + content + R"(, "with_pieces": true})");
+  EXPECT_EQ(pieces.status, 413) << pieces.body.substr(0, 300);
+  EXPECT_EQ(pieces.json()["error"]["code"], "reply_too_large") << pieces.body.substr(0, 300);
+  EXPECT_NE(pieces.json()["error"]["message"].get<std::string>().find("--reply-memory"), std::string::npos);
+  auto ids = Post(small.port(), "/tokenize", R"({"content": )" + content + "}");
+  ASSERT_EQ(ids.status, 200) << ids.body.substr(0, 300);
+  EXPECT_EQ(ids.json()["tokens"].get<std::vector<int32_t>>(), tok_->Encode(text.substr(0, 8192), false, false));
+  const std::vector<int32_t> some = tok_->Encode(text.substr(0, 1024), false, false);  // a tree under 64 KiB
+  auto back = Post(small.port(), "/detokenize", json({{"tokens", some}}).dump());
+  ASSERT_EQ(back.status, 200) << back.body.substr(0, 300);
+  EXPECT_EQ(back.json()["content"], text.substr(0, 1024));
+}
+
 // Mixed requests; the reply without its per-call fields (id, created).
 std::string Stable(const std::string& body) {
   json j = json::parse(body, nullptr, false);

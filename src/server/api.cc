@@ -733,15 +733,11 @@ std::optional<ApiError> PrepareRerank(const std::string& body, const ApiContext&
 
 // ---- engine-free routes -------------------------------------------------------------------------
 
-namespace {
-Reply ErrorReply(const ApiError& e) { return {e.status, ErrorBody(e)}; }
-}  // namespace
-
-Reply Tokenize(const std::string& body, const ApiContext& ctx) {
+std::optional<ApiError> PrepareTokenize(const std::string& body, const ApiContext& ctx, Prepared* out) {
   json j;
-  if (auto e = ParseObject(body, &j)) return ErrorReply(*e);
-  if (auto e = RejectUnknown(j, {"content", "add_special", "parse_special", "with_pieces", "model"})) return ErrorReply(*e);
-  if (!j.contains("content") || !j["content"].is_string()) return ErrorReply(Bad("\"content\" must be a string", "content"));
+  if (auto e = ParseObject(body, &j)) return e;
+  if (auto e = RejectUnknown(j, {"content", "add_special", "parse_special", "with_pieces", "model"})) return e;
+  if (!j.contains("content") || !j["content"].is_string()) return Bad("\"content\" must be a string", "content");
   auto flag = [&](const char* name, bool* v) -> std::optional<ApiError> {
     if (!j.contains(name) || j[name].is_null()) return std::nullopt;
     if (!j[name].is_boolean()) return Bad(std::string("\"") + name + "\" must be true or false", name);
@@ -750,30 +746,60 @@ Reply Tokenize(const std::string& body, const ApiContext& ctx) {
   };
   bool add_special = false, parse_special = false, with_pieces = false;
   for (auto [name, v] : {std::pair{"add_special", &add_special}, {"parse_special", &parse_special}, {"with_pieces", &with_pieces}})
-    if (auto e = flag(name, v)) return ErrorReply(*e);
-  if (!ctx.tokenizer) return ErrorReply(Bad("the model has no vocabulary"));
-  const std::vector<int32_t> ids = ctx.tokenizer->Encode(j["content"].get<std::string>(), add_special, parse_special);
-  ojson tokens = ojson::array();
-  for (int32_t id : ids) {
-    if (with_pieces) tokens.push_back({{"id", id}, {"piece", TokenString(ctx.tokenizer, id)}});
-    else tokens.push_back(id);
-  }
-  return {200, Dump(ojson{{"tokens", tokens}})};
+    if (auto e = flag(name, v)) return e;
+  if (!ctx.tokenizer) return Bad("the model has no vocabulary");
+  auto ids = std::make_shared<std::vector<int32_t>>(
+      ctx.tokenizer->Encode(j["content"].get_ref<const std::string&>(), add_special, parse_special));
+  // The reply is written as text, its exact length known first: {"tokens":[...]}, each token its
+  // id or {"id":ID,"piece":PIECE}.
+  const Tokenizer* tokenizer = ctx.tokenizer;
+  uint64_t bytes = 13 + (ids->empty() ? 0 : ids->size() - 1);  // {"tokens":[ ]} and the commas
+  for (int32_t id : *ids)
+    bytes += std::to_string(id).size() + (with_pieces ? 16 + JsonLength(TokenString(tokenizer, id)) : 0);
+  out->reply_bytes = bytes;
+  out->format = [ids, with_pieces, tokenizer, bytes](std::vector<Result<Response>>&) {
+    std::string text;
+    text.reserve(bytes);
+    text += "{\"tokens\":[";
+    for (size_t i = 0; i < ids->size(); ++i) {
+      if (i > 0) text += ',';
+      const std::string id = std::to_string((*ids)[i]);
+      if (!with_pieces) {
+        text += id;
+        continue;
+      }
+      text += "{\"id\":" + id + ",\"piece\":" + Dump(ojson(TokenString(tokenizer, (*ids)[i]))) + "}";
+    }
+    text += "]}";
+    return text;
+  };
+  return std::nullopt;
 }
 
-Reply Detokenize(const std::string& body, const ApiContext& ctx) {
+std::optional<ApiError> PrepareDetokenize(const std::string& body, const ApiContext& ctx, Prepared* out) {
   json j;
-  if (auto e = ParseObject(body, &j)) return ErrorReply(*e);
-  if (auto e = RejectUnknown(j, {"tokens", "model"})) return ErrorReply(*e);
-  if (!j.contains("tokens")) return ErrorReply(Bad("\"tokens\" is required", "tokens"));
-  std::vector<int32_t> ids;
-  if (auto e = Ids(j["tokens"], "tokens", &ids)) return ErrorReply(*e);
-  if (!ctx.tokenizer) return ErrorReply(Bad("the model has no vocabulary"));
-  for (int32_t id : ids)
+  if (auto e = ParseObject(body, &j)) return e;
+  if (auto e = RejectUnknown(j, {"tokens", "model"})) return e;
+  if (!j.contains("tokens")) return Bad("\"tokens\" is required", "tokens");
+  auto ids = std::make_shared<std::vector<int32_t>>();
+  if (auto e = Ids(j["tokens"], "tokens", ids.get())) return e;
+  if (!ctx.tokenizer) return Bad("the model has no vocabulary");
+  // The decoded text is at most the tokens' pieces (or their stored text, for special tokens)
+  // and its JSON up to 6 bytes a byte (\u00XX); both are held until the reply is sent.
+  uint64_t decoded = 0;
+  for (int32_t id : *ids) {
     if (!ctx.tokenizer->IsValidId(id))
-      return ErrorReply(Bad("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                            std::to_string(ctx.tokenizer->n_vocab()) + ")", "tokens", "invalid_token"));
-  return {200, Dump(ojson{{"content", ctx.tokenizer->Decode(ids)}})};
+      return Bad("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                     std::to_string(ctx.tokenizer->n_vocab()) + ")",
+                 "tokens", "invalid_token");
+    decoded += std::max<uint64_t>({ctx.tokenizer->TokenPiece(id).size(), ctx.tokenizer->TokenText(id).size(), 3});
+  }
+  out->reply_bytes = 7 * decoded + 16;
+  const Tokenizer* tokenizer = ctx.tokenizer;
+  out->format = [ids, tokenizer](std::vector<Result<Response>>&) {
+    return Dump(ojson{{"content", tokenizer->Decode(*ids)}});
+  };
+  return std::nullopt;
 }
 
 Reply Models(const ApiContext& ctx) {

@@ -130,9 +130,12 @@ std::optional<ApiError> PrepareRerank(const std::string& body, const ApiContext&
 // Checks every request against the model (lengths, ids): what Engine::Run would refuse, as 400s.
 std::optional<ApiError> ValidateRequests(const std::vector<Request>& requests, const ModelInfo& info);
 
-// Routes answered without the engine.
-Reply Tokenize(const std::string& body, const ApiContext& ctx);
-Reply Detokenize(const std::string& body, const ApiContext& ctx);
+// Routes answered without the engine, in the same two steps: the body parsed and tokenized (or
+// its ids checked), with the memory the reply takes until it is sent (Prepared::reply_bytes:
+// /tokenize's text exactly, /detokenize's decoded text and its JSON at most); then `format`
+// (called with no results) writes it. No requests.
+std::optional<ApiError> PrepareTokenize(const std::string& body, const ApiContext& ctx, Prepared* out);
+std::optional<ApiError> PrepareDetokenize(const std::string& body, const ApiContext& ctx, Prepared* out);
 Reply Models(const ApiContext& ctx);
 
 // A token as listed in completion logprobs (tokens, top_logprobs keys): its bytes; one whose bytes

@@ -513,21 +513,39 @@ Status Server::Start() {
     SetError(res, Err(503, "the model is loading", "unavailable", "loading"));
     return true;
   };
-  // The routes without the engine hold their body's JSON tree in the reply memory too (HandleEngine).
-  auto with_tree = [this](const std::string& body, Reply (*route)(const std::string&, const ApiContext&)) {
+  // The routes without the engine hold their body's JSON tree in the reply memory while they parse
+  // it, then their reply's memory until it is sent, as HandleEngine does.
+  auto local_route = [this](const char* route, const std::string& body, httplib::Response& res,
+                            std::optional<ApiError> (*prepare)(const std::string&, const ApiContext&, Prepared*)) {
+    auto reply = [&res](int status, std::string text) {
+      res.status = status;
+      res.body = std::move(text);  // set_content would copy it
+      res.set_header("Content-Type", "application/json");
+    };
     bool gone = false;
+    auto no_timeout = [] { return std::optional<Reply>(); };
     const uint64_t tree = JsonTreeBytes(body);
-    if (auto r = TakeReplyMemory(tree, "the request body, parsed,", &gone, [] { return std::optional<Reply>(); }))
-      return *r;
-    Reply r = route(body, ctx_);
+    if (auto r = TakeReplyMemory(tree, "the request body, parsed,", &gone, no_timeout)) return reply(r->status, r->body);
+    Prepared p;
+    std::optional<ApiError> e = prepare(body, ctx_, &p);
     GiveReplyMemory(tree);
-    return r;
+    if (e) return reply(e->status, ErrorBody(*e));
+    if (p.reply_bytes > options_.reply_memory_bytes)
+      return reply(413, ErrorBody(Err(413,
+                                      std::string(route) + ": the reply to this request needs up to " +
+                                          FormatBytes(p.reply_bytes) + " of memory; this server keeps " +
+                                          FormatBytes(options_.reply_memory_bytes) +
+                                          " for replies (--reply-memory): send less at a time",
+                                      "invalid_request_error", "reply_too_large")));
+    if (auto r = TakeReplyMemory(p.reply_bytes, "", &gone, no_timeout)) return reply(r->status, r->body);
+    std::vector<Result<Response>> no_results;
+    reply(200, p.format(no_results));
   };
-  h.Post("/tokenize", [json_reply, not_ready, with_tree](const httplib::Request& req, httplib::Response& res) {
-    if (!not_ready(res)) json_reply(res, with_tree(req.body, &Tokenize));
+  h.Post("/tokenize", [not_ready, local_route](const httplib::Request& req, httplib::Response& res) {
+    if (!not_ready(res)) local_route("/tokenize", req.body, res, &PrepareTokenize);
   });
-  h.Post("/detokenize", [json_reply, not_ready, with_tree](const httplib::Request& req, httplib::Response& res) {
-    if (!not_ready(res)) json_reply(res, with_tree(req.body, &Detokenize));
+  h.Post("/detokenize", [not_ready, local_route](const httplib::Request& req, httplib::Response& res) {
+    if (!not_ready(res)) local_route("/detokenize", req.body, res, &PrepareDetokenize);
   });
   h.Get("/v1/models", [this, json_reply, not_ready](const httplib::Request&, httplib::Response& res) {
     if (!not_ready(res)) json_reply(res, Models(ctx_));
