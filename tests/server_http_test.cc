@@ -152,6 +152,11 @@ TEST(ServerHttp, BadInputIs400AndTheServerKeepsServing) {
   ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, 99]})"), 400);    // id outside the vocabulary
   ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1, -1]})"), 400);
   ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [[]]})"), 400);
+  for (const char* mixed : {R"({"prompt": [[1], "a"]})", R"({"prompt": ["a", [1]]})"}) {
+    const auto r = Post(p, "/v1/completions", mixed);
+    ExpectOpenAiError(r, 400);
+    EXPECT_NE(r.body.find("mixes strings and token lists"), std::string::npos) << r.body;
+  }
   ExpectOpenAiError(Post(p, "/v1/completions", R"({"prompt": [1.5]})"), 400);
   ExpectOpenAiError(Post(p, "/v1/embeddings", R"({"input": [1], "encoding_format": "hex"})"), 400);
   ExpectOpenAiError(Post(p, "/v1/embeddings", R"({"input": [1], "pooling": "max"})"), 400);
@@ -168,9 +173,9 @@ TEST(ServerHttp, BadInputIs400AndTheServerKeepsServing) {
   EXPECT_NE(too_big.json()["error"]["message"].get<std::string>().find("32"), std::string::npos);
   EXPECT_EQ(Post(p, "/v1/embeddings", R"({"input": [1, 2]})").status, 200);
   // The count is taken after each response is written: allow the last one a moment.
-  for (int k = 0; k < 200 && f.server->metrics().requests("/v1/completions", 400) < 16; ++k)
+  for (int k = 0; k < 200 && f.server->metrics().requests("/v1/completions", 400) < 18; ++k)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(f.server->metrics().requests("/v1/completions", 400), 16u);
+  EXPECT_EQ(f.server->metrics().requests("/v1/completions", 400), 18u);
 }
 
 // Sends `bytes` on a fresh connection, closes the sending side and returns what comes back until

@@ -151,6 +151,11 @@ std::optional<ApiError> PromptList(const json& p, const ApiContext& ctx, const s
     return Ids(p, field, &out->back());
   }
   if (p.size() > kMaxInputs) return TooMany(field, p.size());
+  // One form per request, as OpenAI's schema has it: all strings or all token lists.
+  for (const json& x : p)
+    if (x.is_string() != p.front().is_string())
+      return Bad("\"" + field + "\" mixes strings and token lists: give an array of strings or an array of arrays "
+                 "of token ids", field);
   for (const json& x : p) {
     out->emplace_back();
     if (x.is_string()) {
