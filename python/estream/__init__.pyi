@@ -1,4 +1,5 @@
 # Type stub of the estream package (the extension module estream._estream, re-exported).
+import os
 from typing import Any, Sequence, overload
 
 import numpy as np
@@ -63,7 +64,7 @@ class Model:
     """A loaded model; load once, call from any thread (calls take turns)."""
     def __init__(
         self,
-        path: str,
+        path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
         budget: int | str | None = None,
         threads: int = 0,
         schedule: str = "early",

@@ -115,6 +115,33 @@ int64_t IntArg(py::handle h, const char* name, int64_t lo, int64_t hi, const cha
   return v;
 }
 
+// A model path as open() takes it: a str, bytes or os.PathLike (pathlib.Path); a str is encoded as
+// os.fsencode does (undecodable bytes of a file name, kept as surrogates by os.fsdecode, come back).
+// TypeError for another type; ValueError for a NUL byte (the OS would open the file that the bytes
+// before it name, a different model, without a word).
+std::string PathArg(py::handle h) {
+  py::object p = py::reinterpret_steal<py::object>(PyOS_FSPath(h.ptr()));
+  if (!p) {
+    PyErr_Clear();
+    throw py::type_error("path: expected a str, bytes or os.PathLike (pathlib.Path), got " + TypeName(h));
+  }
+  py::object b = py::reinterpret_steal<py::object>(
+      PyBytes_Check(p.ptr()) ? p.inc_ref().ptr() : PyUnicode_EncodeFSDefault(p.ptr()));
+  if (!b) throw py::error_already_set();
+  std::string s(PyBytes_AS_STRING(b.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(b.ptr())));
+  if (s.find('\0') != std::string::npos)
+    throw py::value_error("path: embedded null byte at position " + std::to_string(s.find('\0')) +
+                          "; give the file's path without it");
+  return s;
+}
+
+// A path (bytes from the OS) as a str, as os.fsdecode gives it.
+py::str FsDecode(const std::string& path) {
+  PyObject* u = PyUnicode_DecodeFSDefaultAndSize(path.data(), static_cast<Py_ssize_t>(path.size()));
+  if (u == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(u);
+}
+
 // One input: a text or token ids.
 struct Input {
   bool is_text = false;
@@ -253,9 +280,10 @@ py::array_t<T> ToArray(const std::vector<T>& v) {
 
 class Model {
  public:
-  Model(const std::string& path, py::object budget, py::object threads, const std::string& schedule,
-        py::object batch_tokens, py::object budget_tokens)
-      : path_(path) {
+  Model(py::object path_arg, py::object budget, py::object threads, const std::string& schedule,
+        py::object batch_tokens, py::object budget_tokens) {
+    const std::string path = PathArg(path_arg);
+    path_repr_ = py::repr(FsDecode(path));
     EngineOptions eo;
     // The CLI's range for -t (Engine::Load's kMaxThreads).
     eo.n_threads = static_cast<int>(IntArg(threads, "threads", 0, kMaxThreads, " (0 = one per CPU)"));
@@ -305,7 +333,7 @@ class Model {
   py::dict InfoDict() const {
     const ModelInfo& i = info();
     py::dict d;
-    d["path"] = i.path;
+    d["path"] = FsDecode(i.path);
     d["architecture"] = i.architecture;
     d["name"] = i.name;
     d["n_layer"] = i.n_layer;
@@ -325,7 +353,7 @@ class Model {
 
   std::string Repr() const {
     const ModelInfo& i = info();
-    return "estream.Model('" + path_ + "', " + i.architecture + ", " + std::to_string(i.n_layer) + " layers, n_embd " +
+    return "estream.Model(" + path_repr_ + ", " + i.architecture + ", " + std::to_string(i.n_layer) + " layers, n_embd " +
            std::to_string(i.n_embd) + ", n_vocab " + std::to_string(i.n_vocab) + ", threads " +
            std::to_string(engine_->n_threads()) + ")";
   }
@@ -636,7 +664,7 @@ class Model {
     return results;
   }
 
-  std::string path_;
+  std::string path_repr_;  // repr() of the path as a str
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<TextTokenizer> tokenizer_;  // null: no vocabulary in the file
   std::string tokenizer_error_;
@@ -742,7 +770,7 @@ PYBIND11_MODULE(_estream, m) {
 
 Model(path, budget=None, threads=0, schedule="early", batch_tokens=0, budget_tokens=0)
 
-path: a GGUF file (or one packed by `estream pack`).
+path: a GGUF file (or one packed by `estream pack`): a str, bytes or pathlib.Path.
 budget: None, bytes, or a size such as "4G" (a number is bytes): the model must be packed
   (`estream pack`; an unpacked GGUF with a budget raises ValueError); its experts are then
   streamed and the process's peak RSS stays within the budget.
@@ -757,7 +785,7 @@ budget_tokens: longest input (forward pass) the budget plans activations for. 0 
 
 Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option, a
 budget on an unpacked model), MemoryError (budget too small even for a 128-token pass).)doc")
-      .def(py::init<const std::string&, py::object, py::object, const std::string&, py::object, py::object>(),
+      .def(py::init<py::object, py::object, py::object, const std::string&, py::object, py::object>(),
            py::arg("path"),
            py::arg("budget") = py::none(), py::arg("threads") = 0, py::arg("schedule") = "early",
            py::arg("batch_tokens") = 0, py::arg("budget_tokens") = 0)

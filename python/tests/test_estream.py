@@ -226,6 +226,23 @@ def test_load_errors():
         estream.Model(str(MODEL), budget=[1])
 
 
+def test_path_types(tmp_path):
+    # pathlib.Path and bytes are paths, as open() takes them.
+    m = estream.Model(MODEL, threads=1)
+    assert m.info["path"] == str(MODEL) and repr(str(MODEL)) in repr(m)
+    assert estream.Model(os.fsencode(MODEL), threads=1).info["path"] == str(MODEL)
+    # A NUL byte would open the file the bytes before it name: refused, as open() refuses it.
+    with pytest.raises(ValueError, match="null byte"):
+        estream.Model(str(MODEL) + "\0.other.gguf")
+    with pytest.raises(TypeError, match="path: expected a str, bytes or os.PathLike"):
+        estream.Model(None)
+    # A file name that is not UTF-8 (os.fsdecode keeps its bytes as surrogates) loads and reports it.
+    link = os.fsdecode(bytes(tmp_path) + b"/model-\xff.gguf")
+    os.symlink(MODEL, link)
+    m2 = estream.Model(link, threads=1)
+    assert m2.info["path"] == link and m2.score(PROMPT).total == m.score(PROMPT).total
+
+
 def test_bad_inputs_raise_and_model_stays_usable(model):
     before = model.score(PROMPT).logprobs.copy()
     with pytest.raises(ValueError, match="999999"):
