@@ -281,6 +281,18 @@ int main(int argc, char** argv) {
     CHECK(len == strlen(text));
     CHECK(estream_detokenize(m, ids, n, 0, NULL, 64, &len) == ESTREAM_INVALID_ARGUMENT);
     CHECK(strstr(estream_last_error(), "text is NULL") != NULL);
+    /* Ids outside the vocabulary have no text: refused (not rendered as U+FFFD), position named */
+    {
+      const int32_t bad_ids[3] = {ids[0], -5, ids[0]}, big_ids[2] = {ids[0], 1 << 30};
+      CHECK(estream_detokenize(m, bad_ids, 3, 0, out, sizeof(out), &len) == ESTREAM_INVALID_ARGUMENT);
+      CHECK(len == 0 && strstr(estream_last_error(), "token id -5 at position 1") != NULL);
+      CHECK(estream_detokenize(m, big_ids, 2, 1, out, sizeof(out), &len) == ESTREAM_INVALID_ARGUMENT);
+      CHECK(strstr(estream_last_error(), "out of range") != NULL);
+    }
+    /* Unknown flag bits are refused, not ignored */
+    CHECK(estream_tokenize(m, text, (size_t)-1, 4, ids, 128, &n2) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(n2 == 0 && strstr(estream_last_error(), "flags = 4") != NULL);
+    CHECK_OK(estream_tokenize(m, text, (size_t)-1, ESTREAM_ADD_SPECIAL | ESTREAM_PARSE_SPECIAL, ids, 128, &n2));
   }
 
   /* ---- a batch: scores, a bad request, embeddings and candidates ---- */

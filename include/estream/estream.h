@@ -149,13 +149,14 @@ ESTREAM_API int estream_model_get_info(const estream_model* model, estream_model
 #define ESTREAM_PARSE_SPECIAL 2 /* recognise control tokens ("<|im_start|>") written in the text */
 
 /* Token ids of `text` (text_len bytes; (size_t)-1: NUL-terminated) into tokens[0..capacity).
- * *n_tokens = the number of ids (always written). BUFFER_TOO_SMALL when capacity < *n_tokens. */
+ * *n_tokens = the number of ids (always written). BUFFER_TOO_SMALL when capacity < *n_tokens.
+ * flags: ESTREAM_ADD_SPECIAL | ESTREAM_PARSE_SPECIAL or 0; other bits are INVALID_ARGUMENT. */
 ESTREAM_API int estream_tokenize(const estream_model* model, const char* text, size_t text_len, int flags,
                                  int32_t* tokens, size_t capacity, size_t* n_tokens);
 /* The text of tokens[0..n) into text[0..capacity), NUL-terminated; *text_len = its length
  * without the NUL (always written). BUFFER_TOO_SMALL when capacity < *text_len + 1. Control
  * tokens render only with render_special != 0; the bytes are exact (they may cut a UTF-8
- * character). */
+ * character). An id outside [0, n_vocab) is INVALID_ARGUMENT (its position named), as in a prompt. */
 ESTREAM_API int estream_detokenize(const estream_model* model, const int32_t* tokens, size_t n, int render_special,
                                    char* text, size_t capacity, size_t* text_len);
 

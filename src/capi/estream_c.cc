@@ -272,6 +272,9 @@ int estream_tokenize(const estream_model* model, const char* text, size_t text_l
     if (tokens == nullptr && capacity != 0)
       return Fail(ESTREAM_INVALID_ARGUMENT, "estream_tokenize: tokens is NULL but capacity is " +
                                                 std::to_string(capacity) + " (NULL with capacity 0 asks for the size)");
+    if ((flags & ~(ESTREAM_ADD_SPECIAL | ESTREAM_PARSE_SPECIAL)) != 0)
+      return Fail(ESTREAM_INVALID_ARGUMENT, "estream_tokenize: flags = " + std::to_string(flags) +
+                                                " has bits other than ESTREAM_ADD_SPECIAL (1) and ESTREAM_PARSE_SPECIAL (2)");
     if (model->tokenizer == nullptr) return Fail(ESTREAM_NOT_SUPPORTED, model->tokenizer_error);
     if (text_len == static_cast<size_t>(-1)) text_len = std::strlen(text);
     const std::vector<int32_t> ids = model->tokenizer->Encode(std::string_view(text == nullptr ? "" : text, text_len),
@@ -297,6 +300,14 @@ int estream_detokenize(const estream_model* model, const int32_t* tokens, size_t
       return Fail(ESTREAM_INVALID_ARGUMENT, "estream_detokenize: text is NULL but capacity is " +
                                                 std::to_string(capacity) + " (NULL with capacity 0 asks for the size)");
     if (model->tokenizer == nullptr) return Fail(ESTREAM_NOT_SUPPORTED, model->tokenizer_error);
+    // Ids the vocabulary has no text for are refused, as estream_run_batch refuses them (Decode
+    // would render them as U+FFFD: text that no token gave).
+    const int32_t n_vocab = model->tokenizer->n_vocab();
+    for (size_t i = 0; i < n; ++i)
+      if (tokens[i] < 0 || tokens[i] >= n_vocab)
+        return Fail(ESTREAM_INVALID_ARGUMENT, "estream_detokenize: token id " + std::to_string(tokens[i]) +
+                                                  " at position " + std::to_string(i) + " is out of range [0, " +
+                                                  std::to_string(n_vocab) + ")");
     const std::string s = model->tokenizer->Decode(std::span<const int32_t>(tokens, n), render_special != 0);
     *text_len = s.size();
     if (text == nullptr || capacity < s.size() + 1)
