@@ -11,6 +11,7 @@ experts from the SSD)::
     E = m.embed(["first text", "second text"])           # numpy float32 [2, n_embd]
     m.classify("Is the sky blue? Answer:", [" yes", " no"])  # numpy [2] probabilities
     m.stats                                              # timing, bubble, bytes read, peak RSS
+    m.close()                                            # or: with estream.Model(...) as m:
 
 A list of inputs runs as one batch (one forward pass reads each active expert once for all of
 them). The GIL is released while the engine runs; calls on one Model from several threads take

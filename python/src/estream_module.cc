@@ -8,7 +8,9 @@
 // Threads and the GIL: inputs are converted to C++ values with the GIL held; the GIL is then
 // released while texts are tokenized and the engine runs, and taken again to build the outputs.
 // Engine::RunBatch serialises calls on one Engine, so Python threads sharing a Model take turns;
-// the last call's statistics are guarded by a mutex.
+// the last call's statistics are guarded by a mutex. Model.close() frees the engine once the calls
+// running on it have returned (each call holds a shared lock on it, close an exclusive one);
+// later calls raise ValueError.
 //
 // Errors: the engine's Status becomes ValueError (InvalidArgument, OutOfRange, NotSupported),
 // OSError (IOError, Corruption), MemoryError (ResourceExhausted) or RuntimeError (Internal), with
@@ -24,6 +26,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -330,7 +333,56 @@ class Model {
 
   const ModelInfo& info() const { return engine_->info(); }
 
+  // Holds the engine for one call (close() waits for it); ValueError once the model is closed.
+  // Taken without the GIL when it has to wait (close() runs without the GIL).
+  class Use {
+   public:
+    explicit Use(const Model* m) : lock_(m->LockLife()) {
+      if (m->engine_ == nullptr)
+        throw py::value_error("the model is closed (Model.close() or the end of its with block); load it again "
+                              "with estream.Model(path, ...)");
+    }
+
+   private:
+    std::shared_lock<std::shared_mutex> lock_;
+  };
+
+  // Frees the engine and the vocabulary now (rather than when the last reference goes), once the
+  // calls running on the model from other threads return. Idempotent.
+  void Close() {
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<TextTokenizer> tokenizer;
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::shared_mutex> lock(life_);
+    engine = std::move(engine_);
+    tokenizer = std::move(tokenizer_);
+    lock.unlock();
+    engine.reset();  // the model's memory goes back here, without the GIL
+  }
+
+  // A shared lock on the engine's life. With the GIL held it only tries: a call holding the lock
+  // may need the GIL to return, so waiting happens without it.
+  std::shared_lock<std::shared_mutex> LockLife() const {
+    std::shared_lock<std::shared_mutex> lock(life_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      py::gil_scoped_release nogil;
+      lock.lock();
+    }
+    return lock;
+  }
+
+  bool Closed() const {
+    auto lock = LockLife();
+    return engine_ == nullptr;
+  }
+
+  int N(int ModelInfo::* field) const {
+    Use use(this);
+    return info().*field;
+  }
+
   py::dict InfoDict() const {
+    Use use(this);
     const ModelInfo& i = info();
     py::dict d;
     d["path"] = FsDecode(i.path);
@@ -352,6 +404,8 @@ class Model {
   }
 
   std::string Repr() const {
+    auto lock = LockLife();
+    if (engine_ == nullptr) return "estream.Model(" + path_repr_ + ", closed)";
     const ModelInfo& i = info();
     return "estream.Model(" + path_repr_ + ", " + i.architecture + ", " + std::to_string(i.n_layer) + " layers, n_embd " +
            std::to_string(i.n_embd) + ", n_vocab " + std::to_string(i.n_vocab) + ", threads " +
@@ -361,6 +415,7 @@ class Model {
   // ---- tokens ----
 
   py::object Tokenize(py::object text, bool add_special, bool parse_special) const {
+    Use use(this);
     RequireTokenizer();
     if (py::isinstance<py::str>(text)) {
       const std::string s = Utf8(text, "tokenize");
@@ -392,6 +447,7 @@ class Model {
   }
 
   py::object Detokenize(py::object tokens, bool render_special) const {
+    Use use(this);
     RequireTokenizer();
     // Ids the vocabulary has no text for are refused as score refuses them (Engine::Run), not
     // rendered as U+FFFD (what TextTokenizer::Decode does with them).
@@ -424,6 +480,7 @@ class Model {
   // ---- requests ----
 
   py::object ScoreTexts(py::object inputs) {
+    Use use(this);
     Inputs in = ToInputs(inputs, "score");
     std::vector<Request> reqs;
     std::vector<Result<Response>> results = RunOrRaise(in, &reqs, [](Request* r) {
@@ -443,6 +500,7 @@ class Model {
   }
 
   py::object NextToken(py::object inputs, int top_k) {
+    Use use(this);
     if (top_k < 1 || top_k > info().n_vocab)
       throw py::value_error("top_k = " + std::to_string(top_k) + " must be between 1 and n_vocab = " +
                             std::to_string(info().n_vocab));
@@ -464,6 +522,7 @@ class Model {
   }
 
   py::array_t<float> Embed(py::object inputs, const std::string& pooling) {
+    Use use(this);
     Request::Pooling pool;
     if (pooling == "mean") pool = Request::Pooling::kMean;
     else if (pooling == "last") pool = Request::Pooling::kLast;
@@ -493,6 +552,7 @@ class Model {
   }
 
   py::object Classify(py::object prompt, py::object labels) {
+    Use use(this);
     if (py::isinstance<py::str>(labels) || IsBytesLike(labels) || !py::isinstance<py::sequence>(labels))
       throw py::type_error("classify: labels must be a list of str (or of token-id lists)");
     py::sequence ls = py::reinterpret_borrow<py::sequence>(labels);
@@ -542,6 +602,7 @@ class Model {
   }
 
   py::list ScoreCandidates(py::object context, py::object candidates) {
+    Use use(this);
     if (py::isinstance<py::str>(candidates) || IsBytesLike(candidates) || !py::isinstance<py::sequence>(candidates))
       throw py::type_error("score_candidates: candidates must be a list of str (or of token-id lists)");
     Input ctx = ToInput(context, "score_candidates: context");
@@ -592,6 +653,7 @@ class Model {
   // score(token_ids) does (build the Request, RunBatch of one, read the Response), in this
   // process, with the GIL released. Returns the seconds of each call.
   std::vector<double> TimeCppScore(std::vector<int32_t> tokens, int reps) {
+    Use use(this);
     std::vector<double> times;
     py::gil_scoped_release nogil;
     for (int r = 0; r < reps; ++r) {
@@ -665,8 +727,9 @@ class Model {
   }
 
   std::string path_repr_;  // repr() of the path as a str
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<TextTokenizer> tokenizer_;  // null: no vocabulary in the file
+  mutable std::shared_mutex life_;            // shared: a call using the engine; exclusive: close()
+  std::unique_ptr<Engine> engine_;            // null once closed
+  std::unique_ptr<TextTokenizer> tokenizer_;  // null: no vocabulary in the file (or closed)
   std::string tokenizer_error_;
   mutable std::mutex mu_;
   CallStats last_;  // GUARDED_BY(mu_)
@@ -819,10 +882,20 @@ budget on an unpacked model), MemoryError (budget too small even for a 128-token
                              "Stats of the last call that ran the model (score, next_token, embed, classify, "
                              "score_candidates), from any thread.")
       .def_property_readonly("info", &Model::InfoDict, "Facts about the model (architecture, n_layer, n_embd, ...).")
-      .def_property_readonly("n_embd", [](const Model& self) { return self.info().n_embd; })
-      .def_property_readonly("n_vocab", [](const Model& self) { return self.info().n_vocab; })
-      .def_property_readonly("n_ctx", [](const Model& self) { return self.info().n_ctx; },
+      .def_property_readonly("n_embd", [](const Model& self) { return self.N(&ModelInfo::n_embd); })
+      .def_property_readonly("n_vocab", [](const Model& self) { return self.N(&ModelInfo::n_vocab); })
+      .def_property_readonly("n_ctx", [](const Model& self) { return self.N(&ModelInfo::n_ctx); },
                              "context length: the longest input accepted")
+      .def("close", &Model::Close,
+           "Frees the model's memory now, once the calls running on it (from other threads) return; later "
+           "calls raise ValueError. Idempotent; `with estream.Model(...) as m:` closes at the end of the block.")
+      .def_property_readonly("closed", &Model::Closed, "True after close()")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](Model& self, py::args) { self.Close(); })
+      .def("__reduce__", [](const Model&) -> py::object {
+        throw py::type_error("an estream.Model cannot be pickled or copied (it holds a loaded model); load the "
+                             "model in each process with estream.Model(path, ...)");
+      })
       .def("_time_cpp_score", &Model::TimeCppScore, py::arg("tokens"), py::arg("reps"),
            "benchmark support: seconds of each of `reps` C++ API calls equivalent to score(tokens)")
       .def("__repr__", &Model::Repr);

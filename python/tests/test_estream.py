@@ -429,7 +429,56 @@ print(json.dumps(dict(budget=budget, pass_tokens=m.info["pass_tokens"], streamed
     assert json.loads(cli.stdout)["logprobs"] == pytest.approx(got["logprobs"], abs=0)
 
 
+def test_close_and_context_manager():
+    with estream.Model(MODEL, threads=1) as m:
+        assert not m.closed
+        total = m.score(PROMPT).total
+    assert m.closed and "closed" in repr(m)
+    for call in (lambda: m.score(PROMPT), lambda: m.embed("text"), lambda: m.tokenize("text"),
+                 lambda: m.detokenize([1]), lambda: m.next_token(PROMPT), lambda: m.info, lambda: m.n_embd,
+                 lambda: m.classify("a", [" b"]), lambda: m.score_candidates("a", [" b"])):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    assert m.stats.requests == 1  # the last call's figures stay readable
+    m.close()  # again: nothing to do
+    assert estream.Model(MODEL, threads=1).score(PROMPT).total == total
+
+
+def test_model_cannot_be_pickled_or_copied(model):
+    import copy
+    import pickle
+    for f in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot be pickled or copied.*estream.Model\\(path"):
+            f(model)
+
+
 # ---- threads --------------------------------------------------------------------------------
+
+def test_close_waits_for_calls_running_in_other_threads():
+    # Whichever comes first, a call either completes with the right values or raises ValueError
+    # (closed); close() never frees the engine under a running call.
+    ref = [s.total for s in estream.Model(MODEL, threads=1).score(TEXTS * 4)]
+    for _ in range(3):
+        m = estream.Model(MODEL, threads=1)
+        got, errors = [], []
+
+        def worker():
+            try:
+                got.append([s.total for s in m.score(TEXTS * 4)])
+            except ValueError as e:
+                got.append("closed" in str(e))
+            except Exception as e:  # noqa: BLE001  (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker) for _ in range(3)]
+        for t in threads:
+            t.start()
+        m.close()
+        for t in threads:
+            t.join()
+        assert not errors and len(got) == 3 and all(g is True or g == ref for g in got), (errors, got)
+        assert m.closed
+
 
 def test_two_threads_share_one_model(model):
     ref_scores = [s.logprobs for s in model.score(TEXTS)]
