@@ -145,6 +145,13 @@ py::str FsDecode(const std::string& path) {
   return py::reinterpret_steal<py::str>(u);
 }
 
+// A str option (schedule, pooling): TypeError naming it and the choices for another type.
+std::string StrArg(py::handle h, const char* name, const char* choices) {
+  if (!py::isinstance<py::str>(h))
+    throw py::type_error(std::string(name) + ": expected a str (" + choices + "), got " + TypeName(h));
+  return Utf8(h, name);
+}
+
 // One input: a text or token ids.
 struct Input {
   bool is_text = false;
@@ -283,7 +290,7 @@ py::array_t<T> ToArray(const std::vector<T>& v) {
 
 class Model {
  public:
-  Model(py::object path_arg, py::object budget, py::object threads, const std::string& schedule,
+  Model(py::object path_arg, py::object budget, py::object threads, py::object schedule_arg,
         py::object batch_tokens, py::object budget_tokens) {
     const std::string path = PathArg(path_arg);
     path_repr_ = py::repr(FsDecode(path));
@@ -312,6 +319,7 @@ class Model {
         throw py::type_error("budget: expected None, a number of bytes, or a size such as \"4G\"");
       }
     }
+    const std::string schedule = StrArg(schedule_arg, "schedule", "\"early\", \"after-routing\" or \"on-demand\"");
     Result<EngineOptions::Schedule> sched = frontend::ParseSchedule(schedule);
     if (!sched.ok()) Raise(sched.status());
     eo.schedule = *sched;
@@ -465,7 +473,8 @@ class Model {
     };
     if (py::isinstance<py::str>(tokens)) throw py::type_error("detokenize: expected token ids, got a str");
     if (IsBytesLike(tokens)) RaiseBytesLike("detokenize", tokens);
-    if (py::isinstance<py::sequence>(tokens) && py::len(tokens) == 0) return py::str("");  // no ids: ""
+    if (!py::isinstance<py::array>(tokens) && py::isinstance<py::sequence>(tokens) && py::len(tokens) == 0)
+      return py::str("");  // no ids: ""
     Inputs in = ToInputs(tokens, "detokenize");
     if (in.single) return decode(in.items[0].ids, "detokenize");
     py::list out;
@@ -499,11 +508,9 @@ class Model {
     return in.single ? out[0] : py::object(out);
   }
 
-  py::object NextToken(py::object inputs, int top_k) {
+  py::object NextToken(py::object inputs, py::object top_k_arg) {
     Use use(this);
-    if (top_k < 1 || top_k > info().n_vocab)
-      throw py::value_error("top_k = " + std::to_string(top_k) + " must be between 1 and n_vocab = " +
-                            std::to_string(info().n_vocab));
+    const int top_k = static_cast<int>(IntArg(top_k_arg, "top_k", 1, info().n_vocab, " (n_vocab)"));
     Inputs in = ToInputs(inputs, "next_token");
     std::vector<Request> reqs;
     std::vector<Result<Response>> results = RunOrRaise(in, &reqs, [&](Request* r) { r->top_k = top_k; });
@@ -521,8 +528,9 @@ class Model {
     return in.single ? out[0] : py::object(out);
   }
 
-  py::array_t<float> Embed(py::object inputs, const std::string& pooling) {
+  py::array_t<float> Embed(py::object inputs, py::object pooling_arg) {
     Use use(this);
+    const std::string pooling = StrArg(pooling_arg, "pooling", "\"mean\" or \"last\"");
     Request::Pooling pool;
     if (pooling == "mean") pool = Request::Pooling::kMean;
     else if (pooling == "last") pool = Request::Pooling::kLast;
@@ -848,7 +856,7 @@ budget_tokens: longest input (forward pass) the budget plans activations for. 0 
 
 Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option, a
 budget on an unpacked model), MemoryError (budget too small even for a 128-token pass).)doc")
-      .def(py::init<py::object, py::object, py::object, const std::string&, py::object, py::object>(),
+      .def(py::init<py::object, py::object, py::object, py::object, py::object, py::object>(),
            py::arg("path"),
            py::arg("budget") = py::none(), py::arg("threads") = 0, py::arg("schedule") = "early",
            py::arg("batch_tokens") = 0, py::arg("budget_tokens") = 0)

@@ -330,6 +330,26 @@ def test_option_ranges():
     with pytest.raises(TypeError, match="threads"):
         estream.Model(str(MODEL), threads=True)
     assert estream.Model(str(MODEL), threads=np.int64(1)).info["threads"] == 1
+    with pytest.raises(TypeError, match=r"^schedule: expected a str .*NoneType$"):
+        estream.Model(str(MODEL), schedule=None)
+
+
+def test_call_options_wrong_type_or_range(model):
+    # One line naming the option (pybind11's own message lists every overload on many lines).
+    for bad in (None, 2.5, True, "5"):
+        with pytest.raises(TypeError, match=r"^top_k: expected an int, got \w+$"):
+            model.next_token(PROMPT, top_k=bad)
+    for bad in (0, model.n_vocab + 1, 10**30):
+        with pytest.raises(ValueError, match=r"^top_k = \d+ must be between 1 and 512"):
+            model.next_token(PROMPT, top_k=bad)
+    assert len(model.next_token(PROMPT, top_k=np.int64(3))) == 3
+    assert len(model.next_token(PROMPT, top_k=model.n_vocab)) == model.n_vocab
+    with pytest.raises(TypeError, match=r"^pooling: expected a str .*NoneType$"):
+        model.embed(PROMPT, pooling=None)
+    # An empty array is checked for its dtype as a non-empty one is.
+    with pytest.raises(TypeError, match="dtype float64"):
+        model.detokenize(np.array([], dtype=np.float64))
+    assert model.detokenize(np.array([], dtype=np.int32)) == ""
 
 
 def test_token_id_errors(model):
