@@ -28,6 +28,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "batch/candidates.h"
@@ -743,40 +744,63 @@ class Model {
   CallStats last_;  // GUARDED_BY(mu_)
 };
 
+// Every figure of a Stats with its name, in to_dict's order: f(name, field) (to_dict and pickling).
+template <typename S, typename F>
+void VisitStats(S& s, F&& f) {
+  f("wall_seconds", s.wall_seconds);
+  f("seconds", s.seconds);
+  f("requests", s.requests);
+  f("passes", s.passes);
+  f("tokens", s.tokens);
+  f("embed_seconds", s.timing.embed);
+  f("attention_seconds", s.timing.attention);
+  f("attention_projections_seconds", s.timing.attention_projections);
+  f("attention_kernel_seconds", s.timing.attention_kernel);
+  f("router_seconds", s.timing.router);
+  f("experts_seconds", s.timing.experts);
+  f("dense_ffn_seconds", s.timing.dense_ffn);
+  f("head_seconds", s.timing.head);
+  f("expert_seconds", s.expert_seconds);
+  f("nonexpert_seconds", s.nonexpert_seconds);
+  f("bubble_seconds", s.bubble_seconds);
+  f("bubble_rate", s.bubble_rate);
+  f("bytes_read", s.bytes_read);
+  f("read_gbps", s.read_gbps);
+  f("peak_rss_bytes", s.peak_rss_bytes);
+  f("streamed", s.streamed);
+  f("group_size", s.group_size);
+  f("banks", s.banks);
+  f("queue_depth", s.queue_depth);
+  f("schedule", s.schedule);
+  f("io_backend", s.io_backend);
+  f("arena_bytes", s.arena_bytes);
+  f("budget_bytes", s.budget_bytes);
+  f("groups_read", s.groups_read);
+  f("groups_skipped", s.groups_skipped);
+  f("groups_cancelled", s.groups_cancelled);
+}
+
 py::dict StatsDict(const CallStats& s) {
   py::dict d;
-  d["wall_seconds"] = s.wall_seconds;
-  d["seconds"] = s.seconds;
-  d["requests"] = s.requests;
-  d["passes"] = s.passes;
-  d["tokens"] = s.tokens;
-  d["embed_seconds"] = s.timing.embed;
-  d["attention_seconds"] = s.timing.attention;
-  d["attention_projections_seconds"] = s.timing.attention_projections;
-  d["attention_kernel_seconds"] = s.timing.attention_kernel;
-  d["router_seconds"] = s.timing.router;
-  d["experts_seconds"] = s.timing.experts;
-  d["dense_ffn_seconds"] = s.timing.dense_ffn;
-  d["head_seconds"] = s.timing.head;
-  d["expert_seconds"] = s.expert_seconds;
-  d["nonexpert_seconds"] = s.nonexpert_seconds;
-  d["bubble_seconds"] = s.bubble_seconds;
-  d["bubble_rate"] = s.bubble_rate;
-  d["bytes_read"] = s.bytes_read;
-  d["read_gbps"] = s.read_gbps;
-  d["peak_rss_bytes"] = s.peak_rss_bytes;
-  d["streamed"] = s.streamed;
-  d["group_size"] = s.group_size;
-  d["banks"] = s.banks;
-  d["queue_depth"] = s.queue_depth;
-  d["schedule"] = s.schedule;
-  d["io_backend"] = s.io_backend;
-  d["arena_bytes"] = s.arena_bytes;
-  d["budget_bytes"] = s.budget_bytes;
-  d["groups_read"] = s.groups_read;
-  d["groups_skipped"] = s.groups_skipped;
-  d["groups_cancelled"] = s.groups_cancelled;
+  VisitStats(s, [&](const char* name, const auto& v) { d[name] = v; });
   return d;
+}
+
+// Pickling of the result types (plain values: they can go to another process, e.g. from a
+// multiprocessing worker). A state that is not what __getstate__ gave raises ValueError.
+CallStats StatsFromDict(const py::dict& d) {
+  CallStats s;
+  VisitStats(s, [&](const char* name, auto& v) {
+    if (!d.contains(name)) throw py::value_error(std::string("Stats.__setstate__: no '") + name + "' in the state");
+    v = d[name].cast<std::decay_t<decltype(v)>>();
+  });
+  return s;
+}
+
+void CheckState(const py::tuple& t, size_t n, const char* type) {
+  if (t.size() != n)
+    throw py::value_error(std::string(type) + ".__setstate__: a state of " + std::to_string(n) + " values, got " +
+                          std::to_string(t.size()));
 }
 
 }  // namespace
@@ -795,6 +819,12 @@ PYBIND11_MODULE(_estream, m) {
                     "first token is not scored)")
       .def_readonly("total", &Score::total, "sum of logprobs (computed in double)")
       .def_readonly("perplexity", &Score::perplexity, "exp(-total / (n_tokens - 1)); NaN for one token")
+      .def(py::pickle([](const Score& s) { return py::make_tuple(s.tokens, s.logprobs, s.total, s.perplexity); },
+                      [](const py::tuple& t) {
+                        CheckState(t, 4, "Score");
+                        return Score{t[0].cast<py::array_t<int32_t>>(), t[1].cast<py::array_t<float>>(),
+                                     t[2].cast<double>(), t[3].cast<double>()};
+                      }))
       .def("__repr__", [](const Score& s) {
         return "Score(n_tokens=" + std::to_string(s.tokens.size()) + ", total=" + std::to_string(s.total) +
                ", perplexity=" + std::to_string(s.perplexity) + ")";
@@ -807,6 +837,12 @@ PYBIND11_MODULE(_estream, m) {
       .def_readonly("total", &Candidate::total, "log p(candidate | context): the sum of logprobs")
       .def_readonly("is_greedy", &Candidate::is_greedy,
                     "True when every token is the most likely one at its position (greedy decoding gives it)")
+      .def(py::pickle([](const Candidate& c) { return py::make_tuple(c.tokens, c.logprobs, c.total, c.is_greedy); },
+                      [](const py::tuple& t) {
+                        CheckState(t, 4, "Candidate");
+                        return Candidate{t[0].cast<py::array_t<int32_t>>(), t[1].cast<py::array_t<float>>(),
+                                         t[2].cast<double>(), t[3].cast<bool>()};
+                      }))
       .def("__repr__", [](const Candidate& c) {
         return "Candidate(n_tokens=" + std::to_string(c.tokens.size()) + ", total=" + std::to_string(c.total) +
                ", is_greedy=" + (c.is_greedy ? "True" : "False") + ")";
@@ -827,6 +863,8 @@ PYBIND11_MODULE(_estream, m) {
       .def_readonly("peak_rss_bytes", &frontend::CallStats::peak_rss_bytes, "the process's peak RSS (VmHWM)")
       .def_readonly("streamed", &frontend::CallStats::streamed, "experts streamed through the arena")
       .def("to_dict", &StatsDict, "every figure (the above, per-part timings, streaming configuration) as a dict")
+      .def(py::pickle([](const frontend::CallStats& s) { return StatsDict(s); },
+                      [](const py::dict& d) { return StatsFromDict(d); }))
       .def("__repr__", [](const frontend::CallStats& s) {
         char buf[256];
         std::snprintf(buf, sizeof(buf),

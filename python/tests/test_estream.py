@@ -464,6 +464,26 @@ def test_close_and_context_manager():
     assert estream.Model(MODEL, threads=1).score(PROMPT).total == total
 
 
+def test_results_pickle_and_copy(model):
+    # Results are plain values: they pickle (multiprocessing workers return them) and copy.
+    import copy
+    import pickle
+    s = model.score(PROMPT)
+    c = model.score_candidates(PROMPT[:5], [PROMPT[5:8]])[0]
+    st = model.stats
+    for f in (lambda x: pickle.loads(pickle.dumps(x)), copy.copy, copy.deepcopy):
+        s2, c2, st2 = f(s), f(c), f(st)
+        np.testing.assert_array_equal(s2.tokens, s.tokens)
+        np.testing.assert_array_equal(s2.logprobs, s.logprobs)
+        assert s2.logprobs.dtype == np.float32 and s2.tokens.dtype == np.int32
+        assert (s2.total, s2.perplexity) == (s.total, s.perplexity)
+        np.testing.assert_array_equal(c2.logprobs, c.logprobs)
+        assert (c2.total, c2.is_greedy) == (c.total, c.is_greedy)
+        assert st2.to_dict() == st.to_dict()
+    with pytest.raises(ValueError, match="Score.__setstate__"):
+        estream.Score.__new__(estream.Score).__setstate__((1, 2))
+
+
 def test_model_cannot_be_pickled_or_copied(model):
     import copy
     import pickle
