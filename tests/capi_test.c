@@ -231,6 +231,9 @@ int main(int argc, char** argv) {
   estream_load_options_init(&o);
   o.struct_size = 0;
   CHECK(estream_model_load(path, &o, &m) == ESTREAM_INVALID_ARGUMENT);
+  o.struct_size = 12345678; /* uninitialised */
+  CHECK(estream_model_load(path, &o, &m) == ESTREAM_INVALID_ARGUMENT);
+  CHECK(m == NULL && strstr(estream_last_error(), "struct_size is 12345678") != NULL);
   estream_load_options_init(&o);
   o.schedule = 7;
   CHECK(estream_model_load(path, &o, &m) == ESTREAM_INVALID_ARGUMENT);
@@ -433,10 +436,18 @@ int main(int argc, char** argv) {
     r[0].pooling = 9;
     CHECK(estream_run_batch(m, r, 1, &b) == ESTREAM_INVALID_ARGUMENT);
     r[0].pooling = ESTREAM_POOLING_LAST;
+    /* an uninitialised struct_size (garbage) is refused before it is used as the array's stride */
+    r[0].struct_size = (size_t)1 << 40;
+    CHECK(estream_run_batch(m, r, 3, &b) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(b == NULL && strstr(estream_last_error(), "uninitialised") != NULL);
+    r[0].struct_size = sizeof(r[0]);
     CHECK_OK(estream_run_batch(m, r, 1, &b));
     CHECK(estream_batch_status(b, 0) == ESTREAM_OK);
     CHECK(estream_batch_embedding(b, 0, &n) != NULL && n == 256);
     CHECK(estream_batch_status(b, 5) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(strstr(estream_last_error(), "no request 5 (the batch has 1)") != NULL);
+    CHECK(estream_batch_status(NULL, 0) == ESTREAM_INVALID_ARGUMENT);
+    CHECK(strstr(estream_last_error(), "batch is NULL") != NULL);
     estream_batch_free(b);
 
     /* an empty call is a no-op returning OK, in both batch calls; the last stats stay */

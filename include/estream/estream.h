@@ -43,7 +43,8 @@
  *    model's last stats are left as they were).
  *  - Structs passed in or filled in begin with `size_t struct_size`; set it to sizeof(the
  *    struct) (the *_init functions do), so that later versions can add fields at the end
- *    without breaking binaries built against this header.
+ *    without breaking binaries built against this header (a struct_size below sizeof(size_t) or
+ *    above 4096, an uninitialised field, is INVALID_ARGUMENT).
  *  - Text is UTF-8 (invalid UTF-8 is replaced by U+FFFD before tokenizing, never an error).
  *
  * Thread safety: every function may be called from any thread. Calls that run the model

@@ -65,12 +65,18 @@ int Guard(const char* fn, F&& body) {
   }
 }
 
+// Larger than any version of a struct of this API will be: a struct_size above it is an
+// uninitialised field (stack garbage), which as the stride of a request array would send
+// estream_run_batch reading far outside the caller's memory.
+constexpr size_t kMaxStructSize = 4096;
+
 // A caller's struct of version `struct_size` bytes, over defaults (fields it lacks keep them).
 template <typename T>
 int CopyIn(const T* in, T* out, const char* what) {
-  if (in->struct_size < sizeof(size_t))
+  if (in->struct_size < sizeof(size_t) || in->struct_size > kMaxStructSize)
     return Fail(ESTREAM_INVALID_ARGUMENT, std::string(what) + ".struct_size is " + std::to_string(in->struct_size) +
-                                              "; set it to sizeof(" + what + ") (or call " + what + "_init)");
+                                              " (uninitialised?); set it to sizeof(" + what + ") (or call " + what +
+                                              "_init)");
   std::memcpy(static_cast<void*>(out), in, std::min(in->struct_size, sizeof(T)));
   out->struct_size = sizeof(T);
   return ESTREAM_OK;
@@ -79,9 +85,9 @@ int CopyIn(const T* in, T* out, const char* what) {
 template <typename T>
 int CopyOut(const T& full, T* out, const char* what) {
   if (out == nullptr) return Fail(ESTREAM_INVALID_ARGUMENT, std::string(what) + " is NULL");
-  if (out->struct_size < sizeof(size_t))
+  if (out->struct_size < sizeof(size_t) || out->struct_size > kMaxStructSize)
     return Fail(ESTREAM_INVALID_ARGUMENT, std::string(what) + "->struct_size is " + std::to_string(out->struct_size) +
-                                              "; set it to sizeof(" + what + ")");
+                                              " (uninitialised?); set it to sizeof(" + what + ")");
   const size_t n = std::min(out->struct_size, sizeof(T));
   std::memcpy(static_cast<void*>(out), &full, n);
   out->struct_size = n;
@@ -392,7 +398,10 @@ void estream_batch_free(estream_batch* batch) { delete batch; }
 size_t estream_batch_size(const estream_batch* batch) { return batch == nullptr ? 0 : batch->results.size(); }
 
 int estream_batch_status(const estream_batch* batch, size_t i) {
-  if (Item(batch, i) == nullptr) return Fail(ESTREAM_INVALID_ARGUMENT, "estream_batch_status: no request " + std::to_string(i));
+  if (batch == nullptr) return Fail(ESTREAM_INVALID_ARGUMENT, "estream_batch_status: batch is NULL");
+  if (Item(batch, i) == nullptr)
+    return Fail(ESTREAM_INVALID_ARGUMENT, "estream_batch_status: no request " + std::to_string(i) + " (the batch has " +
+                                              std::to_string(batch->results.size()) + ")");
   return static_cast<int>(batch->results[i].status().code());
 }
 
