@@ -360,6 +360,12 @@ int main(int argc, char** argv) {
     CHECK(strstr(estream_batch_error(b, 1), "999999") != NULL);
     CHECK(estream_batch_top(b, 1, &top) == 0 && top == NULL);
     CHECK(estream_batch_error(b, 0)[0] == '\0');
+    /* no figure is NaN, never 0 (a probability of 1): a failed request, an index out of range, a
+     * request that did not ask for prompt_logprobs (request 2), a continuation that is not there */
+    CHECK(isnan(estream_batch_log_likelihood(b, 1)) && isnan(estream_batch_perplexity(b, 1)));
+    CHECK(isnan(estream_batch_log_likelihood(b, 9)) && isnan(estream_batch_perplexity(b, 9)));
+    CHECK(isnan(estream_batch_log_likelihood(b, 2)) && isnan(estream_batch_perplexity(b, 2)));
+    CHECK(estream_batch_continuation(b, 1, 0, &n, &ll, NULL) == NULL && n == 0 && isnan(ll));
 
     /* request 2: candidates equal the same tokens scored inside request 0's prompt */
     CHECK(estream_batch_status(b, 2) == ESTREAM_OK);

@@ -220,7 +220,8 @@ typedef struct estream_token_logprob {
 ESTREAM_API size_t estream_batch_top(const estream_batch* batch, size_t i, const estream_token_logprob** top);
 /* prompt_logprobs: n_tokens - 1 values (NULL / 0 when not requested or failed). */
 ESTREAM_API const float* estream_batch_prompt_logprobs(const estream_batch* batch, size_t i, size_t* n);
-/* Their sum (double), and exp(-sum / (n_tokens - 1)) (NaN for a 1-token prompt). */
+/* Their sum (double; 0 for a 1-token prompt), and exp(-sum / (n_tokens - 1)) (NaN for a 1-token
+ * prompt). Both are NaN when prompt_logprobs was not requested or the request failed. */
 ESTREAM_API double estream_batch_log_likelihood(const estream_batch* batch, size_t i);
 ESTREAM_API double estream_batch_perplexity(const estream_batch* batch, size_t i);
 /* The embedding: n_embd floats (NULL / 0 when not requested). */
@@ -228,7 +229,8 @@ ESTREAM_API const float* estream_batch_embedding(const estream_batch* batch, siz
 ESTREAM_API size_t estream_batch_n_continuations(const estream_batch* batch, size_t i);
 /* Continuation j of request i: its per-token log-probabilities (returned, *n of them), their
  * sum (*log_likelihood) and whether greedy decoding would produce it (*is_greedy); each output
- * pointer may be NULL. */
+ * pointer may be NULL. No such continuation (or a failed request): NULL, *n = 0,
+ * *log_likelihood = NaN. */
 ESTREAM_API const float* estream_batch_continuation(const estream_batch* batch, size_t i, size_t j, size_t* n,
                                                     double* log_likelihood, int* is_greedy);
 

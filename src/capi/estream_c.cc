@@ -29,6 +29,7 @@ struct estream_batch {
   std::vector<estream::Result<estream::Response>> results;
   std::vector<std::vector<estream_token_logprob>> top;  // results[i].top as C structs
   std::vector<std::string> errors;                      // "" when OK
+  std::vector<char> scored;                             // requests[i].prompt_logprobs was set
   estream::frontend::CallStats total;
 };
 
@@ -344,6 +345,7 @@ int estream_run_batch(estream_model* model, const estream_request* requests, siz
     // An array of a caller's struct version: its stride is its struct_size.
     const size_t stride = requests[0].struct_size;
     std::vector<Request> reqs(n);
+    std::vector<char> scored(n);
     for (size_t i = 0; i < n; ++i) {
       const auto* ri = reinterpret_cast<const estream_request*>(reinterpret_cast<const char*>(requests) + i * stride);
       if (ri->struct_size != stride)
@@ -359,6 +361,7 @@ int estream_run_batch(estream_model* model, const estream_request* requests, siz
         return Fail(ESTREAM_INVALID_ARGUMENT,
                     "estream_run_batch: requests[" + std::to_string(i) + "].continuations is NULL");
       Request& q = reqs[i];
+      scored[i] = r.prompt_logprobs != 0;
       q.tokens = Ids(r.prompt);
       q.top_k = r.top_k;
       q.prompt_logprobs = r.prompt_logprobs != 0;
@@ -379,6 +382,7 @@ int estream_run_batch(estream_model* model, const estream_request* requests, siz
     }
     auto b = std::make_unique<estream_batch>();
     b->results = RunAndRecord(model, reqs, &b->total);
+    b->scored = std::move(scored);
     b->top.resize(n);
     b->errors.resize(n);
     for (size_t i = 0; i < n; ++i) {
@@ -430,14 +434,16 @@ const float* estream_batch_prompt_logprobs(const estream_batch* batch, size_t i,
   return r->prompt_logprobs.data();
 }
 
+// NaN, not 0 (a probability of 1), when there is no such figure: a failed request, an index out
+// of range, or prompt_logprobs not requested (the engine leaves its fields at 0 then).
 double estream_batch_log_likelihood(const estream_batch* batch, size_t i) {
   const Response* r = OkResponse(batch, i);
-  return r == nullptr ? 0 : r->log_likelihood;
+  return r == nullptr || !batch->scored[i] ? std::nan("") : r->log_likelihood;
 }
 
 double estream_batch_perplexity(const estream_batch* batch, size_t i) {
   const Response* r = OkResponse(batch, i);
-  return r == nullptr ? std::nan("") : r->perplexity;
+  return r == nullptr || !batch->scored[i] ? std::nan("") : r->perplexity;
 }
 
 const float* estream_batch_embedding(const estream_batch* batch, size_t i, size_t* n) {
@@ -456,7 +462,7 @@ size_t estream_batch_n_continuations(const estream_batch* batch, size_t i) {
 const float* estream_batch_continuation(const estream_batch* batch, size_t i, size_t j, size_t* n,
                                         double* log_likelihood, int* is_greedy) {
   if (n != nullptr) *n = 0;
-  if (log_likelihood != nullptr) *log_likelihood = 0;
+  if (log_likelihood != nullptr) *log_likelihood = std::nan("");  // no such continuation
   if (is_greedy != nullptr) *is_greedy = 0;
   const Response* r = OkResponse(batch, i);
   if (r == nullptr || j >= r->continuations.size()) return nullptr;
