@@ -928,8 +928,10 @@ budget on an unpacked model), MemoryError (budget too small even for a 128-token
                              "Stats of the last call that ran the model (score, next_token, embed, classify, "
                              "score_candidates), from any thread.")
       .def_property_readonly("info", &Model::InfoDict, "Facts about the model (architecture, n_layer, n_embd, ...).")
-      .def_property_readonly("n_embd", [](const Model& self) { return self.N(&ModelInfo::n_embd); })
-      .def_property_readonly("n_vocab", [](const Model& self) { return self.N(&ModelInfo::n_vocab); })
+      .def_property_readonly("n_embd", [](const Model& self) { return self.N(&ModelInfo::n_embd); },
+                             "embedding width: the length of embed()'s vectors")
+      .def_property_readonly("n_vocab", [](const Model& self) { return self.N(&ModelInfo::n_vocab); },
+                             "vocabulary size: token ids are 0 to n_vocab - 1")
       .def_property_readonly("n_ctx", [](const Model& self) { return self.N(&ModelInfo::n_ctx); },
                              "context length: the longest input accepted")
       .def("close", &Model::Close,

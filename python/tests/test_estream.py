@@ -66,6 +66,14 @@ def test_version_and_info(model):
     assert "olmoe" in repr(model)
 
 
+def test_every_public_name_has_a_docstring():
+    for cls in (estream.Model, estream.Score, estream.Candidate, estream.Stats):
+        assert cls.__doc__, cls
+        for name in dir(cls):
+            if not name.startswith("_"):
+                assert getattr(cls, name).__doc__, f"{cls.__name__}.{name} has no docstring"
+
+
 def test_tokenize_matches_cli(model):
     for text in TEXTS:
         cli = json.loads(subprocess.run([str(CLI), "tokenize", "-m", str(MODEL), "-p", text, "--json"], check=True,
