@@ -222,6 +222,21 @@ int main(int argc, char** argv) {
   CHECK(bytes == 600ull << 20);
   CHECK(estream_parse_size("4X", &bytes) == ESTREAM_INVALID_ARGUMENT);
   CHECK(strstr(estream_last_error(), "4X") != NULL);
+  CHECK_OK(estream_parse_size("1.5GiB", &bytes));
+  CHECK(bytes == 3ull << 29);
+  CHECK_OK(estream_parse_size("0", &bytes));
+  CHECK(bytes == 0);
+  {
+    /* as the CLI's --budget: decimal only (strtod read these as 16, 1000, 4G, 4G and 1G bytes),
+     * and a nonzero size below one byte is not 0 (no budget) */
+    const char* bad[] = {"0x10", "1e3", " 4G", "+4G", "0x1p30", "-0", "0.4", "inf", "."};
+    size_t k;
+    for (k = 0; k < sizeof(bad) / sizeof(bad[0]); ++k) {
+      bytes = 7;
+      CHECK(estream_parse_size(bad[k], &bytes) == ESTREAM_INVALID_ARGUMENT);
+      CHECK(bytes == 7 && strstr(estream_last_error(), bad[k]) != NULL);
+    }
+  }
 
   /* ---- load errors ---- */
   CHECK(estream_model_load("/nonexistent/model.gguf", NULL, &m) == ESTREAM_IO_ERROR);

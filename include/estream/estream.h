@@ -118,7 +118,9 @@ typedef struct estream_load_options {
 
 /* Defaults: all threads, no budget, early schedule, engine defaults for the token counts. */
 ESTREAM_API void estream_load_options_init(estream_load_options* options);
-/* "4G", "600M", "1.5G", "123456" -> bytes (K, M, G, T = powers of 1024). */
+/* "4G", "600M", "1.5G", "123456" -> bytes (K, M, G, T = powers of 1024; an optional iB). Decimal
+ * only, as the CLI's --budget: a sign, space, exponent, hex or a nonzero size below one byte is
+ * INVALID_ARGUMENT. */
 ESTREAM_API int estream_parse_size(const char* text, uint64_t* bytes);
 
 /* Loads the model at `path` (options NULL = defaults) into *model. The model's vocabulary is

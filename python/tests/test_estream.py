@@ -338,6 +338,11 @@ def test_option_ranges():
     with pytest.raises(TypeError, match="threads"):
         estream.Model(str(MODEL), threads=True)
     assert estream.Model(str(MODEL), threads=np.int64(1)).info["threads"] == 1
+    # A size string is read as the CLI's --budget reads it: "0x100M", "1e9", " 4G", "0.4" and a NUL
+    # (the C side stopped there) each gave some budget, or none, without a word.
+    for bad in ("0x100M", "1e9", " 4G", "0.4", "4G\0junk"):
+        with pytest.raises(ValueError, match="size"):
+            estream.Model(str(MODEL), budget=bad)
     with pytest.raises(TypeError, match=r"^schedule: expected a str .*NoneType$"):
         estream.Model(str(MODEL), schedule=None)
 

@@ -17,7 +17,8 @@
 namespace estream::frontend {
 
 // "4G", "600M", "1.5G", "123456" -> bytes (K/M/G/T are powers of 1024, an optional trailing B or
-// i is accepted). InvalidArgument names the text and the accepted forms.
+// iB is accepted). Decimal only: no sign, space, exponent or hexadecimal; a nonzero size below
+// one byte ("0.4") is refused, not 0. InvalidArgument names the text and the accepted forms.
 Result<uint64_t> ParseSize(std::string_view text);
 
 // "early" | "after-routing" | "on-demand" (also with '_'); InvalidArgument otherwise.
