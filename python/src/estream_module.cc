@@ -744,6 +744,30 @@ class Model {
   CallStats last_;  // GUARDED_BY(mu_)
 };
 
+// A Model method bound with its `self` checked: an object made by Model.__new__ without __init__
+// has no C++ object (pybind11 would call the method on whatever its value pointer holds), so it
+// raises TypeError, as does a `self` of another type (Model.score(5, ...)).
+bool Initialised(py::handle h) {
+  if (!py::isinstance<Model>(h)) throw py::type_error("expected an estream.Model as self, got " + TypeName(h));
+  return reinterpret_cast<py::detail::instance*>(h.ptr())->get_value_and_holder().holder_constructed();
+}
+Model* Self(py::handle h) {
+  const bool initialised = Initialised(h);
+  py::detail::value_and_holder vh = reinterpret_cast<py::detail::instance*>(h.ptr())->get_value_and_holder();
+  if (!initialised)
+    throw py::type_error("this estream.Model was never initialised (Model.__new__ without __init__); create "
+                         "models with estream.Model(path, ...)");
+  return vh.value_ptr<Model>();
+}
+template <typename R, typename... A>
+auto Checked(R (Model::*f)(A...)) {
+  return [f](py::handle self, A... a) -> R { return (Self(self)->*f)(std::move(a)...); };
+}
+template <typename R, typename... A>
+auto Checked(R (Model::*f)(A...) const) {
+  return [f](py::handle self, A... a) -> R { return (Self(self)->*f)(std::move(a)...); };
+}
+
 // Every figure of a Stats with its name, in to_dict's order: f(name, field) (to_dict and pickling).
 template <typename S, typename F>
 void VisitStats(S& s, F&& f) {
@@ -898,53 +922,55 @@ budget on an unpacked model), MemoryError (budget too small even for a 128-token
            py::arg("path"),
            py::arg("budget") = py::none(), py::arg("threads") = 0, py::arg("schedule") = "early",
            py::arg("batch_tokens") = 0, py::arg("budget_tokens") = 0)
-      .def("tokenize", &Model::Tokenize, py::arg("text"), py::arg("add_special") = true,
+      .def("tokenize", Checked(&Model::Tokenize), py::arg("text"), py::arg("add_special") = true,
            py::arg("parse_special") = false,
            "Token ids of a str (a list of int), or of each str of a list. add_special: BOS/EOS as the vocabulary "
            "asks (what score/embed/next_token do with text); parse_special: recognise control tokens such as "
            "\"<|im_start|>\" in the text.")
-      .def("detokenize", &Model::Detokenize, py::arg("tokens"), py::arg("render_special") = false,
+      .def("detokenize", Checked(&Model::Detokenize), py::arg("tokens"), py::arg("render_special") = false,
            "The text of token ids (a str), or of each list of a list. Bytes that do not form UTF-8 (tokens cutting "
            "a character) become U+FFFD; an id outside the vocabulary raises ValueError.")
-      .def("score", &Model::ScoreTexts, py::arg("inputs"),
+      .def("score", Checked(&Model::ScoreTexts), py::arg("inputs"),
            "Log-likelihood of each input under the model: a Score (tokens, logprobs, total, perplexity) for one "
            "input (a str or a list of token ids), a list of Score for a list of inputs (one batch). Text is "
            "tokenized with BOS/EOS as the vocabulary asks.")
-      .def("next_token", &Model::NextToken, py::arg("inputs"), py::arg("top_k") = 5,
+      .def("next_token", Checked(&Model::NextToken), py::arg("inputs"), py::arg("top_k") = 5,
            "The top_k most likely next tokens after each input, most likely first: a list of (token_id, logprob, "
            "text) for one input, a list of those for a list of inputs (one batch).")
-      .def("embed", &Model::Embed, py::arg("inputs"), py::arg("pooling") = "mean",
+      .def("embed", Checked(&Model::Embed), py::arg("inputs"), py::arg("pooling") = "mean",
            "Embeddings: the final hidden states (after the final norm), averaged over the tokens (pooling=\"mean\") "
            "or of the last token (\"last\"). numpy float32 [n_embd] for one input, [n, n_embd] for a list (one "
            "batch, filled in place).")
-      .def("classify", &Model::Classify, py::arg("prompt"), py::arg("labels"),
+      .def("classify", Checked(&Model::Classify), py::arg("prompt"), py::arg("labels"),
            "Probabilities of the labels as continuations of the prompt: softmax over log p(label | prompt) (each "
            "label's summed log-probability). Labels are appended as they are, without BOS (a BPE vocabulary wants "
            "\" yes\" with the space). numpy float64 [n_labels] for one prompt, [n_prompts, n_labels] for a list.")
-      .def("score_candidates", &Model::ScoreCandidates, py::arg("context"), py::arg("candidates"),
+      .def("score_candidates", Checked(&Model::ScoreCandidates), py::arg("context"), py::arg("candidates"),
            "log p(candidate | context) for each candidate (multiple choice, reranking), the context computed once: a "
            "list of Candidate (tokens, logprobs, total, is_greedy).")
-      .def_property_readonly("stats", &Model::Stats,
+      .def_property_readonly("stats", Checked(&Model::Stats),
                              "Stats of the last call that ran the model (score, next_token, embed, classify, "
                              "score_candidates), from any thread.")
-      .def_property_readonly("info", &Model::InfoDict, "Facts about the model (architecture, n_layer, n_embd, ...).")
-      .def_property_readonly("n_embd", [](const Model& self) { return self.N(&ModelInfo::n_embd); },
+      .def_property_readonly("info", Checked(&Model::InfoDict), "Facts about the model (architecture, n_layer, n_embd, ...).")
+      .def_property_readonly("n_embd", [](py::handle self) { return Self(self)->N(&ModelInfo::n_embd); },
                              "embedding width: the length of embed()'s vectors")
-      .def_property_readonly("n_vocab", [](const Model& self) { return self.N(&ModelInfo::n_vocab); },
+      .def_property_readonly("n_vocab", [](py::handle self) { return Self(self)->N(&ModelInfo::n_vocab); },
                              "vocabulary size: token ids are 0 to n_vocab - 1")
-      .def_property_readonly("n_ctx", [](const Model& self) { return self.N(&ModelInfo::n_ctx); },
+      .def_property_readonly("n_ctx", [](py::handle self) { return Self(self)->N(&ModelInfo::n_ctx); },
                              "context length: the longest input accepted")
-      .def("close", &Model::Close,
+      .def("close", Checked(&Model::Close),
            "Frees the model's memory now, once the calls running on it (from other threads) return; later "
            "calls raise ValueError. Idempotent; `with estream.Model(...) as m:` closes at the end of the block.")
-      .def_property_readonly("closed", &Model::Closed, "True after close()")
+      .def_property_readonly("closed", Checked(&Model::Closed), "True after close()")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](Model& self, py::args) { self.Close(); })
+      .def("__exit__", [](py::handle self, py::args) { Self(self)->Close(); })
       .def("__reduce__", [](const Model&) -> py::object {
         throw py::type_error("an estream.Model cannot be pickled or copied (it holds a loaded model); load the "
                              "model in each process with estream.Model(path, ...)");
       })
-      .def("_time_cpp_score", &Model::TimeCppScore, py::arg("tokens"), py::arg("reps"),
+      .def("_time_cpp_score", Checked(&Model::TimeCppScore), py::arg("tokens"), py::arg("reps"),
            "benchmark support: seconds of each of `reps` C++ API calls equivalent to score(tokens)")
-      .def("__repr__", &Model::Repr);
+      .def("__repr__", [](py::handle self) {
+        return Initialised(self) ? Self(self)->Repr() : std::string("estream.Model(not initialised)");
+      });
 }

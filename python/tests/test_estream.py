@@ -497,6 +497,24 @@ def test_results_pickle_and_copy(model):
         estream.Score.__new__(estream.Score).__setstate__((1, 2))
 
 
+def test_uninitialised_model_raises_instead_of_crashing():
+    # Model.__new__ without __init__ leaves no C++ object: each method said so, not a segfault.
+    m = estream.Model.__new__(estream.Model)
+    assert "not initialised" in repr(m)
+    for call in (lambda: m.score(PROMPT), lambda: m.tokenize("a"), lambda: m.info, lambda: m.n_embd,
+                 lambda: m.stats, lambda: m.close(), lambda: m.closed):
+        with pytest.raises(TypeError, match="never initialised"):
+            call()
+    with pytest.raises(TypeError, match="expected an estream.Model as self, got int"):
+        estream.Model.score(5, PROMPT)
+
+    class Sub(estream.Model):  # a subclass that initialises its base works as the base
+        def __init__(self, path):
+            super().__init__(path, threads=1)
+
+    assert Sub(MODEL).score(PROMPT).total == estream.Model(MODEL, threads=1).score(PROMPT).total
+
+
 def test_model_cannot_be_pickled_or_copied(model):
     import copy
     import pickle
