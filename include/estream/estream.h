@@ -159,7 +159,8 @@ ESTREAM_API int estream_tokenize(const estream_model* model, const char* text, s
 /* The text of tokens[0..n) into text[0..capacity), NUL-terminated; *text_len = its length
  * without the NUL (always written). BUFFER_TOO_SMALL when capacity < *text_len + 1. Control
  * tokens render only with render_special != 0; the bytes are exact (they may cut a UTF-8
- * character). An id outside [0, n_vocab) is INVALID_ARGUMENT (its position named), as in a prompt. */
+ * character). An id outside [0, n_vocab) is INVALID_ARGUMENT (its position named), as in a
+ * prompt. */
 ESTREAM_API int estream_detokenize(const estream_model* model, const int32_t* tokens, size_t n, int render_special,
                                    char* text, size_t capacity, size_t* text_len);
 
