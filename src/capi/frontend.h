@@ -12,14 +12,12 @@
 #include <string_view>
 #include <vector>
 
+#include "base/size.h"
 #include "estream/engine.h"
 
 namespace estream::frontend {
 
-// "4G", "600M", "1.5G", "123456" -> bytes (K/M/G/T are powers of 1024, an optional trailing B or
-// iB is accepted). Decimal only: no sign, space, exponent or hexadecimal; a nonzero size below
-// one byte ("0.4") is refused, not 0. InvalidArgument names the text and the accepted forms.
-Result<uint64_t> ParseSize(std::string_view text);
+using estream::ParseSize;  // base/size.h: sizes as the CLI reads them
 
 // "early" | "after-routing" | "on-demand" (also with '_'); InvalidArgument otherwise.
 Result<EngineOptions::Schedule> ParseSchedule(std::string_view name);

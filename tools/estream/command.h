@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/size.h"
 #include "base/stats.h"  // FormatBytes, Median
 #include "base/status.h"
 
@@ -66,9 +67,8 @@ int ReportError(const char* command, const Status& status);
 // A progress callback that prints "estream <command>: <line>" to stderr (flushed).
 std::function<void(const std::string&)> ProgressPrinter(const char* command);
 
-// Parses a size: a decimal number (digits, at most one decimal point) with an optional K/M/G/T
-// suffix, powers of 1024, optionally followed by B ("4G", "1.5G", "512M", "512MiB", "1000").
-Result<uint64_t> ParseSize(const std::string& text);
+// Sizes: estream::ParseSize (base/size.h).
+using estream::ParseSize;
 // The value of --budget: a size (ParseSize) that must be positive.
 Result<uint64_t> ParseBudget(const std::string& text);
 

@@ -35,35 +35,6 @@ int ReportError(const char* command, const Status& status) {
   return 1;
 }
 
-Result<uint64_t> ParseSize(const std::string& text) {
-  if (text.empty()) return Status::InvalidArgument("empty size; give bytes or a number with K, M, G or T (e.g. 4G)");
-  // Decimal digits with at most one decimal point ("4", "1.5"), then the suffix: strtod alone
-  // would also read hexadecimal ("0x100M" = 256M), exponents, signs, spaces, "inf" and "nan".
-  size_t n = 0, digits = 0;
-  while (n < text.size() && std::isdigit(static_cast<unsigned char>(text[n]))) ++n, ++digits;
-  if (n < text.size() && text[n] == '.') {
-    ++n;
-    while (n < text.size() && std::isdigit(static_cast<unsigned char>(text[n]))) ++n, ++digits;
-  }
-  const auto bad = [&text] {
-    return Status::InvalidArgument("bad size '" + text + "'; give a decimal number of bytes, optionally with K, M, "
-                                   "G or T (e.g. 4G, 1.5G, 512M)");
-  };
-  if (digits == 0) return bad();
-  const double v = std::strtod(text.substr(0, n).c_str(), nullptr);
-  double mult = 1;
-  std::string suffix = text.substr(n);
-  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
-  if (suffix == "" ) mult = 1;
-  else if (suffix == "K" || suffix == "k" || suffix == "Ki") mult = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "Mi") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "Gi") mult = 1024.0 * 1024 * 1024;
-  else if (suffix == "T" || suffix == "t" || suffix == "Ti") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return bad();
-  if (v * mult >= 0x1p63) return Status::InvalidArgument("size '" + text + "' is too large (at most 2^63 bytes)");
-  return static_cast<uint64_t>(v * mult);
-}
-
 Result<uint64_t> ParseBudget(const std::string& text) {
   ESTREAM_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(text));
   if (bytes == 0) return Status::InvalidArgument("a memory budget must be positive (leave --budget out for none)");
