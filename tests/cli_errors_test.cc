@@ -140,7 +140,7 @@ TEST_F(CliErrors, FifoModelsUnwritableOutputsAndThreadHungryBudgets) {
   ExpectError("prefill -m " + Packed() + " --tokens 1,2 -t 1024 --budget 200M", "estream prefill: error: ",
               "at 1024 threads");
   ExpectError("prefill -m " + Packed() + " --tokens 1,2 -t 1024 --budget 200M", "estream prefill: error: ",
-              "use fewer threads (up to -t ");
+              "use fewer threads (up to ");
 }
 
 TEST_F(CliErrors, MissingModelAndTraceProblemsAreNamed) {

@@ -300,9 +300,9 @@ Status VirtualExperts::SolveBanks() {
     const std::string pass_advice = default_pass ? "plan a pass shorter than the shortest one the default tries"
                                                  : "plan a shorter pass";
     const std::string advice =
-        fits_with > 0 ? fmt::format("use fewer threads (up to -t {} fits), raise the budget, or {} (budget_tokens, "
-                                    "--budget-tokens)", fits_with, pass_advice)
-        : threads_matter ? fmt::format("raise the budget, use fewer threads (-t), or {} (budget_tokens, "
+        fits_with > 0 ? fmt::format("use fewer threads (up to {} fit: n_threads, -t), raise the budget, or {} "
+                                    "(budget_tokens, --budget-tokens)", fits_with, pass_advice)
+        : threads_matter ? fmt::format("raise the budget, use fewer threads (n_threads, -t), or {} (budget_tokens, "
                                        "--budget-tokens)", pass_advice)
                          : fmt::format("raise the budget, or {} (budget_tokens, --budget-tokens)", pass_advice);
     return Status::ResourceExhausted(fmt::format(
