@@ -242,6 +242,8 @@ int main(int argc, char** argv) {
   CHECK(estream_model_load("/nonexistent/model.gguf", NULL, &m) == ESTREAM_IO_ERROR);
   CHECK(m == NULL);
   CHECK(strstr(estream_last_error(), "/nonexistent/model.gguf") != NULL);
+  CHECK(estream_model_load("", NULL, &m) == ESTREAM_INVALID_ARGUMENT); /* not ": cannot open" */
+  CHECK(m == NULL && strstr(estream_last_error(), "empty model path") != NULL);
   CHECK(estream_model_load(tokens_path, NULL, &m) == ESTREAM_CORRUPTION); /* not a GGUF file */
   estream_load_options_init(&o);
   o.struct_size = 0;

@@ -40,6 +40,12 @@ TEST_F(CliErrors, CommandLineMistakesAreOneLineAndExitCode1) {
   ExpectError("prefill -p hi", "estream prefill: error: ", "--model");
   ExpectError("prefill -m " + Model() + " -p hi -t 100000", "estream prefill: error: ", "--threads");
   ExpectError("synth --layers 0 -o " + dir_->File("x.gguf"), "estream synth: error: ", "--layers");
+  {  // a prompt past the tiny model's 4096-token context: what to do, not only what is wrong
+    std::ofstream ids(dir_->File("long_ids.txt"));
+    for (int i = 0; i < 4097; ++i) ids << (i ? "," : "") << 1 + i % 500;
+  }
+  ExpectError("prefill -m " + Model() + " --tokens @" + dir_->File("long_ids.txt"), "estream prefill: error: ",
+              "prompt of 4097 tokens is longer than the model's context length 4096: shorten it");
   // Thread counts are bounded by kMaxThreads everywhere (synth --threads 100000 crashed in
   // GOMP_parallel and left its temporary file).
   ExpectError("synth --threads 100000 -o " + dir_->File("x.gguf"), "estream synth: error: ", "--threads");

@@ -109,6 +109,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::Load(const std::string& path, EngineOptions options) {
+  if (path.empty()) return Status::InvalidArgument("empty model path: give the path of a GGUF model file");
   if (options.n_threads < 0 || options.n_threads > kMaxThreads)
     return Status::InvalidArgument(fmt::format("n_threads = {} must be between 0 and {} (0 = one per CPU)",
                                                options.n_threads, kMaxThreads));
@@ -219,7 +220,8 @@ Status Engine::Impl::Validate(const Request& req) const {
   const model::ModelConfig& c = model->config();
   if (req.tokens.empty()) return Status::InvalidArgument("empty prompt: give at least one token");
   if (static_cast<int64_t>(req.tokens.size()) > c.n_ctx)
-    return Status::OutOfRange(fmt::format("prompt of {} tokens is longer than the model's context length {}",
+    return Status::OutOfRange(fmt::format("prompt of {} tokens is longer than the model's context length {}: "
+                                          "shorten it (or split it into windows, as perplexity does)",
                                           req.tokens.size(), c.n_ctx));
   for (size_t i = 0; i < req.tokens.size(); ++i)
     if (req.tokens[i] < 0 || req.tokens[i] >= c.n_vocab)
