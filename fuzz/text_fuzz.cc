@@ -199,9 +199,20 @@ Response FakeRun(const Request& r, const estream::ModelInfo& info, uint32_t seed
 void FuzzRoute(int route, const estream::server::ApiContext& ctx, uint8_t seed, const std::string& body) {
   using namespace estream::server;
   if (route >= 4) {
-    const Reply reply = route == 4 ? Tokenize(body, ctx) : Detokenize(body, ctx);
-    if (reply.status != 200 && reply.status != 400) Fail("unexpected status", std::to_string(reply.status));
-    CheckJson(reply.body, "a /tokenize or /detokenize reply");
+    Prepared p;
+    const std::optional<ApiError> e = (route == 4 ? PrepareTokenize : PrepareDetokenize)(body, ctx, &p);
+    if (e) {
+      if (e->status != 400 || e->message.empty())
+        Fail("a bad request's error", std::to_string(e->status) + " " + e->message);
+      CheckJson(ErrorBody(*e), "an error body");
+      return;
+    }
+    std::vector<estream::Result<Response>> none;
+    const std::string reply = p.format(none);
+    CheckJson(reply, "a /tokenize or /detokenize reply");
+    // The server admits the reply by this bound (its reply memory): it must hold.
+    if (reply.size() > p.reply_bytes)
+      Fail("reply_bytes", std::to_string(reply.size()) + " > " + std::to_string(p.reply_bytes));
     return;
   }
   static constexpr std::optional<ApiError> (*kPrepare[])(const std::string&, const ApiContext&, Prepared*) = {
