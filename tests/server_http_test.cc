@@ -596,6 +596,13 @@ TEST(ServerHttp, RepliesBeforeAClosedConnectionSayConnectionClose) {
   // An answered request keeps the connection open.
   const std::string ok = RawExchange(f.port(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_NE(ok.find("Keep-Alive"), std::string::npos) << ok;
+  // HTTP/1.0 closes after the reply unless it asks for keep-alive, and the reply says which.
+  const std::string v10 = RawExchange(f.port(), "GET /health HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(v10.rfind("HTTP/1.1 200", 0), 0u) << v10;
+  EXPECT_NE(v10.find("\r\nConnection: close"), std::string::npos) << v10;
+  EXPECT_EQ(v10.find("Keep-Alive"), std::string::npos) << v10;
+  const std::string v10_kept = RawExchange(f.port(), "GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  EXPECT_EQ(v10_kept.find("Connection: close"), std::string::npos) << v10_kept;
 }
 
 // A malformed or conflicting Content-Length is a 400 naming the header; the same value twice is

@@ -362,6 +362,10 @@ Status Server::Start() {
   h.set_keep_alive_max_count(10000);
 
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // HTTP/1.0 without "Connection: keep-alive" closes after the reply (httplib does so): the
+    // reply says Connection: close, not Keep-Alive.
+    if (req.version == "HTTP/1.0" && strcasecmp(req.get_header_value("Connection").c_str(), "keep-alive") != 0)
+      CloseAfter(req);
     if (!options_.api_key.empty() && req.path != "/health") {
       const std::string auth = req.get_header_value("Authorization");
       const std::string want = "Bearer " + options_.api_key;
