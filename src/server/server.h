@@ -21,10 +21,10 @@
 // (the connection is closed). Replies after which the connection closes (401, 411, 413, 415, a
 // malformed Content-Length's 400, httplib's own 400 / 414 for a request line, header or body it
 // could not read, any reply to a GET with a body, which is not read, engine routes' and /health's
-// replies after Shutdown began, HTTP/1.0 without keep-alive) say "Connection: close": no bytes of one request are read as the
-// next. A known route asked with another method: 405 with
-// Allow. During load every route but /metrics answers 503 (/health: {"status":
-// "loading model"}); after Shutdown starts, engine routes answer 503.
+// replies after Shutdown began, HTTP/1.0 without keep-alive) say "Connection: close": no bytes
+// of one request are read as the next. A known route asked with another method: 405 with Allow.
+// During load every route but /metrics answers 503 (/health: {"status": "loading model"}); after
+// Shutdown starts, engine routes answer 503.
 #pragma once
 
 #include <atomic>
