@@ -6,20 +6,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/file_type.h"
+
 namespace estream {
-namespace {
-
-const char* KindOf(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-}  // namespace
-
 Result<std::string> ResolveOutputPath(const std::string& path, const std::string& what) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
@@ -29,7 +18,7 @@ Result<std::string> ResolveOutputPath(const std::string& path, const std::string
   if (S_ISREG(st.st_mode)) return path;
   const std::string refuse = "; " + what + " is written to a temporary file and renamed over this path, which would "
                              "replace it: give the path of a regular file";
-  if (!S_ISLNK(st.st_mode)) return Status::InvalidArgument(path + " is " + KindOf(st.st_mode) + refuse);
+  if (!S_ISLNK(st.st_mode)) return Status::InvalidArgument(path + " is " + FileTypeName(st.st_mode) + refuse);
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT)
       return Status::InvalidArgument(path + " is a symbolic link to a file that does not exist; give another path "
@@ -37,7 +26,7 @@ Result<std::string> ResolveOutputPath(const std::string& path, const std::string
     return Status::IOError(path + ": cannot examine the target of the symbolic link: " + std::strerror(errno));
   }
   if (!S_ISREG(st.st_mode))
-    return Status::InvalidArgument(path + " is a symbolic link to " + KindOf(st.st_mode) + refuse);
+    return Status::InvalidArgument(path + " is a symbolic link to " + FileTypeName(st.st_mode) + refuse);
   char* real = ::realpath(path.c_str(), nullptr);
   if (real == nullptr)
     return Status::IOError(path + ": cannot resolve the symbolic link: " + std::strerror(errno));

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "base/file_signals.h"
+#include "base/file_type.h"
 #include "gguf/gguf.h"
 
 namespace estream {
@@ -304,17 +305,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, GgufOp
   // refused just below, and cleared for the regular file.
   f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (f->fd_ < 0) return Status::IOError(fmt::format("{}: cannot open for reading: {}", path, Errno()));
-  struct stat st;
-  if (::fstat(f->fd_, &st) != 0) return Status::IOError(fmt::format("{}: cannot stat: {}", path, Errno()));
-  if (!S_ISREG(st.st_mode))
-    return Status::IOError(fmt::format("{}: not a regular file ({}); give the path of a model file", path,
-                                       S_ISDIR(st.st_mode)    ? "a directory"
-                                       : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                       : S_ISCHR(st.st_mode)  ? "a character device"
-                                                              : "a device or socket"));
-  if (const int flags = ::fcntl(f->fd_, F_GETFL); flags < 0 || ::fcntl(f->fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
-    return Status::IOError(fmt::format("{}: cannot set up the descriptor: {}", path, Errno()));
-  f->file_size_ = static_cast<uint64_t>(st.st_size);
+  ESTREAM_ASSIGN_OR_RETURN(f->file_size_, RegularFileSize(f->fd_, path));
   if (options.mmap && f->file_size_ > 0) {
     void* p = ::mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, f->fd_, 0);
     if (p == MAP_FAILED)

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <thread>
 
+#include "base/file_type.h"
+
 namespace estream::io {
 namespace {
 
@@ -71,23 +73,12 @@ Result<std::unique_ptr<PosixFile>> PosixFile::Open(const std::string& path, Posi
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return Status::IOError(path + ": cannot open: " + ErrnoText(errno));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  Result<uint64_t> size = RegularFileSize(fd, path);
+  if (!size.ok()) {
     ::close(fd);
-    return Status::IOError(path + ": cannot stat: " + ErrnoText(err));
+    return size.status();
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::IOError(path + ": not a regular file; give the path of a model file");
-  }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Status::IOError(path + ": cannot set up the descriptor: " + ErrnoText(err));
-  }
-  return std::unique_ptr<PosixFile>(new PosixFile(path, fd, static_cast<uint64_t>(st.st_size), direct));
+  return std::unique_ptr<PosixFile>(new PosixFile(path, fd, *size, direct));
 }
 
 PosixFile::~PosixFile() { ::close(fd_); }
