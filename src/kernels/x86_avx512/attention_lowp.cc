@@ -102,18 +102,30 @@ struct TransposeTraits {
   }
 };
 
+// dst[c * ldd + r] = src[r * lds + c] for 16 rows and n columns of 32-bit words: the bits are
+// moved, never computed on (TransposeTraits' shuffles, the ragged columns copied one by one).
+void TransposeWords16(const uint32_t* src, int lds, int n, uint32_t* dst, int ldd) {
+  int c = 0;
+  for (; c + 16 <= n; c += 16)
+    TransposeTraits<false>::Transpose(reinterpret_cast<const float*>(src + c), lds, 1.0f,
+                                      reinterpret_cast<float*>(dst + static_cast<size_t>(c) * ldd), ldd);
+  for (; c < n; ++c)
+    for (int r = 0; r < 16; ++r) dst[static_cast<size_t>(c) * ldd + r] = src[static_cast<size_t>(r) * lds + c];
+}
+
 // Per-thread scratch, grown to the largest (head_dim, tiles) seen. Per tile: Q4 (u8, [dp/4][64][4]),
-// sq, m, l (64 floats each), OT (fp32 [d][64]). Shared by the tiles: ST ([64 keys][64] fp32) and
-// P4 ([16 key quads][64] u8 quads).
+// its 16 rows being quantised (u8, [16][dp]), sq, m, l (64 floats each), OT (fp32 [d][64]). Shared
+// by the tiles: ST ([64 keys][64] fp32) and P4 ([16 key quads][64] u8 quads).
 struct LowpScratch {
-  AlignedPtr<uint8_t> q4;
+  AlignedPtr<uint8_t> q4, q_rows;
   AlignedPtr<float> state, ot, st;
   AlignedPtr<uint32_t> p4;
   int cap_d = 0, cap_tiles = 0;
 
   static size_t Bytes(int d, int tiles) {
     const size_t dp = (static_cast<size_t>(d) + 3) / 4 * 4;
-    return static_cast<size_t>(tiles) * (dp * kLowpRows + sizeof(float) * (3 * kLowpRows + static_cast<size_t>(d) * kLowpRows)) +
+    return static_cast<size_t>(tiles) *
+               ((kLowpRows + 16) * dp + sizeof(float) * (3 * kLowpRows + static_cast<size_t>(d) * kLowpRows)) +
            sizeof(float) * kLowpKeys * kLowpRows + sizeof(uint32_t) * (kLowpKeys / 4) * kLowpRows;
   }
   void Reserve(int d, int tiles) {
@@ -122,6 +134,7 @@ struct LowpScratch {
     cap_tiles = std::max(tiles, cap_tiles);
     const size_t dp = (static_cast<size_t>(cap_d) + 3) / 4 * 4;
     q4 = AllocAligned<uint8_t>(dp * kLowpRows * cap_tiles);
+    q_rows = AllocAligned<uint8_t>(dp * 16 * cap_tiles);
     state = AllocAligned<float>(static_cast<size_t>(3) * kLowpRows * cap_tiles);
     ot = AllocAligned<float>(static_cast<size_t>(cap_d) * kLowpRows * cap_tiles);
     if (st == nullptr) {
@@ -351,17 +364,15 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   auto q_row = [&](int x, int i) {
     return a.q + static_cast<int64_t>(tile_q0(x) + i) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
   };
-  // Row i of tile x: qi + 128 as u8 into Q4 (lane i of each 4-dim group) and sq_i.
-  auto quantise_row = [&](int x, int i) {
-    uint32_t* q4 = reinterpret_cast<uint32_t*>(tile_q4(x));
+  // Row i of tile x: qi + 128 as u8 (dp bytes) into `row`, and sq_i.
+  auto quantise_row = [&](int x, int i, uint8_t* row) {
     float* sq = tile_sq(x);
     if (tile_q0(x) + i >= t_end) {
-      for (int d4 = 0; d4 < dp / 4; ++d4) q4[d4 * kQ + i] = 0x80808080u;
+      std::memset(row, 0x80, dp);
       sq[i] = 0.0f;
       return;
     }
     const float* q = q_row(x, i);
-    alignas(64) uint8_t row[512 + 64];
     __m512 qs[512 / 16];
     __m512 amax = _mm512_setzero_ps();
     for (int c = 0; c < chunks; ++c) {
@@ -372,25 +383,33 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
     const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
     for (int c = 0; c < chunks; ++c) {
       const __m512i x8 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(qs[c], inv)), _mm512_set1_epi32(128));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), _mm512_cvtepi32_epi8(x8));
+      _mm_mask_storeu_epi8(row + 16 * c, Tail16(dp - 16 * c), _mm512_cvtepi32_epi8(x8));
     }
-    for (int d4 = 0; d4 < dp / 4; ++d4) std::memcpy(q4 + d4 * kQ + i, row + 4 * d4, 4);
     sq[i] = am / 127.0f;
   };
   // Every tile's Q quantised before the first key block, row by row across the tiles (a GQA
   // group's heads of one row are adjacent in memory), the rows kAhead further on prefetched: the
   // strided Q rows are usually not cached, and loading them on demand tile by tile stalled (~13%
-  // of the kernel at T = 1024, Qwen3 shape, 1 thread, with a one-tile-ahead prefetch).
+  // of the kernel at T = 1024, Qwen3 shape, 1 thread, with a one-tile-ahead prefetch). Rows are
+  // quantised 16 at a time into the tile's q_rows and then turned into Q4's layout (query i's 4
+  // dims d4 at word d4 * 64 + i) by 16 x 16 word transposes: written word by word, the layout
+  // took ~8% of the group's own time at T = 1024 (Qwen3 shape, 1 thread).
   auto start_tiles = [&]() {
     constexpr int kAhead = 4;
-    for (int i = 0; i < kQ; ++i) {
-      for (int x = 0; x < n_tiles; ++x) {
-        if (i + kAhead < kQ && tile_q0(x) + i + kAhead < t_end) {
-          const float* qa = q_row(x, i + kAhead);
-          for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(qa + c), _MM_HINT_T0);
+    const size_t rows_bytes = static_cast<size_t>(16) * dp;
+    for (int i0 = 0; i0 < kQ; i0 += 16) {
+      for (int i = i0; i < i0 + 16; ++i) {
+        for (int x = 0; x < n_tiles; ++x) {
+          if (i + kAhead < kQ && tile_q0(x) + i + kAhead < t_end) {
+            const float* qa = q_row(x, i + kAhead);
+            for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(qa + c), _MM_HINT_T0);
+          }
+          quantise_row(x, i, scratch.q_rows.get() + x * rows_bytes + static_cast<size_t>(i - i0) * dp);
         }
-        quantise_row(x, i);
       }
+      for (int x = 0; x < n_tiles; ++x)
+        TransposeWords16(reinterpret_cast<const uint32_t*>(scratch.q_rows.get() + x * rows_bytes), dp / 4, dp / 4,
+                         reinterpret_cast<uint32_t*>(tile_q4(x)) + i0, kQ);
     }
     for (int x = 0; x < n_tiles; ++x) {
       std::fill(tile_m(x), tile_m(x) + kQ, -std::numeric_limits<float>::infinity());
