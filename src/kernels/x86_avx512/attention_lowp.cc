@@ -227,6 +227,45 @@ __attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t*
   }
 }
 
+// P of one query vector (16 lanes) over the nk keys of a block, as u8 quads into p4 (one word
+// per lane and 4 keys, rows kLowpRows words apart), and the sum of e = 2^(S - bx) over the keys
+// (in key order). P_j = rne(e_j f_j) where kFull (every lane sees the whole block: f_j = sv_j 255
+// / M, one number per key), else rne(e_j (sv_j inv)) with inv the lanes' 255 / M. One query
+// vector at a time, so that a quad's four P vectors stay in registers until they are packed
+// (all four query vectors of a quad at once spilled them, and tested kFull per vector).
+template <bool kFull>
+inline __m512 PQuads(const float* st, int nk, __m512 bx, __m512 inv, const float* f, uint32_t* p4) {
+  // Two saturating packs put, in each 128-bit lane, key k's 4 queries at bytes 4k .. 4k + 3, and a
+  // byte shuffle turns that 4 x 4 around (query i's key k at byte 4i + k).
+  const __m512i quad_order =
+      _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+  __m512 sum = _mm512_setzero_ps();
+  auto p_of = [&](int j) {
+    const __m512 e = Exp2Short(_mm512_sub_ps(_mm512_loadu_ps(st + j * kLowpRows), bx));
+    sum = _mm512_add_ps(sum, e);
+    const __m512 fj = _mm512_set1_ps(f[j]);
+    return _mm512_cvtps_epi32(_mm512_mul_ps(e, kFull ? fj : _mm512_mul_ps(fj, inv)));
+  };
+  auto store = [&](int p, __m512i p0, __m512i p1, __m512i p2, __m512i p3) {
+    const __m512i w = _mm512_packus_epi16(_mm512_packus_epi32(p0, p1), _mm512_packus_epi32(p2, p3));
+    _mm512_storeu_si512(p4 + p * kLowpRows, _mm512_shuffle_epi8(w, quad_order));
+  };
+  int p = 0;
+  for (; 4 * p + 4 <= nk; ++p) {
+    const __m512i p0 = p_of(4 * p), p1 = p_of(4 * p + 1), p2 = p_of(4 * p + 2), p3 = p_of(4 * p + 3);
+    store(p, p0, p1, p2, p3);
+  }
+  if (4 * p < nk) {  // the last, partial quad: keys past nk are 0
+    const __m512i zero = _mm512_setzero_si512();
+    const int kk = nk - 4 * p;
+    const __m512i p0 = p_of(4 * p);
+    const __m512i p1 = kk > 1 ? p_of(4 * p + 1) : zero;
+    const __m512i p2 = kk > 2 ? p_of(4 * p + 2) : zero;
+    store(p, p0, p1, p2, zero);
+  }
+  return sum;
+}
+
 }  // namespace
 
 void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
@@ -540,37 +579,10 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         g[c] = _mm512_mul_ps(_mm512_mul_ps(cb[c], mu), _mm512_set1_ps(1.0f / 255.0f));
       }
       const int nq4 = (nk + 3) / 4;
-      // P of a quad of keys (values 0 .. 255 in int32 lanes) into one u8 quad per query: two
-      // saturating packs put, in each 128-bit lane, key k's 4 queries at bytes 4k .. 4k + 3, and
-      // a byte shuffle turns that 4 x 4 around (query i's key k at byte 4i + k).
-      const __m512i quad_order =
-          _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-      for (int p = 0; p < nq4; ++p) {
-        const int kk = std::min(4, nk - 4 * p);
-        __m512i pk[4][kVecs];
-        for (int k = 0; k < 4; ++k) {
-          const int j = 4 * p + k;
-          if (k >= kk) {
-            ESTREAM_UNROLL
-            for (int c = 0; c < kVecs; ++c) pk[k][c] = _mm512_setzero_si512();
-            continue;
-          }
-          // P's factor sv_j 255 / M: one number in a full block, sv_j times the lane's 255 / M else.
-          const __m512 fj = _mm512_set1_ps(full ? pw[j] : sv[j]);
-          ESTREAM_UNROLL
-          for (int c = 0; c < kVecs; ++c) {
-            const __m512 e = Exp2Short(_mm512_sub_ps(_mm512_loadu_ps(st + j * kQ + c * 16), bx[c]));
-            sum[c] = _mm512_add_ps(sum[c], e);
-            pk[k][c] = _mm512_cvtps_epi32(_mm512_mul_ps(e, full ? fj : _mm512_mul_ps(fj, inv[c])));
-          }
-        }
-        ESTREAM_UNROLL
-        for (int c = 0; c < kVecs; ++c) {
-          const __m512i w = _mm512_packus_epi16(_mm512_packus_epi32(pk[0][c], pk[1][c]),
-                                                _mm512_packus_epi32(pk[2][c], pk[3][c]));
-          _mm512_storeu_si512(p4 + p * kQ + c * 16, _mm512_shuffle_epi8(w, quad_order));
-        }
-      }
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c)
+        sum[c] = full ? PQuads<true>(st + c * 16, nk, bx[c], _mm512_setzero_ps(), pw, p4 + c * 16)
+                      : PQuads<false>(st + c * 16, nk, bx[c], inv[c], sv, p4 + c * 16);
       const bool first = kb == 0, last = kb + kLowpKeys >= q1;
       __m512 inv_l[kVecs];  // 1 / l, needed (and computed) in the tile's last key block only
       ESTREAM_UNROLL
