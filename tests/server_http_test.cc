@@ -71,6 +71,23 @@ TEST(ServerHttp, HealthIs503WhileLoadingThen200) {
   EXPECT_EQ(m.json()["data"][0]["id"], "fake-model");
 }
 
+// OpenAI's retrieve-model route: the served model's object; any other id is a 404 that says
+// which model this server has.
+TEST(ServerHttp, OneModelByIdOr404) {
+  Fixture f(Opts());
+  auto m = Get(f.port(), "/v1/models/fake-model");
+  ASSERT_EQ(m.status, 200) << m.body;
+  EXPECT_EQ(m.json()["id"], "fake-model");
+  EXPECT_EQ(m.json()["object"], "model");
+  auto other = Get(f.port(), "/v1/models/gpt-4");
+  ExpectOpenAiError(other, 404);
+  EXPECT_EQ(other.json()["error"]["code"], "model_not_found");
+  EXPECT_NE(other.json()["error"]["message"].get<std::string>().find("fake-model"), std::string::npos);
+  auto post = Post(f.port(), "/v1/models/fake-model", "{}");
+  ExpectOpenAiError(post, 405);
+  EXPECT_EQ(post.headers.find("Allow")->second, "GET");
+}
+
 TEST(ServerHttp, CompletionEchoLogprobsShape) {
   Fixture f(Opts());
   auto r = Post(f.port(), "/v1/completions", R"({"prompt": [3, 5, 7, 2], "max_tokens": 1, "echo": true, "logprobs": 2})");

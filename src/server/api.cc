@@ -807,14 +807,31 @@ std::optional<ApiError> PrepareDetokenize(const std::string& body, const ApiCont
   return std::nullopt;
 }
 
-Reply Models(const ApiContext& ctx) {
+namespace {
+// The model object of /v1/models (OpenAI's shape, with llama-server's "meta").
+ojson ModelObject(const ApiContext& ctx) {
   static const int64_t created = static_cast<int64_t>(std::time(nullptr));
   const ModelInfo& i = *ctx.info;
   ojson meta = {{"architecture", i.architecture}, {"n_layer", i.n_layer},   {"n_embd", i.n_embd},
                 {"n_expert", i.n_expert},         {"n_expert_used", i.n_expert_used}, {"n_vocab", i.n_vocab},
                 {"n_ctx", i.n_ctx},               {"weight_bytes", i.weight_bytes}};
-  ojson m = {{"id", ctx.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "estream"}, {"meta", meta}};
-  return {200, Dump(ojson{{"object", "list"}, {"data", ojson::array({m})}})};
+  return {{"id", ctx.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "estream"}, {"meta", meta}};
+}
+}  // namespace
+
+Reply Models(const ApiContext& ctx) {
+  return {200, Dump(ojson{{"object", "list"}, {"data", ojson::array({ModelObject(ctx)})}})};
+}
+
+Reply Model(const ApiContext& ctx, const std::string& id) {
+  if (id == ctx.model_id) return {200, Dump(ModelObject(ctx))};
+  ApiError e;
+  e.status = 404;
+  e.message = "The model '" + id.substr(0, 200) + "' does not exist: this server serves '" + ctx.model_id +
+              "' (GET /v1/models lists it)";
+  e.code = "model_not_found";
+  e.param = "model";
+  return {404, ErrorBody(e)};
 }
 
 }  // namespace estream::server

@@ -137,6 +137,8 @@ std::optional<ApiError> ValidateRequests(const std::vector<Request>& requests, c
 std::optional<ApiError> PrepareTokenize(const std::string& body, const ApiContext& ctx, Prepared* out);
 std::optional<ApiError> PrepareDetokenize(const std::string& body, const ApiContext& ctx, Prepared* out);
 Reply Models(const ApiContext& ctx);
+// GET /v1/models/{id}: the model object when id is the served model's, else 404 model_not_found.
+Reply Model(const ApiContext& ctx, const std::string& id);
 
 // A token as listed in completion logprobs (tokens, top_logprobs keys): its bytes; one whose bytes
 // are not valid UTF-8 (part of a multi-byte character) as "bytes:\xNN..." (OpenAI's convention);

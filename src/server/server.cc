@@ -202,6 +202,7 @@ const char* RouteLabel(const std::string& path) {
                                   "/detokenize",     "/health",        "/v1/models",   "/metrics"};
   for (const char* r : kRoutes)
     if (path == r || (std::strncmp(r, "/v1/", 4) == 0 && path == r + 3)) return r;
+  if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return "/v1/models";  // one model's object
   return "other";
 }
 
@@ -553,6 +554,10 @@ Status Server::Start() {
   });
   h.Get("/v1/models", [this, json_reply, not_ready](const httplib::Request&, httplib::Response& res) {
     if (!not_ready(res)) json_reply(res, Models(ctx_));
+  });
+  // OpenAI's "retrieve model" (client.models.retrieve(id)).
+  h.Get(R"(/v1/models/(.+))", [this, json_reply, not_ready](const httplib::Request& req, httplib::Response& res) {
+    if (!not_ready(res)) json_reply(res, Model(ctx_, req.matches[1].str()));
   });
   h.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
     if (stopping_) {

@@ -16,6 +16,15 @@ function check(cond, what) {
 const models = await client.models.list();
 const model = models.data[0].id;
 check(typeof model === 'string' && model.length > 0, 'models.list gives the model id');
+const retrieved = await client.models.retrieve(model);
+check(retrieved.id === model && retrieved.object === 'model', 'models.retrieve gives the model object');
+let missing = false;
+try {
+  await client.models.retrieve('no-such-model');
+} catch (e) {
+  missing = e instanceof OpenAI.NotFoundError && e.status === 404;
+}
+check(missing, 'models.retrieve of another id -> 404 NotFoundError');
 
 // lm-evaluation-harness's loglikelihood request: echo + logprobs + max_tokens 1.
 const c = await client.completions.create({ model, prompt: 'The capital of France is', max_tokens: 1, echo: true, logprobs: 1, temperature: 0 });
