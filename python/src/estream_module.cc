@@ -139,6 +139,17 @@ std::string PathArg(py::handle h) {
   return s;
 }
 
+// A flag argument: a bool, an int or a NumPy bool; anything else (None above all, which pybind11
+// would take as False) raises TypeError naming the argument.
+bool BoolArg(py::handle h, const char* name) {
+  if (PyBool_Check(h.ptr()) || PyLong_Check(h.ptr())) return PyObject_IsTrue(h.ptr()) == 1;
+  const py::handle type = h.get_type();
+  if (py::hasattr(type, "__module__") && std::string(py::str(type.attr("__module__"))) == "numpy" &&
+      TypeName(h).rfind("bool", 0) == 0)
+    return PyObject_IsTrue(h.ptr()) == 1;
+  throw py::type_error(std::string(name) + ": expected a bool, got " + TypeName(h));
+}
+
 // A path (bytes from the OS) as a str, as os.fsdecode gives it.
 py::str FsDecode(const std::string& path) {
   PyObject* u = PyUnicode_DecodeFSDefaultAndSize(path.data(), static_cast<Py_ssize_t>(path.size()));
@@ -293,6 +304,8 @@ class Model {
  public:
   Model(py::object path_arg, py::object budget, py::object threads, py::object schedule_arg,
         py::object batch_tokens, py::object budget_tokens) {
+    // path defaults to None only so that Model() raises PathArg's one-line TypeError rather than
+    // pybind11's list of signatures.
     const std::string path = PathArg(path_arg);
     path_repr_ = py::repr(FsDecode(path));
     EngineOptions eo;
@@ -423,7 +436,9 @@ class Model {
 
   // ---- tokens ----
 
-  py::object Tokenize(py::object text, bool add_special, bool parse_special) const {
+  py::object Tokenize(py::object text, py::object add_special_arg, py::object parse_special_arg) const {
+    const bool add_special = BoolArg(add_special_arg, "add_special");
+    const bool parse_special = BoolArg(parse_special_arg, "parse_special");
     Use use(this);
     RequireTokenizer();
     if (py::isinstance<py::str>(text)) {
@@ -455,7 +470,8 @@ class Model {
     return py::cast(out);
   }
 
-  py::object Detokenize(py::object tokens, bool render_special) const {
+  py::object Detokenize(py::object tokens, py::object render_special_arg) const {
+    const bool render_special = BoolArg(render_special_arg, "render_special");
     Use use(this);
     RequireTokenizer();
     // Ids the vocabulary has no text for are refused as score refuses them (Engine::Run), not
@@ -919,7 +935,7 @@ budget_tokens: longest input (forward pass) the budget plans activations for. 0 
 Raises OSError (cannot open, malformed file), ValueError (unsupported model, bad option, a
 budget on an unpacked model), MemoryError (budget too small even for a 128-token pass).)doc")
       .def(py::init<py::object, py::object, py::object, py::object, py::object, py::object>(),
-           py::arg("path"),
+           py::arg("path") = py::none(),
            py::arg("budget") = py::none(), py::arg("threads") = 0, py::arg("schedule") = "early",
            py::arg("batch_tokens") = 0, py::arg("budget_tokens") = 0)
       .def("tokenize", Checked(&Model::Tokenize), py::arg("text"), py::arg("add_special") = true,

@@ -242,8 +242,9 @@ def test_path_types(tmp_path):
     # A NUL byte would open the file the bytes before it name: refused, as open() refuses it.
     with pytest.raises(ValueError, match="null byte"):
         estream.Model(str(MODEL) + "\0.other.gguf")
-    with pytest.raises(TypeError, match="path: expected a str, bytes or os.PathLike"):
-        estream.Model(None)
+    for args in ((None,), ()):  # Model() too: one line, not pybind11's list of signatures
+        with pytest.raises(TypeError, match=r"^path: expected a str, bytes or os.PathLike .*NoneType$"):
+            estream.Model(*args)
     # A file name that is not UTF-8 (os.fsdecode keeps its bytes as surrogates) loads and reports it.
     link = os.fsdecode(bytes(tmp_path) + b"/model-\xff.gguf")
     os.symlink(MODEL, link)
@@ -279,6 +280,13 @@ def test_bad_inputs_raise_and_model_stays_usable(model):
         model.classify(TEXTS[0], " yes")
     with pytest.raises(TypeError):
         model.detokenize("text")
+    # Flags are bools (ints and NumPy bools too); None is refused, not taken as False.
+    for kwargs in ({"add_special": None}, {"parse_special": "yes"}):
+        with pytest.raises(TypeError, match=r"^(add|parse)_special: expected a bool, got (NoneType|str)$"):
+            model.tokenize(TEXTS[0], **kwargs)
+    with pytest.raises(TypeError, match="render_special"):
+        model.detokenize([1, 2], render_special=None)
+    assert model.tokenize(TEXTS[0], add_special=np.bool_(False)) == model.tokenize(TEXTS[0], add_special=0)
     np.testing.assert_array_equal(model.score(PROMPT).logprobs, before)
     assert model.score([]) == []
 
