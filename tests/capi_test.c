@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
   /* ---- version, sizes, statuses ---- */
   CHECK(strcmp(estream_version(), "0.1.0") == 0);
   CHECK(strcmp(estream_status_name(ESTREAM_IO_ERROR), "IOError") == 0);
+  CHECK(strcmp(estream_status_name(ESTREAM_CANCELLED), "Cancelled") == 0);
   CHECK(strcmp(estream_status_name(99), "Unknown") == 0);
   CHECK_OK(estream_parse_size("4G", &bytes));
   CHECK(bytes == 4ull << 30);

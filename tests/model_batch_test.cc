@@ -155,6 +155,36 @@ TEST(Batch, PackTokensBoundsThePassesAndLongerRequestsRunAlone) {
                            /*pack_tokens=*/40);
 }
 
+// interrupted is asked before every pass; once it says true, the passes not run fail with
+// Cancelled, the ones run keep their results (equal to single runs), and the engine stays usable.
+TEST(Batch, InterruptedStopsBeforeTheNextPass) {
+  auto e = Engine::Load(kModels + "qwen3moe-tiny-f32.gguf", {.n_threads = 2});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::vector<Request> batch = MixedBatch((*e)->info().n_vocab);
+  int asked = 0;
+  auto got = (*e)->RunBatch(batch, /*pack_tokens=*/40, [&] { return ++asked > 2; });
+  EXPECT_EQ(asked, 3);  // before passes 0, 1 and 2; 2 never ran
+  int done = 0, cancelled = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (got[i].ok()) {
+      ++done;
+      EXPECT_LT(got[i]->pass, 2);
+      auto want = (*e)->Run(batch[i]);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      ExpectSameResponse(*got[i], *want, "request " + std::to_string(i) + " of an interrupted batch");
+    } else {
+      ++cancelled;
+      EXPECT_EQ(got[i].status().code(), StatusCode::kCancelled) << got[i].status().ToString();
+      EXPECT_NE(got[i].status().message().find("2 of "), std::string::npos) << got[i].status().message();
+    }
+  }
+  EXPECT_GT(done, 0);
+  EXPECT_GT(cancelled, 0);
+  auto none = (*e)->RunBatch(batch, 40, [] { return true; });
+  for (const auto& r : none) EXPECT_EQ(r.status().code(), StatusCode::kCancelled);
+  CheckBatchMatchesSingles(**e, batch, "after an interrupted batch", /*min_passes=*/5, /*pack_tokens=*/40);
+}
+
 TEST(Batch, BadRequestsFailAlone) {
   auto e = Engine::Load(kModels + "olmoe-tiny-f32.gguf", {.n_threads = 2, .batch_tokens = 256});
   ASSERT_TRUE(e.ok()) << e.status().ToString();

@@ -305,7 +305,11 @@ class Engine {
   // memory then follows max(pack_tokens, the longest request) rather than pass_tokens(), which
   // without a budget is the whole context (163840 tokens for DeepSeek-V2). estream score and
   // eval pack 8192 tokens by default.
-  std::vector<Result<Response>> RunBatch(std::span<const Request> requests, int64_t pack_tokens = 0);
+  // interrupted (optional) is called on the calling thread before each pass; once it returns
+  // true, no further pass runs and the requests not yet run fail with Cancelled (the passes run
+  // keep their results). A front end's Ctrl-C: the Python module checks for signals there.
+  std::vector<Result<Response>> RunBatch(std::span<const Request> requests, int64_t pack_tokens = 0,
+                                         const std::function<bool()>& interrupted = nullptr);
 
   const ModelInfo& info() const;
   int n_threads() const;

@@ -83,7 +83,8 @@ typedef enum estream_status {
   ESTREAM_OUT_OF_RANGE = 5,       /* a prompt longer than the context length */
   ESTREAM_RESOURCE_EXHAUSTED = 6, /* memory budget too small, allocation failed */
   ESTREAM_INTERNAL = 7,           /* a bug; the model stays usable */
-  ESTREAM_BUFFER_TOO_SMALL = 8    /* caller's buffer too small; the size needed was written */
+  ESTREAM_BUFFER_TOO_SMALL = 8,   /* caller's buffer too small; the size needed was written */
+  ESTREAM_CANCELLED = 9           /* stopped at the caller's request (C++ and Python front ends) */
 } estream_status;
 
 /* The message of the last failed call on this thread ("" if none). Never NULL. */

@@ -31,6 +31,7 @@ enum class StatusCode {
   kOutOfRange,         // a value is outside what is allowed (prompt longer than the context)
   kResourceExhausted,  // a memory budget or capacity is too small
   kInternal,           // an invariant failed in a way the caller can still recover from
+  kCancelled,          // the caller asked to stop (Engine::RunBatch's interrupted) before it ran
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -48,6 +49,7 @@ class [[nodiscard]] Status {
   static Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
   static Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -44,8 +44,31 @@ namespace {
 using frontend::CallStats;
 using Clock = std::chrono::steady_clock;
 
+// Ctrl-C while a call runs without the GIL: Engine::RunBatch asks before each forward pass, and
+// InterruptRequested takes the GIL for a moment to run Python's pending signal handlers. An
+// exception one of them raises (KeyboardInterrupt) stops the batch; it waits here, per thread,
+// until Raise raises it (the engine's Cancelled status stands for it).
+struct PendingPyError {
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+};
+thread_local PendingPyError tls_pending;
+
+bool InterruptRequested() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return false;
+  PyErr_Fetch(&tls_pending.type, &tls_pending.value, &tls_pending.traceback);
+  return true;
+}
+
 // Raises the Python exception for `st`. REQUIRES: the GIL is held.
 [[noreturn]] void Raise(const Status& st) {
+  if (st.code() == StatusCode::kCancelled && tls_pending.type != nullptr) {
+    PyErr_Restore(tls_pending.type, tls_pending.value, tls_pending.traceback);
+    tls_pending = {};
+    throw py::error_already_set();
+  }
   PyObject* type = PyExc_RuntimeError;
   switch (st.code()) {
     case StatusCode::kInvalidArgument:
@@ -723,15 +746,17 @@ class Model {
   }
 
   // Runs the batch and records its statistics; the first failed request's Status (all results
-  // are kept). Runs without the GIL.
+  // are kept), or Cancelled when a signal handler raised (Ctrl-C: InterruptRequested). Runs
+  // without the GIL.
   Status RunBatch(const std::vector<Request>& reqs, Clock::time_point t0, std::vector<Result<Response>>* results,
                   const char* what) {
-    *results = engine_->RunBatch(reqs);
+    *results = engine_->RunBatch(reqs, 0, InterruptRequested);
     CallStats s = frontend::Summarize(*results, std::chrono::duration<double>(Clock::now() - t0).count());
     {
       std::lock_guard<std::mutex> lock(mu_);
       last_ = std::move(s);
     }
+    if (tls_pending.type != nullptr) return Status::Cancelled("interrupted");
     return frontend::FirstError(*results, what);
   }
 

@@ -8,6 +8,7 @@ ESTREAM_CLI (the estream binary), PYTHONPATH (build/python).
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -232,6 +233,22 @@ def test_load_errors():
         estream.Model(str(MODEL), threads=-1)
     with pytest.raises(TypeError):
         estream.Model(str(MODEL), budget=[1])
+
+
+def test_ctrl_c_interrupts_a_long_batch():
+    # SIGINT while a batch of thousands of one-pass requests runs (minutes uninterrupted on the tiny
+    # model: batch_tokens 16 holds one request per pass): KeyboardInterrupt before the next pass,
+    # and the model stays usable with the same results.
+    m = estream.Model(MODEL, threads=1, batch_tokens=16)
+    want = m.score(PROMPT[:12]).total
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            m.score([PROMPT[:12]] * 50000)
+    finally:
+        timer.cancel()
+    assert m.score(PROMPT[:12]).total == want
 
 
 def test_path_types(tmp_path):

@@ -50,7 +50,10 @@ int Fail(int code, std::string message) {
   g_last_error = std::move(message);
   return code;
 }
-int Fail(const Status& st) { return Fail(static_cast<int>(st.code()), st.message()); }
+// The C code of a StatusCode: the same number, but Cancelled (after BufferTooSmall in the C enum).
+int CStatus(StatusCode code) { return code == StatusCode::kCancelled ? ESTREAM_CANCELLED : static_cast<int>(code); }
+
+int Fail(const Status& st) { return Fail(CStatus(st.code()), st.message()); }
 
 // Runs `body` (returning an int status), turning exceptions into status codes.
 template <typename F>
@@ -181,6 +184,7 @@ const char* estream_status_name(int status) {
     case ESTREAM_RESOURCE_EXHAUSTED: return "ResourceExhausted";
     case ESTREAM_INTERNAL: return "Internal";
     case ESTREAM_BUFFER_TOO_SMALL: return "BufferTooSmall";
+    case ESTREAM_CANCELLED: return "Cancelled";
     default: return "Unknown";
   }
 }
@@ -406,7 +410,7 @@ int estream_batch_status(const estream_batch* batch, size_t i) {
   if (Item(batch, i) == nullptr)
     return Fail(ESTREAM_INVALID_ARGUMENT, "estream_batch_status: no request " + std::to_string(i) + " (the batch has " +
                                               std::to_string(batch->results.size()) + ")");
-  return static_cast<int>(batch->results[i].status().code());
+  return CStatus(batch->results[i].status().code());
 }
 
 const char* estream_batch_error(const estream_batch* batch, size_t i) {

@@ -88,7 +88,8 @@ struct Engine::Impl {
 
   Status Validate(const Request& req) const;
   static int64_t RequestTokens(const Request& req);  // prompt + continuations
-  std::vector<Result<Response>> RunBatch(std::span<const Request> reqs, int64_t pack_tokens);
+  std::vector<Result<Response>> RunBatch(std::span<const Request> reqs, int64_t pack_tokens,
+                                         const std::function<bool()>& interrupted);
   // One forward pass over reqs[ids[...]]; writes their results.
   void RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
                std::vector<Result<Response>>* results);
@@ -206,14 +207,15 @@ int64_t Engine::pass_tokens() const { return impl_->pass_tokens; }
 Result<Response> Engine::Run(const Request& request) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ScopedOmpThreads threads(impl_->n_threads);
-  std::vector<Result<Response>> r = impl_->RunBatch(std::span<const Request>(&request, 1), 0);
+  std::vector<Result<Response>> r = impl_->RunBatch(std::span<const Request>(&request, 1), 0, nullptr);
   return std::move(r[0]);
 }
 
-std::vector<Result<Response>> Engine::RunBatch(std::span<const Request> requests, int64_t pack_tokens) {
+std::vector<Result<Response>> Engine::RunBatch(std::span<const Request> requests, int64_t pack_tokens,
+                                               const std::function<bool()>& interrupted) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ScopedOmpThreads threads(impl_->n_threads);
-  return impl_->RunBatch(requests, pack_tokens);
+  return impl_->RunBatch(requests, pack_tokens, interrupted);
 }
 
 Status Engine::Impl::Validate(const Request& req) const {
@@ -267,7 +269,8 @@ Status Engine::Impl::Validate(const Request& req) const {
 // other rows of the pass (the kernels split by rows and output elements with a fixed reduction
 // order), which is why a batch reproduces the single-request results.
 
-std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> reqs, int64_t pack_tokens) {
+std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> reqs, int64_t pack_tokens,
+                                                     const std::function<bool()>& interrupted) {
   std::vector<Result<Response>> results;
   results.reserve(reqs.size());
   std::vector<int64_t> length(reqs.size(), 0);
@@ -295,7 +298,16 @@ std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> re
     passes[p].push_back(i);
     fill[p] += length[i];
   }
-  for (size_t p = 0; p < passes.size(); ++p) RunPass(reqs, passes[p], static_cast<int>(p), &results);
+  for (size_t p = 0; p < passes.size(); ++p) {
+    if (interrupted && interrupted()) {
+      for (size_t q = p; q < passes.size(); ++q)
+        for (int i : passes[q])
+          results[i] = Status::Cancelled(fmt::format("interrupted before its forward pass ran ({} of {} passes done)",
+                                                     p, passes.size()));
+      break;
+    }
+    RunPass(reqs, passes[p], static_cast<int>(p), &results);
+  }
   return results;
 }
 
