@@ -305,9 +305,10 @@ class Engine {
   // memory then follows max(pack_tokens, the longest request) rather than pass_tokens(), which
   // without a budget is the whole context (163840 tokens for DeepSeek-V2). estream score and
   // eval pack 8192 tokens by default.
-  // interrupted (optional) is called on the calling thread before each pass; once it returns
-  // true, no further pass runs and the requests not yet run fail with Cancelled (the passes run
-  // keep their results). A front end's Ctrl-C: the Python module checks for signals there.
+  // interrupted (optional) is called on the calling thread before each pass and before each
+  // layer of a pass; once it returns true, the pass stops (a streamed one cancels its reads), no
+  // further pass runs, and the requests not finished fail with Cancelled (those of the passes
+  // finished keep their results). A front end's Ctrl-C: the Python module checks for signals.
   std::vector<Result<Response>> RunBatch(std::span<const Request> requests, int64_t pack_tokens = 0,
                                          const std::function<bool()>& interrupted = nullptr);
 

@@ -90,9 +90,11 @@ struct Engine::Impl {
   static int64_t RequestTokens(const Request& req);  // prompt + continuations
   std::vector<Result<Response>> RunBatch(std::span<const Request> reqs, int64_t pack_tokens,
                                          const std::function<bool()>& interrupted);
-  // One forward pass over reqs[ids[...]]; writes their results.
-  void RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
-               std::vector<Result<Response>>* results);
+  // One forward pass over reqs[ids[...]]; writes their results. interrupted (may be empty) is
+  // asked before every layer; true from it ends the pass, its requests failed with Cancelled, and
+  // RunPass returns true.
+  bool RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
+               std::vector<Result<Response>>* results, const std::function<bool()>& interrupted);
   Status ReserveBuffers(int64_t n_tokens);
   // Logits of n_rows final hidden rows h, in chunks of rows: fn(first row, rows, [rows x n_vocab]).
   Status LmHead(const float* h, int64_t n_rows, const std::function<Status(int64_t, int64_t, const float*)>& fn);
@@ -299,14 +301,14 @@ std::vector<Result<Response>> Engine::Impl::RunBatch(std::span<const Request> re
     fill[p] += length[i];
   }
   for (size_t p = 0; p < passes.size(); ++p) {
-    if (interrupted && interrupted()) {
-      for (size_t q = p; q < passes.size(); ++q)
+    const bool before = interrupted && interrupted();
+    if (before || RunPass(reqs, passes[p], static_cast<int>(p), &results, interrupted)) {
+      for (size_t q = before ? p : p + 1; q < passes.size(); ++q)
         for (int i : passes[q])
           results[i] = Status::Cancelled(fmt::format("interrupted before its forward pass ran ({} of {} passes done)",
                                                      p, passes.size()));
       break;
     }
-    RunPass(reqs, passes[p], static_cast<int>(p), &results);
   }
   return results;
 }
@@ -317,13 +319,14 @@ int64_t Engine::Impl::RequestTokens(const Request& req) {
   return n;
 }
 
-void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
-                           std::vector<Result<Response>>* results) {
+bool Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>& ids, int pass_index,
+                           std::vector<Result<Response>>* results, const std::function<bool()>& interrupted) {
   const Timer timer;
   const model::ModelConfig& c = model->config();
   const int64_t d = c.n_embd, K = c.n_expert_used;
   auto fail_all = [&](const Status& st) {
     for (int i : ids) (*results)[i] = st;
+    return st.code() == StatusCode::kCancelled;
   };
 
   // Layout of the pass: per request its context, then its continuations.
@@ -381,6 +384,9 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
     model::EmbedTokens(*model, tokens.data(), T, ws.x.get());
     lap(&tm.embed);
     for (int il = 0; il < c.n_layer; ++il) {
+      if (interrupted && interrupted())
+        return fail_all(Status::Cancelled(fmt::format("interrupted at layer {} of {} of its forward pass", il,
+                                                      c.n_layer)));
       const bool moe = model->layers()[il].moe;
       if (stream && moe) stream->LayerStart(il);
       if (c.is_conv_layer(il)) {
@@ -455,6 +461,7 @@ void Engine::Impl::RunPass(std::span<const Request> reqs, const std::vector<int>
     r.pass_tokens = T;
     slot = std::move(r);
   }
+  return false;
 }
 
 Status Engine::Impl::ReserveBuffers(int64_t T) {
