@@ -442,6 +442,26 @@ TEST(ServerHttp, ShutdownFinishesQueuedWorkAndStopsListening) {
   EXPECT_EQ(Get(f.port(), "/health").status, -1);             // not listening any more
 }
 
+// A batch still running when the shutdown grace has passed is interrupted (the engine stops at
+// its next layer): its client gets a 503 shutting_down, and the shutdown ends soon after the grace.
+TEST(ServerHttp, ShutdownInterruptsABatchRunningPastTheGrace) {
+  ServerOptions o = Opts();
+  o.shutdown_grace_seconds = 0.1;
+  Fixture f(o);
+  f.fake.interruptible = true;
+  f.fake.close();
+  testing::HttpResult r;
+  std::thread client([&] { r = Post(f.port(), "/v1/embeddings", R"({"input": [1, 2]})"); });
+  while (f.fake.running.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  f.server->Shutdown();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  client.join();
+  EXPECT_LT(s, 5.0);
+  ExpectOpenAiError(r, 503);
+  EXPECT_EQ(r.json()["error"]["code"], "shutting_down") << r.body;
+}
+
 // A second server on a port in use fails to bind it (httplib's default SO_REUSEPORT let it bind
 // too, and the kernel split the connections between the two).
 TEST(ServerHttp, ASecondServerOnAPortInUseFailsToBind) {

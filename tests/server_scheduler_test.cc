@@ -152,7 +152,7 @@ struct FakeRunner {
   std::atomic<int> running{0}, max_running{0};
 
   BatchRunner Runner() {
-    return [this](std::span<const Request> reqs) {
+    return [this](std::span<const Request> reqs, const std::function<bool()>&) {
       const int now = ++running;
       int prev = max_running.load();
       while (now > prev && !max_running.compare_exchange_weak(prev, now)) {
@@ -272,7 +272,7 @@ struct GatedRunner {
   std::vector<std::vector<int64_t>> batches;
 
   BatchRunner Runner() {
-    return [this](std::span<const Request> reqs) {
+    return [this](std::span<const Request> reqs, const std::function<bool()>&) {
       std::vector<int64_t> sizes;
       for (const Request& r : reqs) sizes.push_back(static_cast<int64_t>(r.tokens.size()));
       {
@@ -481,11 +481,71 @@ TEST(Scheduler, StopRunsQueuedWorkWithinTheGraceAndDropsTheRest) {
   }
 }
 
+// A runner like an engine's pass that never ends by itself: it polls `interrupted` (as the engine
+// does between layers) and then fails its requests with Cancelled.
+struct EndlessRunner {
+  std::atomic<int> started{0}, interrupted{0};
+  BatchRunner Runner() {
+    return [this](std::span<const Request> reqs, const std::function<bool()>& stop) {
+      ++started;
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      std::vector<Result<Response>> out;
+      while (!stop()) {
+        if (std::chrono::steady_clock::now() > give_up) {  // the test fails below, it does not hang
+          for (size_t i = 0; i < reqs.size(); ++i) out.push_back(Status::Internal("never interrupted"));
+          return out;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ++interrupted;
+      for (size_t i = 0; i < reqs.size(); ++i) out.push_back(Status::Cancelled("interrupted at layer 1 of 2"));
+      return out;
+    };
+  }
+};
+
+// A running batch whose clients have all given up stops (the engine turns to the queue); one job
+// cancelled of two keeps it running.
+TEST(Scheduler, ARunningBatchStopsWhenAllItsJobsAreCancelled) {
+  EndlessRunner endless;
+  Scheduler s(endless.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 1});
+  auto a = MakeJob(5), b = MakeJob(5);
+  ASSERT_EQ(s.Submit(a), Scheduler::Admit::kOk);
+  ASSERT_EQ(s.Submit(b), Scheduler::Admit::kOk);
+  while (endless.started.load() == 0) std::this_thread::yield();
+  s.Cancel(a);
+  EXPECT_FALSE(a->WaitFor(std::chrono::milliseconds(100)));  // b still wants the batch
+  s.Cancel(b);
+  ASSERT_TRUE(a->WaitFor(std::chrono::seconds(10)));
+  ASSERT_TRUE(b->WaitFor(std::chrono::seconds(10)));
+  EXPECT_EQ(endless.interrupted.load(), 1);
+  ASSERT_EQ(b->results.size(), 1u);
+  EXPECT_EQ(b->results[0].status().code(), StatusCode::kCancelled);
+}
+
+// Shutdown is bounded by the grace plus one layer: the running batch is interrupted when the grace
+// has passed, and its jobs finish with Cancelled (the server answers 503 shutting_down).
+TEST(Scheduler, StopInterruptsTheRunningBatchAfterTheGrace) {
+  EndlessRunner endless;
+  Scheduler s(endless.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 1});
+  auto running = MakeJob(5);
+  ASSERT_EQ(s.Submit(running), Scheduler::Admit::kOk);
+  while (endless.started.load() == 0) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  s.Stop(0.1);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_EQ(endless.interrupted.load(), 1);
+  ASSERT_TRUE(running->finished());
+  EXPECT_FALSE(running->dropped);
+  ASSERT_EQ(running->results.size(), 1u);
+  EXPECT_EQ(running->results[0].status().code(), StatusCode::kCancelled);
+}
+
 // The worker adds each engine pass's streaming figures once (they are shared by the requests of
 // a pass): bytes read and the expert cache's lookups and hits reach /metrics.
 TEST(Scheduler, CountsEachPassStreamingFiguresOnce) {
   Metrics m;
-  auto runner = [](std::span<const Request> reqs) {
+  auto runner = [](std::span<const Request> reqs, const std::function<bool()>&) {
     std::vector<Result<Response>> out;
     for (size_t i = 0; i < reqs.size(); ++i) {
       Response r;

@@ -19,12 +19,15 @@ namespace estream::server::testing {
 
 // A deterministic stand-in for Engine::RunBatch (no OpenMP: ThreadSanitizer-friendly). Outputs are
 // simple functions of the tokens; the logits row t of a prompt is sin(1 + t * V + v + tokens[t]).
-// close() holds every batch until open(); `seen` lists every request's first token as run.
+// close() holds every batch until open() or, with `interruptible`, until the scheduler interrupts
+// it (its requests then fail with Cancelled, as the engine's); `seen` lists every request's first
+// token as run.
 struct FakeEngine {
   ModelInfo info;
   std::mutex mu;
   std::condition_variable cv;
   bool gate_open = true;
+  bool interruptible = false;
   std::vector<int32_t> seen;
   std::atomic<int> running{0};
   std::atomic<int> batches{0};
@@ -55,11 +58,17 @@ struct FakeEngine {
   static float Logit(int64_t t, int v, int V, int32_t tok) { return std::sin(1.0f + static_cast<float>(t * V + v + tok)); }
 
   BatchRunner Runner() {
-    return [this](std::span<const Request> reqs) {
+    return [this](std::span<const Request> reqs, const std::function<bool()>& stop) {
       ++running;
       {
         std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return gate_open; });
+        while (!cv.wait_for(l, std::chrono::milliseconds(1), [&] { return gate_open; })) {
+          if (interruptible && stop()) {
+            std::vector<Result<Response>> cancelled(reqs.size(), Status::Cancelled("interrupted at layer 0 of 1"));
+            --running;
+            return cancelled;
+          }
+        }
         for (const Request& r : reqs) seen.push_back(r.tokens[0]);
       }
       const int V = info.n_vocab;

@@ -268,6 +268,12 @@ ApiError ErrorFromStatus(const Status& s) {
       e.status = 503;
       e.type = "server_error";
       break;
+    case StatusCode::kCancelled:  // the running batch stopped when the shutdown grace ran out
+      e.status = 503;
+      e.type = "unavailable";
+      e.code = "shutting_down";
+      e.message = "the server is shutting down: " + s.message();
+      break;
     default:
       e.status = 500;
       e.type = "server_error";

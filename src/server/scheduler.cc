@@ -154,6 +154,7 @@ void Scheduler::Stop(double grace_seconds) {
     cv_.wait_for(l, std::chrono::duration<double>(std::max(0.0, grace_seconds)), [&] { return queue_.empty(); });
     dropped = queue_.PopAll();
     quit_ = true;
+    abort_.store(true);
   }
   cv_.notify_all();
   for (const auto& j : dropped) {
@@ -197,7 +198,13 @@ void Scheduler::WorkerLoop() {
       for (Request& r : j->requests) requests.push_back(std::move(r));
     }
     const auto start = std::chrono::steady_clock::now();
-    std::vector<Result<Response>> results = runner_(requests);
+    const auto interrupted = [&] {
+      if (abort_.load()) return true;
+      for (const auto& j : batch)
+        if (!j->cancelled.load()) return false;
+      return true;  // nobody waits for any of it
+    };
+    std::vector<Result<Response>> results = runner_(requests, interrupted);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ESTREAM_CHECK(results.size() == requests.size(), "BatchRunner returned the wrong number of results");
     {

@@ -46,7 +46,10 @@
 // server that was idle for the linger, or one whose clients are all back, starts at once: one
 // client sending requests one after another is never delayed.
 // Completion is signalled per job (Job::Wait*); a handler that gives up (client gone, timeout)
-// calls Cancel: a queued job is removed at once, a running one finishes and its result is dropped.
+// calls Cancel: a queued job is removed at once; a running one's result is dropped, and once every
+// job of the running batch is cancelled the batch itself stops at the engine's next layer (the
+// runner's `interrupted`), so the engine turns to the queue. Stop interrupts the running batch
+// the same way when its grace has passed: shutdown takes at most the grace plus one layer.
 #pragma once
 
 #include <atomic>
@@ -133,8 +136,11 @@ class JobQueue {
   std::unordered_map<const Job*, std::set<Entry>::iterator> index_;
 };
 
-// Runs a batch; results[i] belongs to requests[i]. Engine::RunBatch in the server.
-using BatchRunner = std::function<std::vector<Result<Response>>(std::span<const Request>)>;
+// Runs a batch; results[i] belongs to requests[i]. Engine::RunBatch in the server: `interrupted`
+// is asked between layers, and true from it ends the batch with its unfinished requests
+// Cancelled.
+using BatchRunner =
+    std::function<std::vector<Result<Response>>(std::span<const Request>, const std::function<bool()>& interrupted)>;
 
 struct SchedulerOptions {
   int64_t max_batch_tokens = 4096;  // most tokens of one batch (and of one job)
@@ -157,11 +163,12 @@ class Scheduler {
   // kQueueFull: max_queue jobs wait already; kStopping: Stop was called.
   Admit Submit(const std::shared_ptr<Job>& job);
   // The submitter gives up on `job`: removed from the queue and finished (dropped) if still
-  // queued; a running job runs to its end and its result is simply not used.
+  // queued; a running job's result is not used, and a batch whose jobs are all cancelled stops.
   void Cancel(const std::shared_ptr<Job>& job);
 
   // Stops accepting; lets the worker run queued jobs for up to grace_seconds, then drops the
-  // rest (their waiters see dropped = true) and joins the worker after the running batch.
+  // rest (their waiters see dropped = true), interrupts the running batch (its requests fail with
+  // Cancelled) and joins the worker.
   void Stop(double grace_seconds);
 
   // A Retry-After hint for a full queue: queued tokens / recent throughput, at least 1 s.
@@ -183,6 +190,7 @@ class Scheduler {
   JobQueue queue_;                 // GUARDED_BY(mu_)
   bool stopping_ = false;          // GUARDED_BY(mu_): no new jobs
   bool quit_ = false;              // GUARDED_BY(mu_): worker exits when the queue is empty
+  std::atomic<bool> abort_{false};  // the grace has passed: the running batch stops
   double tokens_per_second_ = 0;   // GUARDED_BY(mu_): smoothed throughput of recent batches
   std::thread worker_;
 };

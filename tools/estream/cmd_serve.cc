@@ -7,9 +7,9 @@
 // The model file's header is read first (a path that cannot be opened fails before anything
 // listens); then the server (src/server/) listens, so /health answers 503 ("loading model") while
 // the model loads, then 200. SIGINT / SIGTERM: stop accepting, let queued work finish for
-// --shutdown-grace seconds (the rest is answered 503), close connections still sending a request
-// 2 s after the signal or not reading a reply 2 s after the queued work ended, exit 0. A second
-// signal exits at once (status 1).
+// --shutdown-grace seconds (the rest, and a batch still running then, is answered 503), close
+// connections still sending a request 2 s after the signal or not reading a reply 2 s after the
+// queued work ended, exit 0. A second signal exits at once (status 1).
 //
 // One budget: --budget covers the whole process. The server keeps a reserve for HTTP buffers
 // (http threads x kMemoryPerBodyByte x --max-body, for the bodies and the prompts; --reply-memory for the
@@ -92,7 +92,8 @@ class ServeCommand : public Command {
     sub->add_option("--http-threads", o_.http_threads, "HTTP worker threads (default --max-queue + 8)")
         ->check(CLI::Range(0, kMaxThreads));
     sub->add_option("--shutdown-grace", o_.shutdown_grace_seconds, "on SIGTERM/SIGINT, seconds queued work may "
-                    "still run (default 10)")->check(SecondsCheck());
+                    "still run (default 10); then the running batch stops at its next layer (503)")
+        ->check(SecondsCheck());
     sub->add_option("--alias", alias_, "model id in replies and /v1/models (default: the file name)");
     sub->add_option("--rerank-template", o_.rerank_template, "rerank prompt with {query} and {document}; the "
                     "answer scored is \" yes\" vs \" no\"");
@@ -182,8 +183,9 @@ class ServeCommand : public Command {
     Engine* e = engine.get();
     std::string id = alias_;
     if (id.empty()) id = model_.substr(model_.find_last_of('/') == std::string::npos ? 0 : model_.find_last_of('/') + 1);
-    server.SetBackend([e](std::span<const Request> reqs) { return e->RunBatch(reqs); }, engine->info(), tokenizer.get(), id,
-                      engine->pass_tokens());
+    server.SetBackend([e](std::span<const Request> reqs,
+                         const std::function<bool()>& interrupted) { return e->RunBatch(reqs, 0, interrupted); },
+                      engine->info(), tokenizer.get(), id, engine->pass_tokens());
     state = kLoaded;
     std::fprintf(stderr, "estream serve: ready: %s, %d threads, batches of up to %lld tokens, queue %d%s\n", id.c_str(),
                  engine->n_threads(), static_cast<long long>(server.options().scheduler.max_batch_tokens),
