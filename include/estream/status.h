@@ -31,7 +31,7 @@ enum class StatusCode {
   kOutOfRange,         // a value is outside what is allowed (prompt longer than the context)
   kResourceExhausted,  // a memory budget or capacity is too small
   kInternal,           // an invariant failed in a way the caller can still recover from
-  kCancelled,          // the caller asked to stop (Engine::RunBatch's interrupted) before it ran
+  kCancelled,          // the caller asked to stop (Engine::RunBatch's interrupted) before it finished
 };
 
 const char* StatusCodeName(StatusCode code);

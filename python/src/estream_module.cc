@@ -44,7 +44,7 @@ namespace {
 using frontend::CallStats;
 using Clock = std::chrono::steady_clock;
 
-// Ctrl-C while a call runs without the GIL: Engine::RunBatch asks before each forward pass, and
+// Ctrl-C while a call runs without the GIL: Engine::RunBatch asks before each pass and layer, and
 // InterruptRequested takes the GIL for a moment to run Python's pending signal handlers. An
 // exception one of them raises (KeyboardInterrupt) stops the batch; it waits here, per thread,
 // until Raise raises it (the engine's Cancelled status stands for it).
