@@ -222,6 +222,20 @@ std::string RawExchange(int port, const std::string& bytes) {
   return out;
 }
 
+// A body that stops at the end of the stream (the client closed mid-body) is still answered 400
+// (a client that only shut down its sending side reads it), and /metrics counts it as 499, as a
+// client gone while waiting, not as a bad request.
+TEST(ServerHttp, ABodyCutShortByTheClientClosingCountsAs499) {
+  Fixture f(Opts());
+  const std::string post = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n";
+  const std::string reply = RawExchange(f.port(), post + "Content-Length: 100\r\n\r\n{\"input\": [1");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply.substr(0, 200);
+  for (int k = 0; k < 400 && f.server->metrics().requests("/v1/embeddings", 499) == 0; ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.server->metrics().requests("/v1/embeddings", 499), 1u);
+  EXPECT_EQ(f.server->metrics().requests("/v1/embeddings", 400), 0u);
+}
+
 // Malformed HTTP from raw sockets: each is answered with a 4xx or the connection is closed, and
 // the server goes on answering well-formed requests.
 TEST(ServerHttp, MalformedHttpIsRefusedAndTheServerKeepsServing) {

@@ -87,6 +87,8 @@ class SocketStream final : public httplib::Stream {
   void SetReadDeadline(int64_t deadline_ns) { read_deadline_ns_ = deadline_ns; }
   // True once a read or write failed at the shutdown cut-off.
   bool cut_off() const { return cut_off_; }
+  // True once a read found the end of the stream (the client closed, at least its sending side).
+  bool saw_eof() const { return saw_eof_; }
 
   // Waits up to `timeout_s` for the next request's bytes, waking every 100 ms to ask `stop`.
   template <typename Stop>
@@ -141,6 +143,7 @@ class SocketStream final : public httplib::Stream {
     for (;;) {
       const ssize_t n = recv(sock_, ptr, size, 0);
       if (n < 0 && errno == EINTR) continue;
+      if (n == 0) saw_eof_ = true;
       return n;
     }
   }
@@ -163,6 +166,7 @@ class SocketStream final : public httplib::Stream {
   const Cutoffs* cut_;
   int64_t read_deadline_ns_ = Cutoffs::kNever;
   mutable bool cut_off_ = false;
+  bool saw_eof_ = false;
   char buf_[4096];
   size_t begin_ = 0, end_ = 0;
 };
@@ -175,6 +179,10 @@ thread_local bool tls_close_after = false;
 // pre-routing hook; -1 before it runs): an error reply without a body (httplib's own) then means
 // that the body could not be read, else that the request line or headers could not be.
 thread_local int64_t tls_body_length = -1;
+// The current request's body stopped at the end of the stream: the client closed its connection
+// mid-body. It is still answered 400 (a client that only shut down its sending side reads it),
+// and /metrics counts it as 499 (client closed the request), as for a client gone while waiting.
+thread_local bool tls_gone_mid_body = false;
 
 // The memory the replies of the requests in flight may take (ServerOptions::reply_memory_bytes):
 // a request takes its Prepared::reply_bytes before it is queued and gives it back once its reply
@@ -322,6 +330,7 @@ class Server::Http : public httplib::Server {
         strm.SetReadDeadline(NowNs() + static_cast<int64_t>(header_timeout_seconds * 1e9));
         tls_close_after = false;
         tls_body_length = -1;
+        tls_gone_mid_body = false;
         bool connection_closed = false;
         ret = process_request(strm, count == 1 || stopped(), connection_closed, nullptr);
         if (tls_reply_held > 0) {  // the reply is sent (or failed): its memory is free again
@@ -460,6 +469,7 @@ Status Server::Start() {
     if (res.status == 414) {
       msg = "the request line is longer than 8 KiB: send a shorter path";
     } else if (tls_body_length >= 0) {
+      tls_gone_mid_body = tls_stream != nullptr && tls_stream->saw_eof();
       msg = "the request body did not all come: Content-Length says " + std::to_string(tls_body_length) +
             " bytes; send them all, without pausing for 5 s";
     } else if (req.path.empty()) {
@@ -471,7 +481,7 @@ Status Server::Start() {
     return httplib::Server::HandlerResponse::Handled;
   }));
   h.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (res.status != 499) metrics_.CountRequest(RouteLabel(req.path), res.status);
+    if (res.status != 499) metrics_.CountRequest(RouteLabel(req.path), tls_gone_mid_body ? 499 : res.status);
   });
   h.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
