@@ -831,12 +831,10 @@ Reply Models(const ApiContext& ctx) {
 
 Reply Model(const ApiContext& ctx, const std::string& id) {
   if (id == ctx.model_id) return {200, Dump(ModelObject(ctx))};
-  ApiError e;
+  ApiError e = Bad("The model '" + id.substr(0, 200) + "' does not exist: this server serves '" + ctx.model_id +
+                       "' (GET /v1/models lists it)",
+                   "model", "model_not_found");
   e.status = 404;
-  e.message = "The model '" + id.substr(0, 200) + "' does not exist: this server serves '" + ctx.model_id +
-              "' (GET /v1/models lists it)";
-  e.code = "model_not_found";
-  e.param = "model";
   return {404, ErrorBody(e)};
 }
 
