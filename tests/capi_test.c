@@ -6,11 +6,13 @@
  * Usage: capi_test MODELS_DIR   (ESTREAM_SHARED_DIR/testdata/models)
  *        capi_test MODELS_DIR PACKED_MODEL   (the tiny OLMoE model packed by `estream pack`): only
  *        the budgeted load (BudgetedLoad below). */
+#define _POSIX_C_SOURCE 200809L /* nanosleep under C11 without extensions */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "estream/estream.h"
 
@@ -88,6 +90,21 @@ static void* EmbedWorker(void* p) {
       ++a->failures; /* thread 0 never failed: another thread's error must not show here */
     }
   }
+  return NULL;
+}
+
+/* One estream_run_batch on a thread of its own (the cancellation test). */
+typedef struct RunArg {
+  estream_model* m;
+  const estream_request* requests;
+  size_t n;
+  estream_batch* batch;
+  int rc;
+} RunArg;
+
+static void* RunWorker(void* p) {
+  RunArg* a = (RunArg*)p;
+  a->rc = estream_run_batch(a->m, a->requests, a->n, &a->batch);
   return NULL;
 }
 
@@ -514,6 +531,81 @@ int main(int argc, char** argv) {
       pthread_join(th[i], NULL);
       CHECK(args[i].failures == 0);
     }
+  }
+
+  /* ---- estream_model_cancel: a cancel before a call is not pending; one from another thread
+   * stops the running batch at a layer (the passes finished keep their results, the rest are
+   * CANCELLED) and the model runs the next call as usual. One request a pass (batch_tokens =
+   * its length), so that the batch runs many passes; if the cancel came before the run began
+   * (the run then completes), the attempt is repeated with a later cancel. ---- */
+  {
+    enum { kRequests = 3000 };
+    estream_model* mc = NULL;
+    estream_request* reqs = (estream_request*)calloc(kRequests, sizeof(estream_request));
+    estream_batch* b = NULL;
+    const estream_token_logprob* top = NULL;
+    estream_token_logprob want;
+    int attempt, cancelled = 0;
+    estream_model_cancel(NULL);
+    estream_load_options_init(&o);
+    o.n_threads = 1;
+    o.batch_tokens = 48;
+    CHECK_OK(estream_model_load(path, &o, &mc));
+    for (i = 0; i < kRequests; ++i) {
+      estream_request_init(&reqs[i]);
+      reqs[i].prompt.ids = prompt;
+      reqs[i].prompt.n = 48;
+      reqs[i].top_k = 1;
+    }
+    estream_model_cancel(mc);
+    CHECK_OK(estream_run_batch(mc, reqs, 1, &b));
+    CHECK(estream_batch_status(b, 0) == ESTREAM_OK && estream_batch_top(b, 0, &top) == 1);
+    want = top[0];
+    estream_batch_free(b);
+    for (attempt = 0; attempt < 6 && cancelled == 0; ++attempt) {
+      RunArg run;
+      pthread_t th;
+      int ok = 0;
+      run.m = mc;
+      run.requests = reqs;
+      run.n = kRequests;
+      run.batch = NULL;
+      run.rc = -1;
+      CHECK(pthread_create(&th, NULL, RunWorker, &run) == 0);
+      {
+        struct timespec wait; /* 20 ms, doubled each attempt */
+        wait.tv_sec = 0;
+        wait.tv_nsec = 20000000L << attempt;
+        while (wait.tv_nsec >= 1000000000L) {
+          ++wait.tv_sec;
+          wait.tv_nsec -= 1000000000L;
+        }
+        nanosleep(&wait, NULL);
+      }
+      estream_model_cancel(mc);
+      pthread_join(th, NULL);
+      CHECK(run.rc == ESTREAM_OK && estream_batch_size(run.batch) == kRequests);
+      for (i = 0; i < (int)estream_batch_size(run.batch); ++i) {
+        const int st = estream_batch_status(run.batch, (size_t)i);
+        if (st == ESTREAM_OK) {
+          ++ok;
+          CHECK(estream_batch_top(run.batch, (size_t)i, &top) == 1 && top[0].token == want.token &&
+                top[0].logprob == want.logprob);
+        } else {
+          CHECK(st == ESTREAM_CANCELLED && strlen(estream_batch_error(run.batch, (size_t)i)) > 0);
+          ++cancelled;
+        }
+      }
+      CHECK(ok + cancelled == (int)estream_batch_size(run.batch));
+      estream_batch_free(run.batch);
+    }
+    CHECK(cancelled > 0);
+    CHECK_OK(estream_run_batch(mc, reqs, 2, &b));
+    CHECK(estream_batch_status(b, 0) == ESTREAM_OK && estream_batch_status(b, 1) == ESTREAM_OK);
+    CHECK(estream_batch_top(b, 1, &top) == 1 && top[0].token == want.token && top[0].logprob == want.logprob);
+    estream_batch_free(b);
+    estream_model_free(mc);
+    free(reqs);
   }
 
   /* ---- a request longer than one forward pass: an input error, not a memory one ---- */

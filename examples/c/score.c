@@ -3,11 +3,20 @@
  *   cc -o score examples/c/score.c $(pkg-config --cflags --libs estream)   (after cmake --install)
  *   ./score MODEL.gguf "The capital of France is"
  *
- * In the build tree it is built as build/examples/example_c_score. */
+ * In the build tree it is built as build/examples/example_c_score. Ctrl-C stops a long prompt
+ * at the engine's next layer (estream_model_cancel is async-signal-safe). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "estream/estream.h"
+
+static estream_model* g_model = NULL; /* set before the handler is installed, never changed after */
+
+static void OnInterrupt(int sig) {
+  (void)sig;
+  estream_model_cancel(g_model);
+}
 
 int main(int argc, char** argv) {
   estream_model* m = NULL;
@@ -17,6 +26,7 @@ int main(int argc, char** argv) {
   const estream_token_logprob* top = NULL;
   int32_t ids[4096];
   size_t n = 0, k, i;
+  int rc;
   char piece[256];
 
   if (argc != 3) {
@@ -32,12 +42,16 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  g_model = m;
+  signal(SIGINT, OnInterrupt);
   estream_request_init(&r);
   r.prompt.ids = ids;
   r.prompt.n = n;
   r.top_k = 5;
   r.prompt_logprobs = 1;
-  if (estream_run_batch(m, &r, 1, &b) != ESTREAM_OK || estream_batch_status(b, 0) != ESTREAM_OK) {
+  rc = estream_run_batch(m, &r, 1, &b);
+  signal(SIGINT, SIG_DFL); /* before the model can be freed */
+  if (rc != ESTREAM_OK || estream_batch_status(b, 0) != ESTREAM_OK) {
     fprintf(stderr, "error: %s\n", b ? estream_batch_error(b, 0) : estream_last_error());
     estream_batch_free(b);
     estream_model_free(m);

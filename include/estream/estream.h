@@ -84,7 +84,7 @@ typedef enum estream_status {
   ESTREAM_RESOURCE_EXHAUSTED = 6, /* memory budget too small, allocation failed */
   ESTREAM_INTERNAL = 7,           /* a bug; the model stays usable */
   ESTREAM_BUFFER_TOO_SMALL = 8,   /* caller's buffer too small; the size needed was written */
-  ESTREAM_CANCELLED = 9           /* stopped at the caller's request (C++ and Python front ends) */
+  ESTREAM_CANCELLED = 9           /* stopped at the caller's request (estream_model_cancel) */
 } estream_status;
 
 /* The message of the last failed call on this thread ("" if none). Never NULL. */
@@ -206,6 +206,14 @@ typedef struct estream_batch estream_batch;
 ESTREAM_API int estream_run_batch(estream_model* model, const estream_request* requests, size_t n,
                                   estream_batch** batch);
 ESTREAM_API void estream_batch_free(estream_batch* batch);
+
+/* Stops the calls that are running this model or waiting for it (estream_run_batch,
+ * estream_embed, estream_score_candidates) at the engine's next layer: their requests not yet
+ * finished end with ESTREAM_CANCELLED (estream_batch_status; estream_embed and
+ * estream_score_candidates return it), those finished keep their results, the model stays
+ * usable. Calls begun after it run as usual (a cancel is never pending). Async-signal-safe (one
+ * lock-free atomic add): may be called from a SIGINT handler or any thread. NULL is ignored. */
+ESTREAM_API void estream_model_cancel(estream_model* model);
 
 /* Accessors. `i` is the request's index (REQUIRES i < estream_batch_size; out of range: the
  * empty result, status INVALID_ARGUMENT). Pointers stay valid until estream_batch_free. */

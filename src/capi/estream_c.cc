@@ -4,6 +4,7 @@
 #include "estream/estream.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -23,6 +24,9 @@ struct estream_model {
   std::string tokenizer_error;                        // why not
   mutable std::mutex mu;
   estream::frontend::CallStats last;  // GUARDED_BY(mu)
+  // Raised by estream_model_cancel; a run stops when it differs from the value it began with.
+  std::atomic<uint64_t> cancels{0};
+  static_assert(std::atomic<uint64_t>::is_always_lock_free, "estream_model_cancel must be async-signal-safe");
 };
 
 struct estream_batch {
@@ -145,10 +149,14 @@ std::vector<int32_t> Ids(const estream_tokens& t) {
   return std::vector<int32_t>(t.ids, t.ids + t.n);
 }
 
-// Runs `requests` on the model, timing the call and recording it as the model's last stats.
+// Runs `requests` on the model, timing the call and recording it as the model's last stats. An
+// estream_model_cancel from now on stops it at the engine's next layer (unfinished requests:
+// Cancelled); one that came before does not.
 std::vector<Result<Response>> RunAndRecord(estream_model* m, const std::vector<Request>& requests, CallStats* total) {
+  const uint64_t cancels = m->cancels.load(std::memory_order_relaxed);
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Result<Response>> results = m->engine->RunBatch(requests);
+  std::vector<Result<Response>> results = m->engine->RunBatch(
+      requests, 0, [m, cancels] { return m->cancels.load(std::memory_order_relaxed) != cancels; });
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CallStats s = estream::frontend::Summarize(results, wall);
   {
@@ -399,6 +407,10 @@ int estream_run_batch(estream_model* model, const estream_request* requests, siz
     *batch = b.release();
     return static_cast<int>(ESTREAM_OK);
   });
+}
+
+void estream_model_cancel(estream_model* model) {
+  if (model != nullptr) model->cancels.fetch_add(1, std::memory_order_relaxed);
 }
 
 void estream_batch_free(estream_batch* batch) { delete batch; }
