@@ -382,6 +382,48 @@ TEST(Scheduler, ALongBatchWaitsLongerForTheClientsItAnswered) {
   }
 }
 
+// Bursts: after a batch that ran ~0.5 s the worker is idle; jobs then arriving one after another,
+// each well within the gap of the one before, form one batch (the gap is large here so that a
+// slow test machine cannot split them); with no gap the first of them starts alone.
+TEST(Scheduler, ABurstAtAnIdleServerFormsOneBatch) {
+  for (const double gap : {0.2, 0.0}) {
+    SCOPED_TRACE(gap);
+    GatedRunner g;
+    Scheduler s(g.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_share = 1.0,
+                             .gather_gap_seconds = gap});
+    GatedRunner::OpenOnExit open{&g};
+    auto first = MakeJob(5);
+    ASSERT_EQ(s.Submit(first), Scheduler::Admit::kOk);
+    g.WaitStarted(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    g.Release();
+    ASSERT_TRUE(first->WaitFor(std::chrono::seconds(10)));
+    std::vector<std::shared_ptr<Job>> burst;
+    for (int64_t n = 10; n < 14; ++n) {
+      burst.push_back(MakeJob(n));
+      ASSERT_EQ(s.Submit(burst.back()), Scheduler::Admit::kOk);
+      if (gap == 0 && n == 10) g.WaitStarted(2);  // [10] alone, at once
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    g.WaitStarted(2);
+    g.Release();
+    if (gap == 0) {
+      g.WaitStarted(3);
+      g.Release();
+    }
+    for (auto& j : burst) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+    std::lock_guard<std::mutex> l(g.mu);
+    if (gap > 0) {
+      ASSERT_EQ(g.batches.size(), 2u);
+      EXPECT_EQ(g.batches[1], (std::vector<int64_t>{10, 11, 12, 13}));
+    } else {
+      ASSERT_EQ(g.batches.size(), 3u);
+      EXPECT_EQ(g.batches[1], (std::vector<int64_t>{10}));
+      EXPECT_EQ(g.batches[2], (std::vector<int64_t>{11, 12, 13}));
+    }
+  }
+}
+
 TEST(Scheduler, ALoneClientIsNeverDelayedByTheLinger) {
   FakeRunner fake;
   Scheduler s(fake.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_seconds = 60});

@@ -169,6 +169,10 @@ void Scheduler::WorkerLoop() {
   size_t last_jobs = 0;      // jobs of the last batch (0: none yet)
   size_t queued_at_end = 0;  // jobs that were queued when the last batch's engine run returned
   double linger = 0;         // how long to wait after the last batch (see "Linger" in scheduler.h)
+  double gather = 0;         // longest wait for a burst (see "Bursts" in scheduler.h)
+  auto after = [](std::chrono::steady_clock::time_point t, double seconds) {
+    return t + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  };
   for (;;) {
     std::vector<std::shared_ptr<Job>> batch;
     {
@@ -177,12 +181,17 @@ void Scheduler::WorkerLoop() {
         cv_.wait(l, [&] { return quit_ || !queue_.empty(); });
         if (queue_.empty()) return;  // quit_
         if (last_jobs > 1 && linger > 0) {
-          const auto until = last_end + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                            std::chrono::duration<double>(linger));
-          cv_.wait_until(l, until, [&] {
+          cv_.wait_until(l, after(last_end, linger), [&] {
             return quit_ || queue_.size() >= last_jobs + queued_at_end ||
                    queue_.queued_tokens() >= options_.max_batch_tokens;
           });
+        } else if (gather > 0 && options_.gather_gap_seconds > 0) {
+          const auto until = after(std::chrono::steady_clock::now(), gather);
+          for (size_t seen = queue_.size(); !quit_ && queue_.queued_tokens() < options_.max_batch_tokens;
+               seen = queue_.size()) {
+            const auto gap_end = std::min(until, after(std::chrono::steady_clock::now(), options_.gather_gap_seconds));
+            if (!cv_.wait_until(l, gap_end, [&] { return quit_ || queue_.size() != seen; })) break;  // quiet
+          }
         }
         if (!queue_.empty()) break;  // else every queued job was cancelled while lingering
       }
@@ -242,6 +251,7 @@ void Scheduler::WorkerLoop() {
     last_end = std::chrono::steady_clock::now();
     last_jobs = batch.size();
     linger = std::max(options_.linger_seconds, options_.linger_share * seconds);
+    gather = options_.linger_share * seconds;
     {
       std::lock_guard<std::mutex> l(mu_);
       const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;

@@ -75,13 +75,15 @@ class ServeCommand : public Command {
     sub->add_option("--batch-linger", o_.scheduler.linger_seconds, "after a batch of N requests, with M waiting when "
                     "it ended, seconds to wait (from its end) for N + M requests to be queued before the next batch "
                     "starts, so that clients answered together are batched together and with those that waited "
-                    "(default 0.02, or --batch-linger-share of that batch's run time if longer; one client is never "
-                    "delayed)")
+                    "(default 0.02, or --batch-linger-share of that batch's run time if longer; a batch of one "
+                    "request never lingers)")
         ->check(SecondsCheck());
     sub->add_option("--batch-linger-share", o_.scheduler.linger_share, "the linger is at least this share of the last "
                     "batch's run time (default 0.01: a 60 s batch waits up to 0.6 s for the clients it answered, each "
-                    "of whom would otherwise cost a pass of its own; --batch-linger 0 --batch-linger-share 0: never "
-                    "wait)")
+                    "of whom would otherwise cost a pass of its own). It also bounds the wait for a burst: with the "
+                    "server idle, a batch starts once requests stop arriving for 2 ms, at most this share of the last "
+                    "batch's run time after the first (a lone client waits those 2 ms), so that requests sent together "
+                    "share one pass. --batch-linger 0 --batch-linger-share 0: never wait")
         ->check(ShareCheck());
     sub->add_option("--timeout", o_.timeout_seconds, "seconds a request may take before it gets 504 (default 0: none)")
         ->check(SecondsCheck());
