@@ -384,44 +384,56 @@ TEST(Scheduler, ALongBatchWaitsLongerForTheClientsItAnswered) {
 
 // Bursts: after a batch that ran ~0.5 s the worker is idle; jobs then arriving one after another,
 // each well within the gap of the one before, form one batch (the gap is large here so that a
-// slow test machine cannot split them); with no gap the first of them starts alone.
+// slow test machine cannot split them); with no gap the first of them starts alone. Idle after a
+// batch of one job, and after one of two jobs once its linger (0.5 s) has passed.
 TEST(Scheduler, ABurstAtAnIdleServerFormsOneBatch) {
-  for (const double gap : {0.2, 0.0}) {
-    SCOPED_TRACE(gap);
-    GatedRunner g;
-    Scheduler s(g.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_share = 1.0,
-                             .gather_gap_seconds = gap});
-    GatedRunner::OpenOnExit open{&g};
-    auto first = MakeJob(5);
-    ASSERT_EQ(s.Submit(first), Scheduler::Admit::kOk);
-    g.WaitStarted(1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    g.Release();
-    ASSERT_TRUE(first->WaitFor(std::chrono::seconds(10)));
-    std::vector<std::shared_ptr<Job>> burst;
-    for (int64_t n = 10; n < 14; ++n) {
-      burst.push_back(MakeJob(n));
-      ASSERT_EQ(s.Submit(burst.back()), Scheduler::Admit::kOk);
-      if (gap == 0 && n == 10) g.WaitStarted(2);  // [10] alone, at once
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    g.WaitStarted(2);
-    g.Release();
-    if (gap == 0) {
-      g.WaitStarted(3);
+  for (const double gap : {0.2, 0.0})
+    for (const int before : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "gap " << gap << ", last batch of " << before);
+      GatedRunner g;
+      Scheduler s(g.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 0, .linger_share = 1.0,
+                               .gather_gap_seconds = gap});
+      GatedRunner::OpenOnExit open{&g};
+      std::vector<std::shared_ptr<Job>> first = {MakeJob(5)};
+      ASSERT_EQ(s.Submit(first[0]), Scheduler::Admit::kOk);
+      g.WaitStarted(1);
+      if (before == 2) {  // [5] runs while [6, 7] queue: [6, 7] is the batch before the burst
+        for (int64_t n : {6, 7}) {
+          first.push_back(MakeJob(n));
+          ASSERT_EQ(s.Submit(first.back()), Scheduler::Admit::kOk);
+        }
+        g.Release();
+        g.WaitStarted(2);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
       g.Release();
+      for (auto& j : first) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+      if (before == 2) std::this_thread::sleep_for(std::chrono::milliseconds(700));  // past the linger
+      const int b = g.Started();
+      std::vector<std::shared_ptr<Job>> burst;
+      for (int64_t n = 10; n < 14; ++n) {
+        burst.push_back(MakeJob(n));
+        ASSERT_EQ(s.Submit(burst.back()), Scheduler::Admit::kOk);
+        if (gap == 0 && n == 10) g.WaitStarted(b + 1);  // [10] alone, at once
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      g.WaitStarted(b + 1);
+      g.Release();
+      if (gap == 0) {
+        g.WaitStarted(b + 2);
+        g.Release();
+      }
+      for (auto& j : burst) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
+      std::lock_guard<std::mutex> l(g.mu);
+      if (gap > 0) {
+        ASSERT_EQ(g.batches.size(), static_cast<size_t>(b + 1));
+        EXPECT_EQ(g.batches[b], (std::vector<int64_t>{10, 11, 12, 13}));
+      } else {
+        ASSERT_EQ(g.batches.size(), static_cast<size_t>(b + 2));
+        EXPECT_EQ(g.batches[b], (std::vector<int64_t>{10}));
+        EXPECT_EQ(g.batches[b + 1], (std::vector<int64_t>{11, 12, 13}));
+      }
     }
-    for (auto& j : burst) ASSERT_TRUE(j->WaitFor(std::chrono::seconds(10)));
-    std::lock_guard<std::mutex> l(g.mu);
-    if (gap > 0) {
-      ASSERT_EQ(g.batches.size(), 2u);
-      EXPECT_EQ(g.batches[1], (std::vector<int64_t>{10, 11, 12, 13}));
-    } else {
-      ASSERT_EQ(g.batches.size(), 3u);
-      EXPECT_EQ(g.batches[1], (std::vector<int64_t>{10}));
-      EXPECT_EQ(g.batches[2], (std::vector<int64_t>{11, 12, 13}));
-    }
-  }
 }
 
 TEST(Scheduler, ALoneClientIsNeverDelayedByTheLinger) {

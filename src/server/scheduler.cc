@@ -180,12 +180,12 @@ void Scheduler::WorkerLoop() {
       for (;;) {
         cv_.wait(l, [&] { return quit_ || !queue_.empty(); });
         if (queue_.empty()) return;  // quit_
-        if (last_jobs > 1 && linger > 0) {
+        if (last_jobs > 1 && linger > 0 && std::chrono::steady_clock::now() < after(last_end, linger)) {
           cv_.wait_until(l, after(last_end, linger), [&] {
             return quit_ || queue_.size() >= last_jobs + queued_at_end ||
                    queue_.queued_tokens() >= options_.max_batch_tokens;
           });
-        } else if (gather > 0 && options_.gather_gap_seconds > 0) {
+        } else if (gather > 0 && options_.gather_gap_seconds > 0) {  // idle: a burst may be arriving
           const auto until = after(std::chrono::steady_clock::now(), gather);
           for (size_t seen = queue_.size(); !quit_ && queue_.queued_tokens() < options_.max_batch_tokens;
                seen = queue_.size()) {

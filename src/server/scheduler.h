@@ -44,8 +44,8 @@
 // whoever arrived first, the rest queue behind it) stay split for ever: each half's batch starts
 // as soon as the other's ends, and under a budget every half re-reads every expert. A
 // server that was idle for the linger, or one whose clients are all back, starts at once.
-// Bursts: a server that is idle (or whose last batch was one job) when requests come takes the
-// first of them alone unless it waits: 64 clients starting together, or one sending 64 requests
+// Bursts: a server that is idle (past the linger, or after a batch of one job) when requests come
+// takes the first of them alone unless it waits: 64 clients starting together, or one sending 64 requests
 // at once, split into a pass of the first few and a pass of the rest, and under a budget each
 // pass reads every expert. So before such a batch the worker waits while jobs keep arriving, each
 // within gather_gap_seconds of the one before, for at most linger_share x the last batch's run
