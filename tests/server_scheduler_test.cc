@@ -559,20 +559,26 @@ struct EndlessRunner {
 };
 
 // A running batch whose clients have all given up stops (the engine turns to the queue); one job
-// cancelled of two keeps it running.
+// cancelled of two keeps it running. A first batch [z] holds the worker while a and b queue, so
+// that they share the second batch (submitted to an idle worker, a could start alone).
 TEST(Scheduler, ARunningBatchStopsWhenAllItsJobsAreCancelled) {
   EndlessRunner endless;
   Scheduler s(endless.Runner(), {.max_batch_tokens = 100, .max_queue = 10, .aging_seconds = 1});
-  auto a = MakeJob(5), b = MakeJob(5);
+  auto z = MakeJob(5), a = MakeJob(5), b = MakeJob(5);
+  ASSERT_EQ(s.Submit(z), Scheduler::Admit::kOk);
+  while (endless.started.load() == 0) std::this_thread::yield();
   ASSERT_EQ(s.Submit(a), Scheduler::Admit::kOk);
   ASSERT_EQ(s.Submit(b), Scheduler::Admit::kOk);
-  while (endless.started.load() == 0) std::this_thread::yield();
+  s.Cancel(z);
+  ASSERT_TRUE(z->WaitFor(std::chrono::seconds(10)));
+  while (endless.started.load() < 2) std::this_thread::yield();
   s.Cancel(a);
   EXPECT_FALSE(a->WaitFor(std::chrono::milliseconds(100)));  // b still wants the batch
   s.Cancel(b);
   ASSERT_TRUE(a->WaitFor(std::chrono::seconds(10)));
   ASSERT_TRUE(b->WaitFor(std::chrono::seconds(10)));
-  EXPECT_EQ(endless.interrupted.load(), 1);
+  EXPECT_EQ(endless.started.load(), 2);
+  EXPECT_EQ(endless.interrupted.load(), 2);
   ASSERT_EQ(b->results.size(), 1u);
   EXPECT_EQ(b->results[0].status().code(), StatusCode::kCancelled);
 }
