@@ -51,10 +51,7 @@ class ServerEngine : public ::testing::Test {
     o.scheduler.max_queue = 64;
     server_ = new Server(o);
     ASSERT_TRUE(server_->Start().ok());
-    Engine* eng = engine_;
-    server_->SetBackend(
-        [eng](std::span<const Request> r, const std::function<bool()>& stop) { return eng->RunBatch(r, 0, stop); },
-        engine_->info(), tok_, "tiny", engine_->pass_tokens());
+    server_->SetBackend(EngineRunner(engine_), engine_->info(), tok_, "tiny", engine_->pass_tokens());
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -305,10 +302,7 @@ TEST_F(ServerEngine, TokenizeRepliesAreBoundedByTheReplyMemory) {
   o.reply_memory_bytes = 64 * 1024;
   Server small(o);
   ASSERT_TRUE(small.Start().ok());
-  Engine* eng = engine_;
-  small.SetBackend(
-      [eng](std::span<const Request> r, const std::function<bool()>& stop) { return eng->RunBatch(r, 0, stop); },
-      engine_->info(), tok_, "tiny", engine_->pass_tokens());
+  small.SetBackend(EngineRunner(engine_), engine_->info(), tok_, "tiny", engine_->pass_tokens());
   const std::string content = json(text.substr(0, 8192)).dump();
   auto pieces = Post(small.port(), "/tokenize", R"({"content": )" + content + R"(, "with_pieces": true})");
   EXPECT_EQ(pieces.status, 413) << pieces.body.substr(0, 300);

@@ -78,6 +78,14 @@ struct ServerOptions {
                                     // alternatives); `estream serve` passes the engine's -t
 };
 
+// The engine as a Server's BatchRunner: Engine::RunBatch, stopped by the scheduler's
+// `interrupted` at the engine's next layer. `engine` must outlive the Server.
+inline BatchRunner EngineRunner(Engine* engine) {
+  return [engine](std::span<const Request> reqs, const std::function<bool()>& interrupted) {
+    return engine->RunBatch(reqs, 0, interrupted);
+  };
+}
+
 class Server {
  public:
   explicit Server(ServerOptions options);

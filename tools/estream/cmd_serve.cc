@@ -182,12 +182,10 @@ class ServeCommand : public Command {
       return engine_or.status();
     }
     std::unique_ptr<Engine> engine = std::move(engine_or).value();
-    Engine* e = engine.get();
     std::string id = alias_;
     if (id.empty()) id = model_.substr(model_.find_last_of('/') == std::string::npos ? 0 : model_.find_last_of('/') + 1);
-    server.SetBackend([e](std::span<const Request> reqs,
-                         const std::function<bool()>& interrupted) { return e->RunBatch(reqs, 0, interrupted); },
-                      engine->info(), tokenizer.get(), id, engine->pass_tokens());
+    server.SetBackend(estream::server::EngineRunner(engine.get()), engine->info(), tokenizer.get(), id,
+                      engine->pass_tokens());
     state = kLoaded;
     std::fprintf(stderr, "estream serve: ready: %s, %d threads, batches of up to %lld tokens, queue %d%s\n", id.c_str(),
                  engine->n_threads(), static_cast<long long>(server.options().scheduler.max_batch_tokens),
