@@ -43,14 +43,15 @@
 // Without the m, closed-loop clients that split once into two halves (the first batch takes
 // whoever arrived first, the rest queue behind it) stay split for ever: each half's batch starts
 // as soon as the other's ends, and under a budget every half re-reads every expert. A
-// server that was idle for the linger, or one whose clients are all back, starts at once.
-// Bursts: a server that is idle (past the linger, or after a batch of one job) when requests come
-// takes the first of them alone unless it waits: 64 clients starting together, or one sending 64 requests
-// at once, split into a pass of the first few and a pass of the rest, and under a budget each
-// pass reads every expert. So before such a batch the worker waits while jobs keep arriving, each
-// within gather_gap_seconds of the one before, for at most linger_share x the last batch's run
-// time (a lone client's request waits one gap, at most that share: 2 ms of a budgeted
-// request's seconds; nothing before the first batch, whose length is unknown).
+// server whose clients are all back stops lingering at once; one idle past the linger gathers a
+// burst instead (below).
+// Bursts: a server that is idle (past the linger, or after a batch of one job) would take the
+// first request that comes alone: 64 clients starting together, or one client sending 64 requests
+// at once, would split into a pass of the first few and a pass of the rest, and under a budget
+// each pass reads every expert. So before such a batch the worker waits while jobs keep arriving,
+// each within gather_gap_seconds of the one before, for at most linger_share x the last batch's
+// run time (nothing before the first batch, whose length is unknown). A lone client's request
+// waits one gap (2 ms by default, against a budgeted request's seconds).
 // Completion is signalled per job (Job::Wait*); a handler that gives up (client gone, timeout)
 // calls Cancel: a queued job is removed at once; a running one's result is dropped, and once every
 // job of the running batch is cancelled the batch itself stops at the engine's next layer (the
