@@ -12,7 +12,9 @@
 //     One MoE layer of a synthetic 1-layer model of the preset (Q4_0, repacked): routes from its
 //     router on a fixed prompt; the previous path (ref::ExpertsBatched) and the fused one
 //     (model::FusedExperts) alternated in the same run, median wall time of each; --baseline 0
-//     skips the previous path (its column then reads 0).
+//     skips the previous path (its column then reads 0). --window W also times the fused path
+//     with passes of W routes (model::FusedExperts(W); the default path's window is
+//     model::kFusedRouteWindow), alternated with the others: columns window, window_ms.
 // Threads: OMP_NUM_THREADS (default: all CPUs).
 #include <omp.h>
 #include <time.h>
@@ -134,7 +136,7 @@ int Expert(const std::vector<std::string>& shapes, const std::vector<int64_t>& r
   return 0;
 }
 
-int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int reps, bool baseline) {
+int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int reps, bool baseline, int64_t window) {
   const int nth = omp_get_max_threads();
   const std::string path = "/tmp/moe_bench_" + preset + ".gguf";
   auto synth = synth::SynthModel::Create({.preset = preset, .layers = 1, .vocab = 512, .type = QuantType::kQ4_0});
@@ -149,18 +151,20 @@ int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int rep
     return 1;
   }
   const model::ModelConfig& c = (*model)->config();
-  std::printf("preset,T,threads,routes,batched_ms,fused_ms,speedup,fused_gops,fused_pct_peak\n");
+  std::printf("preset,T,threads,routes,batched_ms,fused_ms,speedup,fused_gops,fused_pct_peak,window,window_ms\n");
   for (int64_t T : tokens) {
     std::vector<int32_t> ids(T);
     for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>((t * 131 + 7) % c.n_vocab);
     model::Workspace ws;
-    model::FusedExperts fused;
-    if (!ws.Reserve(**model, T, nth).ok() || !fused.Reserve(**model, T, nth).ok()) return 1;
+    model::FusedExperts fused, windowed(window > 0 ? window : model::kFusedRouteWindow);
+    if (!ws.Reserve(**model, T, nth).ok() || !fused.Reserve(**model, T, nth).ok() ||
+        (window > 0 && !windowed.Reserve(**model, T, nth).ok()))
+      return 1;
     model::EmbedTokens(**model, ids.data(), T, ws.x.get());
     model::AttentionBlock(**model, 0, T, &ws);
     model::RouteBlock(**model, 0, T, &ws);
     std::vector<float> x0(ws.x.get(), ws.x.get() + T * c.n_embd);
-    std::vector<double> tb, tf;
+    std::vector<double> tb, tf, tw;
     for (int r = 0; r < reps + 1; ++r) {
       std::copy(x0.begin(), x0.end(), ws.x.get());
       double t0 = Now();
@@ -170,13 +174,17 @@ int Layer(const std::string& preset, const std::vector<int64_t>& tokens, int rep
       t0 = Now();
       if (!fused.Run(**model, 0, T, &ws).ok()) return 1;
       const double f = Now() - t0;
-      if (r > 0) tb.push_back(b), tf.push_back(f);  // the first round warms up
+      std::copy(x0.begin(), x0.end(), ws.x.get());
+      t0 = Now();
+      if (window > 0 && !windowed.Run(**model, 0, T, &ws).ok()) return 1;
+      const double w = Now() - t0;
+      if (r > 0) tb.push_back(b), tf.push_back(f), tw.push_back(w);  // the first round warms up
     }
     const double ops = 6.0 * c.n_embd * c.n_ff_expert * T * c.n_expert_used;
     const double mb = Median(tb), mf = Median(tf);
-    std::printf("%s,%lld,%d,%lld,%.2f,%.2f,%.3f,%.1f,%.1f\n", preset.c_str(), (long long)T, nth,
+    std::printf("%s,%lld,%d,%lld,%.2f,%.2f,%.3f,%.1f,%.1f,%lld,%.2f\n", preset.c_str(), (long long)T, nth,
                 (long long)(T * c.n_expert_used), mb * 1e3, mf * 1e3, mb / mf, ops / mf / 1e9,
-                100 * ops / mf / 1e9 / (nth * PeakPerCore()));
+                100 * ops / mf / 1e9 / (nth * PeakPerCore()), (long long)window, Median(tw) * 1e3);
     std::fflush(stdout);
   }
   return 0;
@@ -191,6 +199,7 @@ int main(int argc, char** argv) {
               tokens = "512,1024";
   int reps = 5;
   bool baseline = true;
+  int64_t window = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--shapes") shapes = v;
@@ -199,6 +208,7 @@ int main(int argc, char** argv) {
     else if (k == "--preset") preset = v;
     else if (k == "--tokens") tokens = v;
     else if (k == "--baseline") baseline = v != "0";
+    else if (k == "--window") window = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "moe_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -210,7 +220,7 @@ int main(int argc, char** argv) {
     return v;
   };
   if (mode == "expert") return estream::Expert(estream::Split(shapes), ints(routes), std::max(1, reps));
-  if (mode == "layer") return estream::Layer(preset, ints(tokens), std::max(1, reps), baseline);
+  if (mode == "layer") return estream::Layer(preset, ints(tokens), std::max(1, reps), baseline, window);
   std::fprintf(stderr, "usage: moe_bench expert|layer [options] (see the file comment)\n");
   return 2;
 }

@@ -50,7 +50,7 @@ TEST_P(ExpertPaths, BatchedEqualsGrouped) {
     int64_t most = 0;
     for (int e = 0; e < c.n_expert; ++e) most = std::max(most, a.expert_begin[e + 1] - a.expert_begin[e]);
     EXPECT_GT(most, model::kExpertChunkRows);
-    EXPECT_GT(T * c.n_expert_used, model::kRouteWindow);
+    EXPECT_GT(T * c.n_expert_used, ref::kRouteWindow);
 
     ref::ExpertsGrouped((*model)->layers()[0].experts, c, T, &a);
     ref::ExpertsBatched((*model)->layers()[0].experts, c, T, &b);

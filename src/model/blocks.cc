@@ -118,16 +118,9 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
   // Round up so that slowly growing prompts do not reallocate every time.
   const int64_t T = std::max<int64_t>(n_tokens, std::min<int64_t>(c.n_ctx, (capacity_ * 3) / 2));
   const int64_t C = std::min<int64_t>(kExpertChunkRows, T);
-  const int64_t W = std::min<int64_t>(kRouteWindow, T * c.n_expert_used);
   const int64_t d = c.n_embd, k = c.n_expert_used, ff = c.n_ff_expert;
   // The chunk buffers also serve the dense FFNs (ffn.h), which may be wider than an expert.
   const int64_t ffw = std::max<int64_t>({ff, c.n_ff, c.n_ff_shexp});
-  bool float_in = false, float_down = false;
-  for (const LayerWeights& L : model.layers())
-    for (int e = 0; e < c.n_expert && L.moe; ++e) {
-      float_in = float_in || !IsQuantized(L.experts.gate[e].type) || !IsQuantized(L.experts.up[e].type);
-      float_down = float_down || !IsQuantized(L.experts.down[e].type);
-    }
   Workspace w;
   const bool ok = Grow(&w.x, T * d) && Grow(&w.acc, T * d) && Grow(&w.xn, T * d) && Grow(&w.xq, T * (d / kQK8A)) &&
                   Grow(&w.q, T * c.q_dim()) && Grow(&w.k, T * c.kv_dim()) && Grow(&w.v, T * c.kv_dim()) &&
@@ -136,9 +129,6 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
                   Grow(&w.route_w, T * k) && Grow(&w.gx, C * d) && Grow(&w.gxq, C * (d / kQK8A)) &&
                   Grow(&w.gate, C * ffw) && Grow(&w.up, C * ffw) && Grow(&w.hq, C * (ffw / kQK8A)) &&
                   Grow(&w.mla, std::max<int64_t>(1, T * MlaScratchFloats(c))) &&
-                  Grow(&w.wxq, W * (d / kQK8A)) && Grow(&w.wx, float_in ? W * d : 1) &&
-                  Grow(&w.whq, W * (ff / kQK8A)) && Grow(&w.whf, float_down ? W * ff : 1) &&
-                  Grow(&w.tiles, int64_t{n_threads} * 3 * C * std::max(kFfBlock, kEmbdBlock)) &&
                   Grow(&w.tree_k, T * c.kv_dim()) && Grow(&w.tree_v, T * c.kv_dim());
   const bool ok_conv = !c.has_conv_layers() || Grow(&w.bcx, T * 3 * d);
   if (!ok || !ok_conv) {

@@ -24,13 +24,12 @@ namespace estream::model {
 
 // Routed rows processed per expert GEMM chunk: bounds the expert scratch whatever the skew.
 constexpr int64_t kExpertChunkRows = 512;
-// Routes processed per window of the batched expert path (experts.h): bounds its gathered input
-// and SwiGLU output buffers to O(kRouteWindow x (n_embd + n_ff)).
-constexpr int64_t kRouteWindow = 2048;
-// Column blocks of the batched expert path's work items (multiples of 32: Q8A blocks, and of the
-// kernels' 16-row panels).
-constexpr int64_t kFfBlock = 256;
-constexpr int64_t kEmbdBlock = 128;
+// Routes per pass of the resident engine's fused expert operator (experts.h): one pass a layer
+// up to 8192 tokens x 8 experts. Fewer passes mean fewer barriers and each pass's down items
+// spread over every route (measured, docs/PERFORMANCE.md "One operator pass per layer"); the
+// cost is the pass's SwiGLU output, 40 bytes per 32 of n_ff per route (60 MiB for Qwen3-30B-A3B,
+// 80 MiB for OLMoE-1B-7B at 65,536 routes).
+constexpr int64_t kFusedRouteWindow = 65536;
 
 // Activation buffers, grown on demand and reused by every request (no allocation per layer).
 class Workspace {
@@ -67,12 +66,6 @@ class Workspace {
   AlignedPtr<float> gate;           // [C x n_ff] gate, then SwiGLU output
   AlignedPtr<float> up;             // [C x n_ff]
   AlignedPtr<BlockQ8A> hq;          // [C x n_ff/32]
-  // The batched expert path (W = kRouteWindow routes):
-  AlignedPtr<BlockQ8A> wxq;         // [W x d/32] gathered Q8A rows
-  AlignedPtr<float> wx;             // [W x d] gathered float rows (only if some gate/up is float)
-  AlignedPtr<BlockQ8A> whq;         // [W x n_ff/32] SwiGLU output, Q8A (quantised down)
-  AlignedPtr<float> whf;            // [W x n_ff] SwiGLU output, float (only if some down is float)
-  AlignedPtr<float> tiles;          // per thread: 3 tiles of [C x max(kFfBlock, kEmbdBlock)]
   // Tree attention (SeqSpan::ctx_len > 0): one continuation's context keys then its own keys.
   AlignedPtr<float> tree_k;         // [T x kv_dim]
   AlignedPtr<float> tree_v;         // [T x kv_dim]

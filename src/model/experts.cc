@@ -23,9 +23,9 @@ Status FusedExperts::Reserve(const Model& model, int64_t n_tokens, int n_threads
   if (grow) plans_.clear();
   const int64_t max_tokens = std::max(n_tokens, max_tokens_);
   const int threads = std::max(n_threads, n_threads_);
-  // Routes per pass: all of a prompt's routes up to kRouteWindow (the gathered rows and the
-  // SwiGLU output of a pass: O(C x (n_embd + n_ff)) bytes).
-  const int64_t capacity = std::min<int64_t>(kRouteWindow, max_tokens * c.n_expert_used);
+  // Routes per pass: all of a prompt's routes up to the window (the SwiGLU output of a pass:
+  // C x n_ff / 32 Q8A blocks).
+  const int64_t capacity = std::min<int64_t>(route_window_, max_tokens * c.n_expert_used);
   for (const LayerWeights& l : model.layers()) {
     const ExpertWeights& e = l.experts;
     if (e.gate.empty() || e.gate[0].data == nullptr) continue;

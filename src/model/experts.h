@@ -22,6 +22,11 @@ namespace estream::model {
 // Ownership: owns its plans; borrows the Model and Workspace per call. One call at a time.
 class FusedExperts {
  public:
+  // route_window: the routes of one operator pass (the plan's capacity; its SwiGLU buffer holds
+  // that many rows). The default, kFusedRouteWindow, runs a layer of up to 8192 tokens of 8
+  // experts in one pass; tests pass smaller windows to cover the split into passes.
+  explicit FusedExperts(int64_t route_window = kFusedRouteWindow) : route_window_(route_window) {}
+
   // Builds (or keeps) the plans for prompts of up to n_tokens with up to n_threads threads.
   // No allocation when the current plans already cover (n_tokens, n_threads) and every layer's
   // shape class. Layers without expert views (a streamed packed model) are skipped.
@@ -34,6 +39,7 @@ class FusedExperts {
   moe::ExpertPlan* PlanFor(const moe::ExpertShape& s);
   std::vector<moe::ExpertPlan> plans_;
   std::vector<moe::SlotBinding> bindings_;  // [n_expert], refilled per layer (no allocation)
+  int64_t route_window_;
   int64_t max_tokens_ = 0;
   int n_threads_ = 0;
 };

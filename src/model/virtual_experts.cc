@@ -40,15 +40,11 @@ kernels::WeightView ShapeView(const io::PackedLayerInfo& li, io::ExpertPart part
 uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, bool float_experts) {
   const uint64_t T = static_cast<uint64_t>(n_tokens), d = c.n_embd, ff = c.n_ff_expert, k = c.n_expert_used;
   const uint64_t C = std::min<uint64_t>(kExpertChunkRows, T);
-  const uint64_t W = std::min<uint64_t>(kRouteWindow, T * k);
   const uint64_t q8 = sizeof(BlockQ8A);
   // Workspace::Reserve (blocks.cc), every buffer (x and xn fp32, acc fp64, ...):
   uint64_t b = T * d * 4 * 2 + T * d * 8 + T * (d / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
                T * c.n_expert * 4 + T * k * 4 * 4 + C * d * 4 + C * (d / 32) * q8 + C * ff * 4 * 2 +
-               C * (ff / 32) * q8 + W * (d / 32) * q8 + W * (ff / 32) * q8 +
-               static_cast<uint64_t>(n_threads) * 3 * C * std::max(kFfBlock, kEmbdBlock) * 4 +
-               T * c.kv_dim() * 4 * 2;  // tree_k, tree_v (shared-prefix candidates)
-  if (float_experts) b += W * d * 4 + W * ff * 4;
+               C * (ff / 32) * q8 + T * c.kv_dim() * 4 * 2;  // tree_k, tree_v (shared-prefix candidates)
   // Dense FFNs wider than an expert (ffn.h) widen the chunk buffers; the MLA scratch (mla.h).
   const uint64_t ffw = std::max<uint64_t>({ff, static_cast<uint64_t>(c.n_ff), static_cast<uint64_t>(c.n_ff_shexp)});
   b += (C * (ffw - ff) * 4 * 2 + C * ((ffw - ff) / 32) * q8) + T * static_cast<uint64_t>(MlaScratchFloats(c)) * 4;
@@ -66,10 +62,12 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   b += static_cast<uint64_t>(n_threads) * kernels::GemmAddTileBytes(d);
   // The bf16 attention's K and V, converted for a few kv heads at a time (kernels.h).
   b += kernels::AttentionKvBytes(c.head_dim, c.n_head, c.n_head_kv, n_tokens, n_threads);
-  // The fused operator's plan (expert_op.h): gathered Q8A rows and SwiGLU output of a pass of
-  // up to W routes (floats too for float experts), per-thread tiles.
-  b += W * (d / 32) * q8 + W * (ff / 32) * q8 + static_cast<uint64_t>(n_threads) * 3 * 512 * 256 * 4;
-  if (float_experts) b += W * d * 4 + W * ff * 4;
+  // The fused operator's plan (expert_op.h): the SwiGLU output of a pass of up to Wf routes
+  // (Q8A; floats too for float experts), per thread the gathered rows of one unit (128 routes)
+  // and the gate, up and down tiles.
+  const uint64_t Wf = std::min<uint64_t>(kFusedRouteWindow, T * k), th = static_cast<uint64_t>(n_threads);
+  b += Wf * (ff / 32) * q8 + th * 128 * (d / 32) * q8 + th * 3 * 512 * 256 * 4;
+  if (float_experts) b += Wf * ff * 4 + th * 128 * d * 4;
   // The group route CSR of this file.
   b += T * k * 8 + (c.n_expert + 1) * 8;
   return b;
@@ -138,7 +136,7 @@ Result<std::unique_ptr<VirtualExperts>> VirtualExperts::Open(Model* model, const
     bool have = false;
     for (const moe::ExpertPlan& p : v->plans_) have = have || p.shape() == shape;
     if (have) continue;
-    ESTREAM_ASSIGN_OR_RETURN(moe::ExpertPlan plan, moe::ExpertPlan::Create(shape, std::min<int64_t>(kRouteWindow, cap),
+    ESTREAM_ASSIGN_OR_RETURN(moe::ExpertPlan plan, moe::ExpertPlan::Create(shape, std::min<int64_t>(kFusedRouteWindow, cap),
                                                                            v->config_.budget_tokens, options.n_threads));
     v->plans_.push_back(std::move(plan));
   }

@@ -82,8 +82,8 @@ Result<ExpertPlan> ExpertPlan::Create(const ExpertShape& shape, int64_t capacity
     ok = ok && ptr != nullptr;
     ++p.allocations_;
   };
-  if (p.quant_in_) alloc(p.gxq_, C * (d / kQK8A));
-  if (p.float_in_) alloc(p.gx_, C * d);
+  if (p.quant_in_) alloc(p.gxq_, n_threads * p.row_tile_ * (d / kQK8A));
+  if (p.float_in_) alloc(p.gx_, n_threads * p.row_tile_ * d);
   if (p.quant_hidden_) alloc(p.hq_, C * (ff / kQK8A));
   if (p.float_hidden_) alloc(p.hf_, C * ff);
   alloc(p.tiles_, n_threads * p.tile_elems_);
@@ -177,30 +177,33 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
 
 #pragma omp parallel num_threads(nth)
     {
-      float* tg = tiles_.get() + omp_get_thread_num() * tile_elems;
+      const int me = omp_get_thread_num();
+      float* tg = tiles_.get() + me * tile_elems;
       float* tu = tg + rt * ff_tile_;
       float* td = tu + rt * ff_tile_;
+      BlockQ8A* my_xq = quant_in ? gxq + me * rt * d_blocks : nullptr;
+      float* my_x = float_in ? gx + me * rt * d : nullptr;
+      int64_t gathered = -1;  // the unit whose rows my_xq / my_x hold
 
-      // 1. Gather the routed rows of the pass.
-#pragma omp for schedule(static)
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = inv.route_token[r];
-        ESTREAM_DCHECK(t >= 0 && t < inv.n_tokens, "ExpertPlan: route token out of range");
-        if (quant_in) std::memcpy(gxq + (r - r0) * d_blocks, inv.xq + t * d_blocks, d_blocks * sizeof(BlockQ8A));
-        if (float_in) std::memcpy(gx + (r - r0) * d, inv.xn + t * d, d * sizeof(float));
-      }
-      // (implicit barrier)
-
-      // 2. (unit, n_ff column tile): gate and up as a pair, SwiGLU, H.
+      // 1. (unit, n_ff column tile): the unit's routed rows (gathered once per run of items of
+      // one unit on this thread), gate and up as a pair, SwiGLU, H.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < n_units * n_ff_items; ++item) {
-        const Unit& u = units[item / n_ff_items];
+        const int64_t ui = item / n_ff_items;
+        const Unit& u = units[ui];
+        if (ui != gathered) {
+          for (int64_t r = 0; r < u.rows; ++r) {
+            const int64_t t = route_token[u.route0 + r];
+            ESTREAM_DCHECK(t >= 0 && t < inv.n_tokens, "ExpertPlan: route token out of range");
+            if (quant_in) std::memcpy(my_xq + r * d_blocks, inv.xq + t * d_blocks, d_blocks * sizeof(BlockQ8A));
+            if (float_in) std::memcpy(my_x + r * d, inv.xn + t * d, d * sizeof(float));
+          }
+          gathered = ui;
+        }
         const SlotBinding& bind = inv.bindings[u.slot];
         const int64_t n0 = (item % n_ff_items) * ff_tile, n1 = std::min(ff, n0 + ff_tile), nb = n1 - n0;
-        const BlockQ8A* xq = gxq + u.prow * d_blocks;
-        const float* x = gx + u.prow * d;
-        kernels::GemmColumns(kt, bind.gate, xq, x, d, u.rows, n0, n1, tg, nb);
-        kernels::GemmColumns(kt, bind.up, xq, x, d, u.rows, n0, n1, tu, nb);
+        kernels::GemmColumns(kt, bind.gate, my_xq, my_x, d, u.rows, n0, n1, tg, nb);
+        kernels::GemmColumns(kt, bind.up, my_xq, my_x, d, u.rows, n0, n1, tu, nb);
         for (int64_t r = 0; r < u.rows; ++r) {
           float* h = tg + r * nb;
           kt.swiglu(h, tu + r * nb, h, nb);
@@ -213,7 +216,7 @@ void ExpertPlan::InvokeUnchecked(const ExpertInvocation& inv) {
       }
       // (implicit barrier)
 
-      // 3. (n_embd column tile): every unit in route order: down, a_i, scatter-add.
+      // 2. (n_embd column tile): every unit in route order: down, a_i, scatter-add.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < n_d_items; ++item) {
         const int64_t c0 = item * embd_tile, c1 = std::min(d, c0 + embd_tile), nb = c1 - c0;

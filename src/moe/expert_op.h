@@ -11,16 +11,16 @@
 // How. An ExpertPlan is built once per expert shape class (n_embd, n_ff, weight types, layout)
 // and reused by every expert of every MoE layer of that class. Create() chooses the tiles for
 // the L2 budget and allocates every buffer the operator needs for a capacity of C routes per
-// pass: the gathered Q8A activation rows, per-thread gate/up tile pairs, the SwiGLU output of
-// the pass (Q8A, C x n_ff / 32 blocks: a few hundred KiB, cache resident), per-thread down
-// accumulator tiles, and the work-item list. Invoke() allocates nothing and never rebuilds.
+// pass: per-thread gathered Q8A activation rows (one row tile), per-thread gate/up tile pairs,
+// the SwiGLU output of the pass (Q8A, C x n_ff / 32 blocks: 40 bytes per 32 elements), per-thread
+// down accumulator tiles, and the work-item list. Invoke() allocates nothing and never rebuilds.
 // One Invoke with R routes runs ceil(R / C) passes of at most C routes each (a slot may straddle
 // two passes); each pass is one OpenMP parallel region:
-//   1. gather: the routed Q8A rows of xq (quantised once per layer by the caller) into the pass
-//      buffer, slot after slot;
-//   2. items (slot, row tile, n_ff column tile), dynamically scheduled: gate and up of the tile
-//      as a pair into per-thread tiles, SwiGLU, Q8A of the result into the pass's H buffer;
-//   3. items (n_embd column tile), dynamically scheduled: for every slot in CSR order, the down
+//   1. items (slot, row tile, n_ff column tile), dynamically scheduled: the routed Q8A rows of xq
+//      (quantised once per layer by the caller) into the thread's row buffer (once per run of
+//      items of one unit on that thread), gate and up of the tile as a pair into per-thread
+//      tiles, SwiGLU, Q8A of the result into the pass's H buffer;
+//   2. items (n_embd column tile), dynamically scheduled: for every slot in CSR order, the down
 //      projection of that slot's H rows for the columns of the tile into a per-thread tile, then
 //      acc[t_i][cols] += (double) a_i * (double) tile[i][cols]. An item owns its columns of acc,
 //      and adds the slots into each element in CSR (slot) order, passes in route order, so:
@@ -159,8 +159,8 @@ class ExpertPlan {
   bool quant_in_ = false;    // some gate/up is quantised
   bool quant_hidden_ = false;// down is quantised
 
-  AlignedPtr<BlockQ8A> gxq_;   // [C x d/32] gathered Q8A rows of the pass
-  AlignedPtr<float> gx_;       // [C x d] gathered float rows (float gate/up only)
+  AlignedPtr<BlockQ8A> gxq_;   // per thread [row tile x d/32]: the gathered Q8A rows of one unit
+  AlignedPtr<float> gx_;       // per thread [row tile x d]: its float rows (float gate/up only)
   AlignedPtr<BlockQ8A> hq_;    // [C x ff/32] SwiGLU output of the pass, Q8A (quantised down)
   AlignedPtr<float> hf_;       // [C x ff] SwiGLU output, float (float down only)
   AlignedPtr<float> tiles_;    // per thread: gate, up, down tiles (tile_elems_ floats)

@@ -18,9 +18,6 @@ using model::Workspace;
 using model::IsQuantized;
 using model::Linear;
 using model::kExpertChunkRows;
-using model::kRouteWindow;
-using model::kFfBlock;
-using model::kEmbdBlock;
 
 void ExpertsGrouped(const ExpertWeights& experts, const ModelConfig& c, int64_t n_tokens, Workspace* ws) {
   const int64_t d = c.n_embd, ff = c.n_ff_expert;
@@ -87,6 +84,17 @@ struct Unit {
   int64_t wrow;    // first row in the window's buffers
 };
 
+// The window's buffers (ExpertsBatched is not re-entrant), grown on demand and kept.
+template <typename T>
+T* Scratch(AlignedPtr<T>* p, int64_t* have, int64_t n) {
+  if (n > *have) {
+    *p = AllocAligned<T>(static_cast<size_t>(n));
+    ESTREAM_CHECK(*p != nullptr, "ExpertsBatched: cannot allocate its window buffers");
+    *have = n;
+  }
+  return p->get();
+}
+
 }  // namespace
 
 void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t n_tokens, Workspace* ws) {
@@ -95,11 +103,17 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
   // A unit holds at most one route per token of one expert, so at most min(kExpertChunkRows, T)
   // rows: the workspace's chunk capacity.
   const int64_t C = kExpertChunkRows;
-  const int64_t tile_elems = ws->chunk_capacity() * std::max(kFfBlock, kEmbdBlock);
-  ESTREAM_CHECK(std::min(C, n_tokens) <= ws->chunk_capacity(), "ExpertsBatched: workspace too small");
+  const int64_t tile_elems = std::min(C, n_tokens) * std::max(kFfBlock, kEmbdBlock);
   const kernels::KernelTable& kt = kernels::Kernels();
   const int nth = omp_get_max_threads();
-  ESTREAM_CHECK(nth <= ws->thread_capacity(), "ExpertsBatched: workspace reserved for fewer threads");
+  static AlignedPtr<BlockQ8A> wxq_buf, whq_buf;
+  static AlignedPtr<float> wx_buf, whf_buf, tiles_buf;
+  static int64_t wxq_n = 0, whq_n = 0, wx_n = 0, whf_n = 0, tiles_n = 0;
+  BlockQ8A* const wxq = Scratch(&wxq_buf, &wxq_n, kRouteWindow * d_blocks);  // gathered Q8A rows
+  float* const wx = Scratch(&wx_buf, &wx_n, kRouteWindow * d);               // gathered float rows
+  BlockQ8A* const whq = Scratch(&whq_buf, &whq_n, kRouteWindow * ff_blocks); // SwiGLU output, Q8A
+  float* const whf = Scratch(&whf_buf, &whf_n, kRouteWindow * ff);           // SwiGLU output, float
+  float* const tiles = Scratch(&tiles_buf, &tiles_n, nth * 3 * tile_elems);  // per thread: 3 tiles
 
   // Units, then windows of consecutive units.
   std::vector<Unit> units;
@@ -122,7 +136,7 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
 
 #pragma omp parallel num_threads(nth)
     {
-      float* my_tiles = ws->tiles.get() + omp_get_thread_num() * 3 * tile_elems;
+      float* my_tiles = tiles + omp_get_thread_num() * 3 * tile_elems;
       float* tg = my_tiles;
       float* tu = my_tiles + tile_elems;
       float* td = my_tiles + 2 * tile_elems;
@@ -135,9 +149,8 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
         const bool f_in = !IsQuantized(experts.gate[u.expert].type) || !IsQuantized(experts.up[u.expert].type);
         for (int64_t r = 0; r < u.rows; ++r) {
           const int64_t t = ws->route_token[u.route0 + r];
-          if (q_in) std::memcpy(ws->wxq.get() + (u.wrow + r) * d_blocks, ws->xq.get() + t * d_blocks,
-                                d_blocks * sizeof(BlockQ8A));
-          if (f_in) std::memcpy(ws->wx.get() + (u.wrow + r) * d, ws->xn.get() + t * d, d * sizeof(float));
+          if (q_in) std::memcpy(wxq + (u.wrow + r) * d_blocks, ws->xq.get() + t * d_blocks, d_blocks * sizeof(BlockQ8A));
+          if (f_in) std::memcpy(wx + (u.wrow + r) * d, ws->xn.get() + t * d, d * sizeof(float));
         }
       }
       // (implicit barrier)
@@ -147,8 +160,8 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
       for (int64_t item = 0; item < n_units * n_ff_items; ++item) {
         const Unit& u = win[item / n_ff_items];
         const int64_t n0 = (item % n_ff_items) * kFfBlock, n1 = std::min(ff, n0 + kFfBlock), nb = n1 - n0;
-        const BlockQ8A* xq = ws->wxq.get() + u.wrow * d_blocks;
-        const float* x = ws->wx.get() + u.wrow * d;
+        const BlockQ8A* xq = wxq + u.wrow * d_blocks;
+        const float* x = wx + u.wrow * d;
         kernels::GemmColumns(kt, experts.gate[u.expert], xq, x, d, u.rows, n0, n1, tg, nb);
         kernels::GemmColumns(kt, experts.up[u.expert], xq, x, d, u.rows, n0, n1, tu, nb);
         const bool q_down = IsQuantized(experts.down[u.expert].type);
@@ -156,9 +169,9 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
           float* h = tg + r * nb;
           kt.swiglu(h, tu + r * nb, h, nb);
           if (q_down) {
-            kt.quantize_q8a(h, ws->whq.get() + (u.wrow + r) * ff_blocks + n0 / kQK8A, nb);
+            kt.quantize_q8a(h, whq + (u.wrow + r) * ff_blocks + n0 / kQK8A, nb);
           } else {
-            std::memcpy(ws->whf.get() + (u.wrow + r) * ff + n0, h, nb * sizeof(float));
+            std::memcpy(whf + (u.wrow + r) * ff + n0, h, nb * sizeof(float));
           }
         }
       }
@@ -170,8 +183,8 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
         const int64_t c0 = item * kEmbdBlock, c1 = std::min(d, c0 + kEmbdBlock), nb = c1 - c0;
         for (int64_t i = 0; i < n_units; ++i) {
           const Unit& u = win[i];
-          kernels::GemmColumns(kt, experts.down[u.expert], ws->whq.get() + u.wrow * ff_blocks, ws->whf.get() + u.wrow * ff, ff,
-                      u.rows, c0, c1, td, nb);
+          kernels::GemmColumns(kt, experts.down[u.expert], whq + u.wrow * ff_blocks, whf + u.wrow * ff, ff, u.rows, c0,
+                               c1, td, nb);
           for (int64_t r = 0; r < u.rows; ++r) {
             double* dst = ws->acc.get() + static_cast<int64_t>(ws->route_token[u.route0 + r]) * d + c0;
             const float* src = td + r * nb;

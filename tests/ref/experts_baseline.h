@@ -29,6 +29,12 @@
 
 namespace estream::ref {
 
+// Routes per window of ExpertsBatched, and the column blocks of its work items (multiples of 32:
+// Q8A blocks, and of the kernels' 16-row panels).
+constexpr int64_t kRouteWindow = 2048;
+constexpr int64_t kFfBlock = 256;
+constexpr int64_t kEmbdBlock = 128;
+
 // ExpertsBatched: the routes, grouped by expert, are cut into units (one expert, at most
 // kExpertChunkRows routes) and the units into windows of at most kRouteWindow routes. Per window,
 // inside one parallel region:
@@ -42,9 +48,9 @@ namespace estream::ref {
 // Barriers: two per window (after 1 and after 2).
 //
 // REQUIRES (both): ws->xn holds the normed input [T x d]; ws->xq its Q8A form when any expert
-// matrix is quantised; ws->expert_begin / route_token / route_w the routes grouped by expert;
-// ExpertsBatched also a Workspace reserved for at least the calling thread's team size.
+// matrix is quantised; ws->expert_begin / route_token / route_w the routes grouped by expert.
 // Adds every expert's weighted output into ws->x (through ws->acc, which it overwrites).
+// ExpertsBatched keeps its window buffers between calls: one call at a time.
 void ExpertsGrouped(const model::ExpertWeights& experts, const model::ModelConfig& c, int64_t n_tokens,
                     model::Workspace* ws);
 void ExpertsBatched(const model::ExpertWeights& experts, const model::ModelConfig& c, int64_t n_tokens,
