@@ -24,11 +24,12 @@ namespace estream::model {
 
 // Routed rows processed per expert GEMM chunk: bounds the expert scratch whatever the skew.
 constexpr int64_t kExpertChunkRows = 512;
-// Routes per pass of the resident engine's fused expert operator (experts.h): one pass a layer
-// up to 8192 tokens x 8 experts. Fewer passes mean fewer barriers and each pass's down items
-// spread over every route (measured, docs/PERFORMANCE.md "One operator pass per layer"); the
-// cost is the pass's SwiGLU output, 40 bytes per 32 of n_ff per route (60 MiB for Qwen3-30B-A3B,
-// 80 MiB for OLMoE-1B-7B at 65,536 routes).
+// Routes per pass of the fused expert operator (moe::ExpertPlan's capacity) in the resident
+// engine (experts.h: one pass a layer up to 8192 tokens x 8 experts) and the streamed one
+// (virtual_experts.h: one pass an invocation). Fewer passes mean fewer barriers and each pass's
+// down items spread over every route (docs/DESIGN.md section 3, "Pass length"); the cost is the
+// pass's SwiGLU output, 40 bytes per 32 of n_ff per route (60 MiB for Qwen3-30B-A3B, 80 MiB for
+// OLMoE-1B-7B at 65,536 routes).
 constexpr int64_t kFusedRouteWindow = 65536;
 
 // Activation buffers, grown on demand and reused by every request (no allocation per layer).

@@ -63,11 +63,12 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   // The bf16 attention's K and V, converted for a few kv heads at a time (kernels.h).
   b += kernels::AttentionKvBytes(c.head_dim, c.n_head, c.n_head_kv, n_tokens, n_threads);
   // The fused operator's plan (expert_op.h): the SwiGLU output of a pass of up to Wf routes
-  // (Q8A; floats too for float experts), per thread the gathered rows of one unit (128 routes)
-  // and the gate, up and down tiles.
+  // (Q8A; floats too for float experts), per thread the gathered rows of one unit and the gate,
+  // up and down tiles.
   const uint64_t Wf = std::min<uint64_t>(kFusedRouteWindow, T * k), th = static_cast<uint64_t>(n_threads);
-  b += Wf * (ff / 32) * q8 + th * 128 * (d / 32) * q8 + th * 3 * 512 * 256 * 4;
-  if (float_experts) b += Wf * ff * 4 + th * 128 * d * 4;
+  const uint64_t rt = moe::ExpertPlan::kRowTile;
+  b += Wf * (ff / 32) * q8 + th * rt * (d / 32) * q8 + th * 3 * 512 * 256 * 4;
+  if (float_experts) b += Wf * ff * 4 + th * rt * d * 4;
   // The group route CSR of this file.
   b += T * k * 8 + (c.n_expert + 1) * 8;
   return b;

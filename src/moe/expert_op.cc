@@ -67,7 +67,7 @@ Result<ExpertPlan> ExpertPlan::Create(const ExpertShape& shape, int64_t capacity
   // the item; 128 rows also matches the GEMM's own pass for k = 2048 (kernels: RowsPerPass).
   // Measured (moe_bench layer, Qwen3-30B shapes, T = 1024, 2 threads): tiles of 768 x 512 columns
   // instead of 256 x 128 took the fused layer from 107 to 100 ms (the GEMM calls' X preparation).
-  p.row_tile_ = std::min<int64_t>(128, p.capacity_);
+  p.row_tile_ = std::min(kRowTile, p.capacity_);
   p.ff_tile_ = std::min(kMaxFfTile, shape.n_ff_expert);
   p.embd_tile_ = std::min(kMaxEmbdTile, shape.n_embd);
   p.tile_elems_ = p.row_tile_ * (2 * p.ff_tile_ + p.embd_tile_);

@@ -126,6 +126,8 @@ class ExpertPlan {
   int64_t last_passes() const { return last_passes_; }
 
   static constexpr int64_t kDefaultCapacity = 1024;
+  // Routes of one unit (a gate/up work item's rows, the per-thread gathered rows): at most this.
+  static constexpr int64_t kRowTile = 128;
   // Column tiles of the work items (multiples of 32 and of the kernels' 16-row panels): as wide as
   // kMax*Tile (every GEMM call prepares its rows of X again: AMX tile layout, activation sums), or
   // narrower, down to kMin*Tile, when that balances the pass's items over the threads better

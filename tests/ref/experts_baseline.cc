@@ -101,7 +101,7 @@ void ExpertsBatched(const ExpertWeights& experts, const ModelConfig& c, int64_t 
   const int64_t d = c.n_embd, ff = c.n_ff_expert;
   const int64_t d_blocks = d / kQK8A, ff_blocks = ff / kQK8A;
   // A unit holds at most one route per token of one expert, so at most min(kExpertChunkRows, T)
-  // rows: the workspace's chunk capacity.
+  // rows: the rows of its tiles.
   const int64_t C = kExpertChunkRows;
   const int64_t tile_elems = std::min(C, n_tokens) * std::max(kFfBlock, kEmbdBlock);
   const kernels::KernelTable& kt = kernels::Kernels();
