@@ -135,10 +135,10 @@ def main():
         return
     threads = f'{args.threads} thread' + ('s' if args.threads > 1 else '')
     print(f'{os.path.basename(args.model)}, pp{args.p}, {threads}, llama-bench {args.llama_args or "(no options)"}')
-    print('hold  order            llama-bench tok/s (median)        estream tok/s (median)            ratio')
+    print('hold  order              llama-bench tok/s (median)        estream tok/s (median)            ratio')
     for i, h in enumerate(holds):
         fmt = lambda xs: ' '.join(f'{x:.1f}' for x in xs) + f' ({statistics.median(xs):.1f})'
-        print(f'{i + 1:>4}  {" then ".join(h["order"]):<16} {fmt(h["llama"]):<33} {fmt(h["estream"]):<33} '
+        print(f'{i + 1:>4}  {" then ".join(h["order"]):<18} {fmt(h["llama"]):<33} {fmt(h["estream"]):<33} '
               f'{h["ratio"]:.2f}x')
     print(f'pooled: llama-bench {result["llama_median_ts"]:.1f} tok/s, estream {result["estream_median_ts"]:.1f} '
           f'tok/s: {result["ratio_pooled"]:.2f}x')
