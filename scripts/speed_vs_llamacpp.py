@@ -44,6 +44,14 @@ def run(cmd, env=None):
     return r.stdout
 
 
+def run_json(cmd, env):
+    out = run(cmd, env)
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError as e:
+        fail(f'{shlex.join(cmd)} did not print JSON ({e}); is it the program named?')
+
+
 def prompt_ids(args):
     if args.tokens:
         with open(args.tokens, encoding='utf-8') as f:
@@ -56,8 +64,10 @@ def prompt_ids(args):
             ids = run([args.estream, 'tokenize', '-m', args.model, '-f', f.name, '--ids']).split()
         finally:
             os.unlink(f.name)
+        if not ids:
+            fail(f'{args.estream} tokenize printed no token ids for README.md and docs/GUIDE.md')
     if not ids:
-        fail('the prompt has no tokens')
+        fail(f'{args.tokens} holds no token ids')
     while len(ids) < args.p:
         ids += ids
     return ids[:args.p]
@@ -66,8 +76,9 @@ def prompt_ids(args):
 def llama_hold(args, env):
     cmd = [args.llama_bench, '-m', args.model, '-p', str(args.p), '-n', '0', '-t', str(args.threads), '-r',
            str(args.reps), '-o', 'json'] + shlex.split(args.llama_args)
-    rows = json.loads(run(cmd, env))
-    samples = [x for r in rows if r.get('n_prompt') == args.p for x in r.get('samples_ts', [])]
+    rows = run_json(cmd, env)
+    samples = [x for r in rows if isinstance(r, dict) and r.get('n_prompt') == args.p
+               for x in r.get('samples_ts', [])] if isinstance(rows, list) else []
     if not samples:
         fail(f'llama-bench printed no pp{args.p} samples')
     return samples
@@ -77,8 +88,11 @@ def estream_hold(args, env, token_file):
     sweep = ','.join([str(args.p)] * (args.reps + 1))
     cmd = [args.estream, 'prefill', '-m', args.model, '--tokens', '@' + token_file, '-t', str(args.threads),
            '--sweep', sweep, '--repeat', '1', '--json']
-    out = json.loads(run(cmd, env))
-    return [e['tokens_per_second'] for e in out['sweep'][1:]]
+    out = run_json(cmd, env)
+    try:
+        return [e['tokens_per_second'] for e in out['sweep'][1:]]
+    except (KeyError, TypeError):
+        fail(f'{shlex.join(cmd)} printed JSON without sweep[].tokens_per_second; is it an estream binary?')
 
 
 def main():
@@ -102,6 +116,8 @@ def main():
             fail(f'{what} {path} is not an executable file')
     if not os.path.isfile(args.model):
         fail(f'model {args.model} not found')
+    if args.tokens and not os.path.isfile(args.tokens):
+        fail(f'--tokens {args.tokens} not found')
     if args.p < 1 or args.holds < 1 or args.reps < 1 or args.threads < 1:
         fail('-p, --holds, --reps and --threads must be at least 1')
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get('OMP_WAIT_POLICY', 'passive'))
