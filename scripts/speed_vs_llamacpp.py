@@ -77,8 +77,8 @@ def llama_hold(args, env):
     cmd = [args.llama_bench, '-m', args.model, '-p', str(args.p), '-n', '0', '-t', str(args.threads), '-r',
            str(args.reps), '-o', 'json'] + shlex.split(args.llama_args)
     rows = run_json(cmd, env)
-    samples = [x for r in rows if isinstance(r, dict) and r.get('n_prompt') == args.p
-               for x in r.get('samples_ts', [])] if isinstance(rows, list) else []
+    rows = rows if isinstance(rows, list) else []
+    samples = [x for r in rows if isinstance(r, dict) and r.get('n_prompt') == args.p for x in r.get('samples_ts', [])]
     if not samples:
         fail(f'llama-bench printed no pp{args.p} samples')
     return samples
@@ -131,7 +131,8 @@ def main():
             order = ('llama', 'estream') if h % 2 == 0 else ('estream', 'llama')
             hold = {'order': list(order), 'start': time.strftime('%H:%M:%S')}
             for engine in order:
-                print(f'hold {h + 1} of {args.holds}: {engine} ({time.strftime("%H:%M:%S")})', file=sys.stderr, flush=True)
+                print(f'hold {h + 1} of {args.holds}: {engine} ({time.strftime("%H:%M:%S")})', file=sys.stderr,
+                      flush=True)
                 hold[engine] = llama_hold(args, env) if engine == 'llama' else estream_hold(args, env, token_file)
             hold['ratio'] = statistics.median(hold['estream']) / statistics.median(hold['llama'])
             holds.append(hold)
