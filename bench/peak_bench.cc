@@ -58,7 +58,7 @@ namespace {
 #define ES_CLOBBERS                                                                                     \
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
       "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",     \
-      "xmm24", "xmm25", "xmm26", "xmm27", "eax", "cc"
+      "xmm24", "xmm25", "xmm26", "xmm27", "k1", "eax", "cc"
 
 // `iters` iterations of LOOP (24 instructions in the single-instruction loops). Both sources
 // zmm24, zmm25 hold the 32-bit pattern `src`: bytes of 1 for vpdpbusd, bf16 pairs of 1.0 and fp32
@@ -101,6 +101,43 @@ ES_PEAK_FN(LoopFma, ES_FMA)
   "vfmadd231ps %%zmm26, %%zmm27, %%zmm19\n\t"
 
 ES_PEAK_LOOP(LoopDpbusdEpilogue, ES_MIX_BODY)
+
+// peak/vpdpbusd_beside_<op>_zmm: 16 vpdpbusd into zmm0..15 with 8 independent instructions of
+// one kind between them (one after every two), into zmm16..23 from the fp32 sources zmm26, 27
+// (vcmpps into k1). A rate equal to peak/vpdpbusd_zmm means the instruction issues beside vpdpbusd
+// for free; 2/3 of it, that it takes one of vpdpbusd's two pipes. This is what decides how much of
+// a kernel's float work around its dot products costs time: the low-precision attention's
+// softmax (docs/PERFORMANCE.md, "Machine B, 2026-12-06"). Measured on Zen 5: vaddps, vmaxps,
+// vcvtdq2ps, vcvtps2dq, vrndscaleps and vscalefps free; vmulps and vfmadd231ps on the vpdpbusd
+// pipes; vpackusdw, vpshufb and vcmpps in between.
+#define ES_BESIDE_LOOP(NAME, OP)                                                                 \
+  ES_PEAK_LOOP(NAME, ES_MIX_DP(0) ES_MIX_DP(1) OP(16) ES_MIX_DP(2) ES_MIX_DP(3) OP(17) ES_MIX_DP(4) \
+                         ES_MIX_DP(5) OP(18) ES_MIX_DP(6) ES_MIX_DP(7) OP(19) ES_MIX_DP(8)          \
+                             ES_MIX_DP(9) OP(20) ES_MIX_DP(10) ES_MIX_DP(11) OP(21) ES_MIX_DP(12)   \
+                                 ES_MIX_DP(13) OP(22) ES_MIX_DP(14) ES_MIX_DP(15) OP(23))
+#define ES_OP3(MNEMONIC, i) #MNEMONIC " %%zmm26, %%zmm27, %%zmm" #i "\n\t"
+#define ES_OP_ADD(i) ES_OP3(vaddps, i)
+#define ES_OP_MUL(i) ES_OP3(vmulps, i)
+#define ES_OP_FMA(i) ES_OP3(vfmadd231ps, i)
+#define ES_OP_MAX(i) ES_OP3(vmaxps, i)
+#define ES_OP_PACK(i) ES_OP3(vpackusdw, i)
+#define ES_OP_SHUF(i) ES_OP3(vpshufb, i)
+#define ES_OP_SCALEF(i) ES_OP3(vscalefps, i)
+#define ES_OP_CVTI(i) "vcvtdq2ps %%zmm26, %%zmm" #i "\n\t"
+#define ES_OP_CVTF(i) "vcvtps2dq %%zmm26, %%zmm" #i "\n\t"
+#define ES_OP_ROUND(i) "vrndscaleps $8, %%zmm26, %%zmm" #i "\n\t"
+#define ES_OP_CMP(i) "vcmpps $13, %%zmm26, %%zmm" #i ", %%k1\n\t"
+ES_BESIDE_LOOP(LoopBesideAdd, ES_OP_ADD)
+ES_BESIDE_LOOP(LoopBesideMul, ES_OP_MUL)
+ES_BESIDE_LOOP(LoopBesideFma, ES_OP_FMA)
+ES_BESIDE_LOOP(LoopBesideMax, ES_OP_MAX)
+ES_BESIDE_LOOP(LoopBesidePack, ES_OP_PACK)
+ES_BESIDE_LOOP(LoopBesideShuf, ES_OP_SHUF)
+ES_BESIDE_LOOP(LoopBesideScalef, ES_OP_SCALEF)
+ES_BESIDE_LOOP(LoopBesideCvtI, ES_OP_CVTI)
+ES_BESIDE_LOOP(LoopBesideCvtF, ES_OP_CVTF)
+ES_BESIDE_LOOP(LoopBesideRound, ES_OP_ROUND)
+ES_BESIDE_LOOP(LoopBesideCmp, ES_OP_CMP)
 
 #define ES_REP14(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13)
 #define ES_REP6(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5)
@@ -185,7 +222,11 @@ template <void (*kLoop)(int64_t, uint32_t)>
 bool Runs() {
 #if defined(__x86_64__)
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  if (kLoop == LoopDpbusd || kLoop == LoopDpbusdEpilogue) return avx512 && __builtin_cpu_supports("avx512vnni");
+  if (kLoop == LoopDpbusd || kLoop == LoopDpbusdEpilogue || kLoop == LoopBesideAdd || kLoop == LoopBesideMul ||
+      kLoop == LoopBesideFma || kLoop == LoopBesideMax || kLoop == LoopBesidePack || kLoop == LoopBesideShuf ||
+      kLoop == LoopBesideScalef || kLoop == LoopBesideCvtI || kLoop == LoopBesideCvtF || kLoop == LoopBesideRound ||
+      kLoop == LoopBesideCmp)
+    return avx512 && __builtin_cpu_supports("avx512vnni");
   if (kLoop == LoopDpbf16) return avx512 && __builtin_cpu_supports("avx512bf16");
   if (kLoop == LoopFma) return avx512;
   if (kLoop == LoopDpbusdYmm) return __builtin_cpu_supports("avxvnni");
@@ -220,6 +261,19 @@ BENCHMARK(BM_Peak<LoopDpbusdEpilogue, 128, 0x01010101u, 16>)
     ->Threads(1)
     ->Threads(2)
     ->UseRealTime();
+#define ES_BESIDE_BENCH(LOOP, NAME) \
+  BENCHMARK(BM_Peak<LOOP, 128, 0x01010101u, 16>)->Name("peak/vpdpbusd_beside_" NAME "_zmm")->Threads(1)->UseRealTime();
+ES_BESIDE_BENCH(LoopBesideAdd, "vaddps")
+ES_BESIDE_BENCH(LoopBesideMax, "vmaxps")
+ES_BESIDE_BENCH(LoopBesideCvtI, "vcvtdq2ps")
+ES_BESIDE_BENCH(LoopBesideCvtF, "vcvtps2dq")
+ES_BESIDE_BENCH(LoopBesideRound, "vrndscaleps")
+ES_BESIDE_BENCH(LoopBesideScalef, "vscalefps")
+ES_BESIDE_BENCH(LoopBesidePack, "vpackusdw")
+ES_BESIDE_BENCH(LoopBesideShuf, "vpshufb")
+ES_BESIDE_BENCH(LoopBesideCmp, "vcmpps_k")
+ES_BESIDE_BENCH(LoopBesideMul, "vmulps")
+ES_BESIDE_BENCH(LoopBesideFma, "vfmadd231ps")
 BENCHMARK(BM_Peak<LoopDpbf16, 64, 0x3F803F80u>)->Name("peak/vdpbf16ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopFma, 32, 0x3F800000u>)->Name("peak/vfmadd231ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopDpbusdYmm, 64, 0x01010101u, 14>)->Name("peak/vpdpbusd_ymm")->Threads(1)->Threads(2)->UseRealTime();
