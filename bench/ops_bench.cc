@@ -9,6 +9,9 @@
 //
 // Run: build/bench/ops_bench --benchmark_filter=Attention --benchmark_repetitions=5
 //        --benchmark_report_aggregates_only=true
+// With ESTREAM_PHASE_TIMERS=1 the low-precision AVX-512 kernel's runs also report the share of
+// the call's thread time each phase took (counters pct_<phase>, kernels/phase_timer.h; the
+// timers add ~5% to a call, so take the times from a run without them).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -22,12 +25,14 @@
 #include <cstring>
 #include <ctime>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/cpu.h"
 #include "base/memory.h"
 #include "base/timer.h"
 #include "kernels/attention_lowp.h"
+#include "kernels/phase_timer.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
@@ -200,6 +205,8 @@ void BM_Attention(benchmark::State& state) {
   if (lowp_avx2) FillAttentionLowpAvx2(&kt, /*use_avx_vnni=*/!maddubs);
 #endif
   omp_set_num_threads(threads);
+  uint64_t phases[kPhaseCount];
+  TakePhaseTicks(phases);  // cleared: only this run's calls
   double seconds = 0;
   const double cpu0 = ProcessCpuSeconds();
   for (auto _ : state) {
@@ -223,6 +230,12 @@ void BM_Attention(benchmark::State& state) {
   state.counters["threads"] = threads;
   // Share of the int8 dot-product peak of the threads used (the low-precision kernel's unit).
   state.counters["pct_int8_peak"] = 100.0 * flops / seconds / (Int8PeakPerCoreGops() * 1e9 * threads);
+  TakePhaseTicks(phases);
+  double total = 0;
+  for (const uint64_t ticks : phases) total += static_cast<double>(ticks);
+  if (total > 0 && lowp)  // only the AVX-512 kernel times its own phases (the others: none)
+    for (int p = 0; p < kPhaseCount; ++p)
+      state.counters[std::string("pct_") + AttnPhaseName(p)] = 100.0 * static_cast<double>(phases[p]) / total;
 }
 
 void AttentionShapes(benchmark::internal::Benchmark* b) {

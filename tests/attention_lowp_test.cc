@@ -16,7 +16,8 @@
 //    are the fp32 kernel's;
 //  - the wiring: the active table carries the AVX-512 kernel exactly where the AMX kernel is not
 //    selected, the AVX2 one at the AVX2 level (its vpmaddubsw variant without AVX-VNNI), each
-//    only when ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it.
+//    only when ESTREAM_ATTN_LOWP is not "0", and only allow_bf16 calls reach it;
+//  - the phase timers (kernels/phase_timer.h) change no bit and count every phase of a call.
 // And the AArch64 BFDOT kernel (arm_neon/attention_neon_bf16.cc: bf16 Q/K/P/V, fp32 accumulation)
 // on hosts with FEAT_BF16 (qemu -cpu max has it): against fp64 within its stated bound computed per
 // query from the data, on the same awkward shapes, NaN-poisoned; direct calls split any way give
@@ -42,6 +43,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#include "kernels/phase_timer.h"
 #include "kernels_test_util.h"
 #include "test_quick.h"
 #if defined(__x86_64__)
@@ -640,6 +642,41 @@ TEST(AttentionLowp, StreamedOutputEqualsPlainStores) {
   }
 #else
   GTEST_SKIP() << "x86 only";
+#endif
+}
+
+// The phase timers (kernels/phase_timer.h) leave the results' bits alone, charge time to every
+// phase the AVX-512 kernel's call passes through, and count nothing once switched off again.
+TEST(AttentionLowp, PhaseTimersCountWithoutChangingTheResult) {
+  SEED_TRACE();
+  EXPECT_STREQ(AttnPhaseName(kPhaseQk), "qk");
+  EXPECT_STREQ(AttnPhaseName(kPhaseCount), "?");
+#if defined(__x86_64__)
+  if (HostIsa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  const Problem p(Shape{300, 8, 2, 128}, 23, /*outliers=*/true);
+  const KernelTable kt = LowpAvx512Table(/*exact_rows=*/true);
+  const bool was_on = PhaseTimersOn();  // ESTREAM_PHASE_TIMERS=1 may have switched them on
+  EnablePhaseTimers(false);
+  uint64_t ticks[kPhaseCount];
+  TakePhaseTicks(ticks);
+  const std::vector<float> off = RunLowp(kt, p);
+  TakePhaseTicks(ticks);
+  for (const uint64_t t : ticks) EXPECT_EQ(t, 0u);
+  EnablePhaseTimers(true);
+  const std::vector<float> on = RunLowp(kt, p);
+  EnablePhaseTimers(false);
+  TakePhaseTicks(ticks);
+  ASSERT_EQ(off.size(), on.size());
+  EXPECT_EQ(std::memcmp(off.data(), on.data(), off.size() * sizeof(float)), 0);
+  for (int phase : {kPhaseConvert, kPhaseExactRows, kPhaseQuantiseQ, kPhaseQk, kPhaseSoftmax, kPhaseP, kPhasePv,
+                    kPhaseOutput})
+    EXPECT_GT(ticks[phase], 0u) << AttnPhaseName(phase);
+  RunLowp(kt, p);
+  TakePhaseTicks(ticks);
+  for (const uint64_t t : ticks) EXPECT_EQ(t, 0u);
+  EnablePhaseTimers(was_on);
+#else
+  GTEST_SKIP() << "the timed kernel is x86's";
 #endif
 }
 

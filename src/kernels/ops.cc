@@ -14,6 +14,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#include "kernels/phase_timer.h"
 
 namespace estream::kernels {
 namespace {
@@ -121,26 +122,35 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   uint16_t* const kv = kv16.get();
   const int kv_blocks = (a.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
 #pragma omp parallel num_threads(threads)
-  for (int h0 = 0; h0 < a.n_head_kv; h0 += p.phase_heads) {
-    const int nh = std::min(p.phase_heads, a.n_head_kv - h0);
+  {
+    PhaseClock clock;  // ESTREAM_PHASE_TIMERS (phase_timer.h); the block kernel times its own phases
+    for (int h0 = 0; h0 < a.n_head_kv; h0 += p.phase_heads) {
+      const int nh = std::min(p.phase_heads, a.n_head_kv - h0);
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < static_cast<int64_t>(nh) * kv_blocks; ++i) {
-      const int h = static_cast<int>(i / kv_blocks);
-      kt.attention_convert_bf16(a, h0 + h, static_cast<int>(i % kv_blocks), kv + h * head_elems);
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < p.per_kv * nh; ++i) {
-      ItemRange r = item_at(h0 * p.per_kv + i);
-      // Rows before attention_exact_rows_bf16 take the fp32 kernel, one head at a time (its
-      // scratch is sized for kMaxTilesPerItemF32 tiles; these rows are at most a few of them).
-      if (r.t_begin < kt.attention_exact_rows_bf16) {
-        const int exact_end = std::min(r.t_end, kt.attention_exact_rows_bf16);
-        for (int h = r.head_begin; h < r.head_end; ++h) kt.attention_block(a, h, h + 1, r.t_begin, exact_end);
-        r.t_begin = exact_end;
+      for (int64_t i = 0; i < static_cast<int64_t>(nh) * kv_blocks; ++i) {
+        const int h = static_cast<int>(i / kv_blocks);
+        kt.attention_convert_bf16(a, h0 + h, static_cast<int>(i % kv_blocks), kv + h * head_elems);
+        clock.Mark(kPhaseConvert);
       }
-      if (r.t_begin < r.t_end)
-        kt.attention_block_bf16(a, kv + (r.kv_head - h0) * head_elems, r.head_begin, r.head_end, r.t_begin, r.t_end);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < p.per_kv * nh; ++i) {
+        clock.Mark(kPhaseOther);
+        ItemRange r = item_at(h0 * p.per_kv + i);
+        // Rows before attention_exact_rows_bf16 take the fp32 kernel, one head at a time (its
+        // scratch is sized for kMaxTilesPerItemF32 tiles; these rows are at most a few of them).
+        if (r.t_begin < kt.attention_exact_rows_bf16) {
+          const int exact_end = std::min(r.t_end, kt.attention_exact_rows_bf16);
+          for (int h = r.head_begin; h < r.head_end; ++h) kt.attention_block(a, h, h + 1, r.t_begin, exact_end);
+          r.t_begin = exact_end;
+          clock.Mark(kPhaseExactRows);
+        }
+        if (r.t_begin < r.t_end)
+          kt.attention_block_bf16(a, kv + (r.kv_head - h0) * head_elems, r.head_begin, r.head_end, r.t_begin,
+                                  r.t_end);
+        clock.Skip();
+      }
     }
+    clock.Mark(kPhaseOther);
   }
 }
 

@@ -26,6 +26,7 @@
 #include "kernels/attention_lowp.h"
 #include "kernels/attention_x86_impl.h"
 #include "kernels/dispatch.h"
+#include "kernels/phase_timer.h"
 
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -477,7 +478,9 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   alignas(64) float pw[kLowpKeys];  // sv_j 255 / M of block pw_block's full tiles
   int pw_block = -1;
+  PhaseClock clock;  // ESTREAM_PHASE_TIMERS (kernels/phase_timer.h)
   start_tiles();
+  clock.Mark(kPhaseQuantiseQ);
   // The next group's Q rows (contiguous heads of each row) go to L2 during this group's last
   // (tile, key block) steps, kPrefetchLines lines per step, so that its start_tiles finds them
   // there: without it the strided Q loads were ~7% of the kernel at T = 1024 (perf, 1 thread).
@@ -512,6 +515,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       if (kb >= q1) continue;
       const int nk = std::min(kLowpKeys, q1 - kb);
       prefetch_next();
+      clock.Mark(kPhasePrefetch);
       const uint8_t* q4 = tile_q4(x);
       __m512 sq[kVecs];
       ESTREAM_UNROLL
@@ -519,6 +523,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       ForTiles<kQkKeys>(nk, [&]<int R>(int j) {
         QkTile<R>(ki + static_cast<size_t>(j) * dp, dp, corr + j, sk + j, q4, sq, st + j * kQ);
       });
+      clock.Mark(kPhaseQk);
       // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i.
       for (int j = std::max(0, q0 - kb + 1); j < nk; ++j)
         ESTREAM_UNROLL
@@ -578,6 +583,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         }
         g[c] = _mm512_mul_ps(_mm512_mul_ps(cb[c], mu), _mm512_set1_ps(1.0f / 255.0f));
       }
+      clock.Mark(kPhaseSoftmax);
       const int nq4 = (nk + 3) / 4;
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c)
@@ -591,6 +597,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         _mm512_storeu_ps(tile_l(x) + c * 16, l);
         inv_l[c] = last ? _mm512_div_ps(_mm512_set1_ps(1.0f), l) : l;
       }
+      clock.Mark(kPhaseP);
       float* ot = tile_ot(x);
       auto pv = [&]<PvMode kMode, bool kLast>() {
         ForTiles<kPvDims>(d, [&]<int R>(int c0) {
@@ -604,7 +611,11 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       };
       if (last) pv_mode.template operator()<true>();
       else pv_mode.template operator()<false>();
-      if (last) finish_tile(x);
+      clock.Mark(kPhasePv);
+      if (last) {
+        finish_tile(x);
+        clock.Mark(kPhaseOutput);
+      }
     }
   }
 }
