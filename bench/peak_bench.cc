@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -115,29 +116,28 @@ ES_PEAK_LOOP(LoopDpbusdEpilogue, ES_MIX_BODY)
                          ES_MIX_DP(5) OP(18) ES_MIX_DP(6) ES_MIX_DP(7) OP(19) ES_MIX_DP(8)          \
                              ES_MIX_DP(9) OP(20) ES_MIX_DP(10) ES_MIX_DP(11) OP(21) ES_MIX_DP(12)   \
                                  ES_MIX_DP(13) OP(22) ES_MIX_DP(14) ES_MIX_DP(15) OP(23))
+// The instruction kinds, once: X(loop suffix, name in the benchmark, the instruction into zmm i).
 #define ES_OP3(MNEMONIC, i) #MNEMONIC " %%zmm26, %%zmm27, %%zmm" #i "\n\t"
 #define ES_OP_ADD(i) ES_OP3(vaddps, i)
-#define ES_OP_MUL(i) ES_OP3(vmulps, i)
-#define ES_OP_FMA(i) ES_OP3(vfmadd231ps, i)
 #define ES_OP_MAX(i) ES_OP3(vmaxps, i)
-#define ES_OP_PACK(i) ES_OP3(vpackusdw, i)
-#define ES_OP_SHUF(i) ES_OP3(vpshufb, i)
-#define ES_OP_SCALEF(i) ES_OP3(vscalefps, i)
 #define ES_OP_CVTI(i) "vcvtdq2ps %%zmm26, %%zmm" #i "\n\t"
 #define ES_OP_CVTF(i) "vcvtps2dq %%zmm26, %%zmm" #i "\n\t"
 #define ES_OP_ROUND(i) "vrndscaleps $8, %%zmm26, %%zmm" #i "\n\t"
+#define ES_OP_SCALEF(i) ES_OP3(vscalefps, i)
+#define ES_OP_PACK(i) ES_OP3(vpackusdw, i)
+#define ES_OP_SHUF(i) ES_OP3(vpshufb, i)
 #define ES_OP_CMP(i) "vcmpps $13, %%zmm26, %%zmm" #i ", %%k1\n\t"
-ES_BESIDE_LOOP(LoopBesideAdd, ES_OP_ADD)
-ES_BESIDE_LOOP(LoopBesideMul, ES_OP_MUL)
-ES_BESIDE_LOOP(LoopBesideFma, ES_OP_FMA)
-ES_BESIDE_LOOP(LoopBesideMax, ES_OP_MAX)
-ES_BESIDE_LOOP(LoopBesidePack, ES_OP_PACK)
-ES_BESIDE_LOOP(LoopBesideShuf, ES_OP_SHUF)
-ES_BESIDE_LOOP(LoopBesideScalef, ES_OP_SCALEF)
-ES_BESIDE_LOOP(LoopBesideCvtI, ES_OP_CVTI)
-ES_BESIDE_LOOP(LoopBesideCvtF, ES_OP_CVTF)
-ES_BESIDE_LOOP(LoopBesideRound, ES_OP_ROUND)
-ES_BESIDE_LOOP(LoopBesideCmp, ES_OP_CMP)
+#define ES_OP_MUL(i) ES_OP3(vmulps, i)
+#define ES_OP_FMA(i) ES_OP3(vfmadd231ps, i)
+#define ES_BESIDE_OPS(X)                                                                          \
+  X(Add, "vaddps", ES_OP_ADD) X(Max, "vmaxps", ES_OP_MAX) X(CvtI, "vcvtdq2ps", ES_OP_CVTI)         \
+  X(CvtF, "vcvtps2dq", ES_OP_CVTF) X(Round, "vrndscaleps", ES_OP_ROUND)                            \
+  X(Scalef, "vscalefps", ES_OP_SCALEF) X(Pack, "vpackusdw", ES_OP_PACK) X(Shuf, "vpshufb", ES_OP_SHUF) \
+  X(Cmp, "vcmpps_k", ES_OP_CMP) X(Mul, "vmulps", ES_OP_MUL) X(Fma, "vfmadd231ps", ES_OP_FMA)
+#define ES_BESIDE_DEFINE(SUFFIX, NAME, OP) ES_BESIDE_LOOP(LoopBeside##SUFFIX, OP)
+ES_BESIDE_OPS(ES_BESIDE_DEFINE)
+#define ES_BESIDE_POINTER(SUFFIX, NAME, OP) LoopBeside##SUFFIX,
+constexpr void (*kBesideLoops[])(int64_t, uint32_t) = {ES_BESIDE_OPS(ES_BESIDE_POINTER)};
 
 #define ES_REP14(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13)
 #define ES_REP6(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5)
@@ -222,10 +222,8 @@ template <void (*kLoop)(int64_t, uint32_t)>
 bool Runs() {
 #if defined(__x86_64__)
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  if (kLoop == LoopDpbusd || kLoop == LoopDpbusdEpilogue || kLoop == LoopBesideAdd || kLoop == LoopBesideMul ||
-      kLoop == LoopBesideFma || kLoop == LoopBesideMax || kLoop == LoopBesidePack || kLoop == LoopBesideShuf ||
-      kLoop == LoopBesideScalef || kLoop == LoopBesideCvtI || kLoop == LoopBesideCvtF || kLoop == LoopBesideRound ||
-      kLoop == LoopBesideCmp)
+  if (kLoop == LoopDpbusd || kLoop == LoopDpbusdEpilogue ||
+      std::find(std::begin(kBesideLoops), std::end(kBesideLoops), kLoop) != std::end(kBesideLoops))
     return avx512 && __builtin_cpu_supports("avx512vnni");
   if (kLoop == LoopDpbf16) return avx512 && __builtin_cpu_supports("avx512bf16");
   if (kLoop == LoopFma) return avx512;
@@ -261,19 +259,12 @@ BENCHMARK(BM_Peak<LoopDpbusdEpilogue, 128, 0x01010101u, 16>)
     ->Threads(1)
     ->Threads(2)
     ->UseRealTime();
-#define ES_BESIDE_BENCH(LOOP, NAME) \
-  BENCHMARK(BM_Peak<LOOP, 128, 0x01010101u, 16>)->Name("peak/vpdpbusd_beside_" NAME "_zmm")->Threads(1)->UseRealTime();
-ES_BESIDE_BENCH(LoopBesideAdd, "vaddps")
-ES_BESIDE_BENCH(LoopBesideMax, "vmaxps")
-ES_BESIDE_BENCH(LoopBesideCvtI, "vcvtdq2ps")
-ES_BESIDE_BENCH(LoopBesideCvtF, "vcvtps2dq")
-ES_BESIDE_BENCH(LoopBesideRound, "vrndscaleps")
-ES_BESIDE_BENCH(LoopBesideScalef, "vscalefps")
-ES_BESIDE_BENCH(LoopBesidePack, "vpackusdw")
-ES_BESIDE_BENCH(LoopBesideShuf, "vpshufb")
-ES_BESIDE_BENCH(LoopBesideCmp, "vcmpps_k")
-ES_BESIDE_BENCH(LoopBesideMul, "vmulps")
-ES_BESIDE_BENCH(LoopBesideFma, "vfmadd231ps")
+#define ES_BESIDE_BENCH(SUFFIX, NAME, OP)                                                    \
+  BENCHMARK(BM_Peak<LoopBeside##SUFFIX, 128, 0x01010101u, 16>)                                \
+      ->Name("peak/vpdpbusd_beside_" NAME "_zmm")                                             \
+      ->Threads(1)                                                                            \
+      ->UseRealTime();
+ES_BESIDE_OPS(ES_BESIDE_BENCH)
 BENCHMARK(BM_Peak<LoopDpbf16, 64, 0x3F803F80u>)->Name("peak/vdpbf16ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopFma, 32, 0x3F800000u>)->Name("peak/vfmadd231ps_zmm")->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_Peak<LoopDpbusdYmm, 64, 0x01010101u, 14>)->Name("peak/vpdpbusd_ymm")->Threads(1)->Threads(2)->UseRealTime();

@@ -1,6 +1,7 @@
 #include "kernels/phase_timer.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -10,7 +11,10 @@ namespace {
 std::atomic<bool>& Enabled() {
   static std::atomic<bool> on{[] {
     const char* env = std::getenv("ESTREAM_PHASE_TIMERS");
-    return env != nullptr && std::strcmp(env, "1") == 0;
+    if (env == nullptr || *env == '\0' || std::strcmp(env, "0") == 0) return false;
+    if (std::strcmp(env, "1") == 0) return true;
+    std::fprintf(stderr, "estream: warning: ESTREAM_PHASE_TIMERS=%s is not 0 or 1; the phase timers stay off\n", env);
+    return false;
   }()};
   return on;
 }

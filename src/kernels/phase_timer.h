@@ -2,9 +2,9 @@
 // and its driver AttentionPrefillWith): where a call's time goes (Q's quantisation, the Q.K^T and
 // P.V tiles, the softmax, the output, the K/V conversion, ...), for tuning it (docs/PERFORMANCE.md,
 // "Machine B, 2026-12-06"). Other kernels time only the driver's phases (conversion, fp32 rows).
-// Off unless ESTREAM_PHASE_TIMERS=1 is in the environment or EnablePhaseTimers(true) was called;
-// off, a PhaseClock is one predictable branch per phase boundary (measured: no change in the
-// kernel's time). On, each boundary reads the time-stamp counter (x86 rdtsc; elsewhere the steady
+// Off unless ESTREAM_PHASE_TIMERS=1 is in the environment (any value but 0 or 1: a warning on
+// stderr, off) or EnablePhaseTimers(true) was called; off, a PhaseClock is one predictable branch
+// per phase boundary (measured: no change in the kernel's time). On, each boundary reads the time-stamp counter (x86 rdtsc; elsewhere the steady
 // clock in ns), and each PhaseClock adds its per-phase sums to process-wide atomic totals when it
 // goes out of scope. `ops_bench`'s BM_Attention reports the shares as counters (pct_<phase>) when
 // the timers are on. The reads are not ordered with the work around them, so a boundary is exact
