@@ -90,15 +90,12 @@ JOB=$(cd "$D" && ESTREAM="$E" sbatch --parsable --array=0-3 --cpus-per-task=1 --
 JOB=${JOB%%;*}
 echo "slurm test: submitted array job $JOB (4 tasks)"
 
-# Kill task 1's estream once its shard has some lines but not all, then requeue the task.
+# Kill task 1's estream once its shard has some lines but not all (kill_when_lines.py: without a
+# race between counting and killing), then requeue the task.
 S1=$D/shards/shard-1-of-4.jsonl
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
-wait_for 90 "task 1 to write its first results" bash -c "[ \$(wc -l < '$S1' 2>/dev/null || echo 0) -ge 20 ]" ||
-  fail "task 1 wrote nothing"
-PID=$(pgrep -f -- "--output $S1 " | head -n 1 || true)
-[ -n "$PID" ] || fail "task 1 finished before it could be killed (make the input longer)"
-kill -KILL "$PID"
-KILLED_AT=$(lines "$S1")
+KILLED=$(python3 "$ROOT/tests/slurm/kill_when_lines.py" "$S1" 20 90) || fail "killing task 1 mid-way: $KILLED"
+read -r PID KILLED_AT <<<"$KILLED"
 echo "slurm test: killed task 1's estream (pid $PID) with $KILLED_AT of ~$((N_LINES / 4)) lines written"
 task_state() { scontrol -o show job "${JOB}_$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | head -n 1 | cut -d= -f2; }
 wait_for 60 "task 1 to end after the kill" bash -c "scontrol -o show job ${JOB}_1 | grep -Eq 'JobState=(FAILED|COMPLETED)'" ||
