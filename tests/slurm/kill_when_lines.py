@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
-"""Kills (SIGKILL) the process whose command line has `--output FILE` once FILE has MIN lines.
+"""Kills (SIGKILL) process PID once FILE, which it writes, has MIN lines.
 
-    kill_when_lines.py FILE MIN TIMEOUT_S      prints "PID LINES" and exits 0; else a reason, exit 1
+    kill_when_lines.py PID FILE MIN TIMEOUT_S    prints "PID LINES" and exits 0; else a reason, exit 1
 
-It looks for the process in /proc; found, every 5 ms it stops it (SIGSTOP), counts FILE's lines,
-and kills it while still stopped when there are MIN or more, else lets it go on (SIGCONT). So the
-process cannot finish between the count and the kill, as it could with a shell loop of wc, pgrep
-and kill, each a process start on a host the other tasks keep busy (run_slurm_test.sh's task
-scores its ~1500 lines in about a second).
+Every 5 ms it stops the process (SIGSTOP), counts FILE's lines, and kills it while still stopped
+when there are MIN or more, else lets it go on (SIGCONT): the process cannot finish between the
+count and the kill. Its caller starts the process (estream_kill_task.sh), so it cannot be missed
+either, as a search for it could when it ran for less than a second on a busy host.
 """
 import os
 import signal
@@ -23,28 +22,9 @@ def count_lines(path):
         return 0
 
 
-def find(needle):
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                if needle in f.read():
-                    return int(pid)
-        except OSError:
-            pass  # gone meanwhile
-    return None
-
-
 def main():
-    out, min_lines, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    needle = b"--output\0" + out.encode() + b"\0"
+    pid, out, min_lines, timeout = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     end = time.monotonic() + timeout
-    pid = None
-    while pid is None:
-        if time.monotonic() > end:
-            print("no process writing %s appeared within %g s" % (out, timeout))
-            return 1
-        pid = find(needle)
-        time.sleep(0.005)
     while time.monotonic() < end:
         try:
             os.kill(pid, signal.SIGSTOP)

@@ -56,7 +56,7 @@ START=$SECONDS
 # ---- a tiny packed model and an input with every kind of line ----
 timeout 60 "$E" synth --preset tiny --arch qwen3moe -q -o "$D/tiny.gguf" >/dev/null || fail "synth"
 timeout 60 "$E" pack "$D/tiny.gguf" -o "$D/tiny.packed.gguf" >/dev/null 2>&1 || fail "pack"
-N_LINES=6000
+N_LINES=12000
 python3 - "$D/in.jsonl" "$N_LINES" <<'EOF'
 import json, sys
 path, n = sys.argv[1], int(sys.argv[2])
@@ -84,18 +84,19 @@ echo "slurm test: single process: $(tail -n 1 "$D/single.log")"
 
 # ---- the array: 4 tasks, 1 CPU and 400 MiB each (budget 400 - 256 = 144 MiB) ----
 mkdir -p "$D/shards"
-JOB=$(cd "$D" && ESTREAM="$E" sbatch --parsable --array=0-3 --cpus-per-task=1 --mem=400M \
+# Task 1's first run is killed mid-way (SIGKILL once its shard has 20 lines; estream_kill_task.sh,
+# which starts that estream itself, so that a run of under a second cannot be missed), then requeued.
+JOB=$(cd "$D" && ESTREAM="$ROOT/tests/slurm/estream_kill_task.sh" ESTREAM_REAL="$E" KILL_TASK=1 \
+  KILL_REPORT="$D/kill.txt" sbatch --parsable --array=0-3 --cpus-per-task=1 --mem=400M \
   --output="$D/out/task-%A_%a.log" "$SBATCH_SCRIPT" "$D/tiny.packed.gguf" "$D/in.jsonl" "$D/shards" \
   "${SCORE_FLAGS[@]}") || fail "sbatch"
 JOB=${JOB%%;*}
 echo "slurm test: submitted array job $JOB (4 tasks)"
 
-# Kill task 1's estream once its shard has some lines but not all (kill_when_lines.py: without a
-# race between counting and killing), then requeue the task.
-S1=$D/shards/shard-1-of-4.jsonl
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
-KILLED=$(python3 "$ROOT/tests/slurm/kill_when_lines.py" "$S1" 20 90) || fail "killing task 1 mid-way: $KILLED"
-read -r PID KILLED_AT <<<"$KILLED"
+wait_for 100 "task 1's estream to be killed" test -f "$D/kill.txt" || fail "task 1's estream was not killed"
+read -r PID KILLED_AT <"$D/kill.txt" || true
+[[ "$PID $KILLED_AT" =~ ^[0-9]+\ [0-9]+$ ]] || fail "killing task 1 mid-way: $(cat "$D/kill.txt")"
 echo "slurm test: killed task 1's estream (pid $PID) with $KILLED_AT of ~$((N_LINES / 4)) lines written"
 task_state() { scontrol -o show job "${JOB}_$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | head -n 1 | cut -d= -f2; }
 wait_for 60 "task 1 to end after the kill" bash -c "scontrol -o show job ${JOB}_1 | grep -Eq 'JobState=(FAILED|COMPLETED)'" ||
