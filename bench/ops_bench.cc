@@ -32,10 +32,10 @@
 #include "base/memory.h"
 #include "base/timer.h"
 #include "kernels/attention_lowp.h"
-#include "kernels/phase_timer.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_internal.h"
+#include "kernels/phase_timer.h"
 #if defined(__x86_64__)
 #include "kernels/x86_avx512/attention_amx.h"
 #endif
