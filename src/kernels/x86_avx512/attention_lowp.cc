@@ -12,6 +12,10 @@
 //   PV step, per 6 head dims x 4 query vectors: 24 int32 accumulators; per 4 keys one vpdpbusd
 //     each, P (times the key's V scale) as u8 (keys 4p .. 4p + 3 per lane) and V's s8 quad of
 //     the dim broadcast; one conversion and FMA per output and key block (PvTile).
+//   The diagonal block (the tile's last, keys kb = q0 ..): query vector c sees only keys up to
+//     16 c + 15, so both steps skip the (key, query vector) pairs after that, ~37% of the block's
+//     products (with 64 x 64 blocks 11% of the products at T = 1024, 3% at 4096); the sums are
+//     the same (the skipped scores are masked to -inf, the skipped P are 0).
 // Compiled with the AVX-512 flags only; the table carries it where the host has AVX-512 (with
 // VNNI and BF16: HostIsa() == kAvx512 requires both, base/cpu.h) and no selected AMX kernel.
 #include <immintrin.h>
@@ -150,26 +154,28 @@ struct LowpScratch {
 // accumulator and, inlined into the block's loop, copied each accumulator through another register
 // (about two vmovdqa per vpdpbusd) and spilled one; as asm inside the inlined loop it kept all 16
 // accumulators on the stack (the cause of the slow asm attempt in docs/PERFORMANCE.md). Out of line,
-// the asm loop holds them in registers (the result is the same integer sum).
-template <int R>
+// the asm loop holds them in registers (the result is the same integer sum). Query vectors below
+// C0 are skipped (their ST rows keep whatever they held): on the diagonal, the keys come after
+// every query of those vectors, and the causal mask sets their scores to -inf.
+template <int R, int C0>
 __attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* corr, const float* sk,
                                       const uint8_t* q4, const __m512* sq, float* st) {
   __m512i acc[R][kVecs];
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_setzero_si512();
+    for (int c = C0; c < kVecs; ++c) acc[r][c] = _mm512_setzero_si512();
   for (int d4 = 0; d4 < dp / 4; ++d4) {
     __m512i q[kVecs];
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c) q[c] = _mm512_loadu_si512(q4 + (d4 * kLowpRows + c * 16) * 4);
+    for (int c = C0; c < kVecs; ++c) q[c] = _mm512_loadu_si512(q4 + (d4 * kLowpRows + c * 16) * 4);
     ESTREAM_UNROLL
     for (int r = 0; r < R; ++r) {
       int32_t w;
       std::memcpy(&w, ki + r * dp + 4 * d4, 4);
       const __m512i kb = _mm512_set1_epi32(w);
       ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc[r][c]) : "v"(q[c]), "v"(kb));
+      for (int c = C0; c < kVecs; ++c) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc[r][c]) : "v"(q[c]), "v"(kb));
     }
   }
   ESTREAM_UNROLL
@@ -177,7 +183,7 @@ __attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* c
     const __m512i cr = _mm512_set1_epi32(corr[r]);
     const __m512 skr = _mm512_set1_ps(sk[r]);
     ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c)
+    for (int c = C0; c < kVecs; ++c)
       _mm512_storeu_ps(st + r * kLowpRows + c * 16,
                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][c], cr)), _mm512_mul_ps(sq[c], skr)));
   }
@@ -188,29 +194,45 @@ __attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* c
 // tile rescales: alpha is 1 in all of them, and O * 1 = O exactly); kRescale: OT alpha + product.
 enum class PvMode { kFirst, kAdd, kRescale };
 
-// OT rows c0 .. c0 + R (head dims) = OT alpha + float(sum over nq4 key quads of P4 . VQ) g:
+// OT rows c0 .. c0 + R (head dims) = OT alpha + float(sum over the key quads of P4 . VQ) g:
 // P4 u8 (4 keys per lane), VQ the s8 quad of the dim broadcast; per 4 keys one vpdpbusd per
-// accumulator (inline asm, out of line, for the reason given at QkTile). kMode: as PvMode says;
-// kLast: the tile's last block, the result stored times inv_l (1 / l): the normalisation without
-// a pass of its own.
-template <int R, PvMode kMode, bool kLast>
-__attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t* p4, int nq4, const __m512* alpha,
-                                      const __m512* g, const __m512* inv_l, float* ot) {
+// accumulator (inline asm, out of line, for the reason given at QkTile). Query vector c takes the
+// quads below lim[c] (non-decreasing in c): past it, every key comes after the vector's queries
+// and its P is 0, so that the skipped products add nothing and the sums are the same. kDiag: lim
+// may differ by vector (the diagonal block), else every vector takes lim[kVecs - 1] quads in one
+// loop (a separate instantiation: the loop in four parts cost the other blocks ~3%). kMode: as
+// PvMode says; kLast: the tile's last block, the result stored times inv_l (1 / l): the
+// normalisation without a pass of its own.
+template <int R, PvMode kMode, bool kLast, bool kDiag>
+__attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t* p4, const int* lim,
+                                      const __m512* alpha, const __m512* g, const __m512* inv_l, float* ot) {
   __m512i acc[R][kVecs];
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
     for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_setzero_si512();
-  for (int p = 0; p < nq4; ++p) {
-    __m512i pv[kVecs];
-    ESTREAM_UNROLL
-    for (int c = 0; c < kVecs; ++c) pv[c] = _mm512_loadu_si512(p4 + p * kLowpRows + c * 16);
-    ESTREAM_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m512i vv = _mm512_set1_epi32(static_cast<int>(vq[p * d + r]));
+  // Quads [lim[C0 - 1], lim[C0]) for the vectors C0 and above.
+  auto quads = [&]<int C0>(int p_begin, int p_end) __attribute__((always_inline)) {
+    for (int p = p_begin; p < p_end; ++p) {
+      __m512i pv[kVecs];
       ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc[r][c]) : "v"(pv[c]), "v"(vv));
+      for (int c = C0; c < kVecs; ++c) pv[c] = _mm512_loadu_si512(p4 + p * kLowpRows + c * 16);
+      ESTREAM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i vv = _mm512_set1_epi32(static_cast<int>(vq[p * d + r]));
+        ESTREAM_UNROLL
+        for (int c = C0; c < kVecs; ++c) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc[r][c]) : "v"(pv[c]), "v"(vv));
+      }
     }
+  };
+  static_assert(kVecs == 4);
+  if constexpr (kDiag) {
+    quads.template operator()<0>(0, lim[0]);
+    quads.template operator()<1>(lim[0], lim[1]);
+    quads.template operator()<2>(lim[1], lim[2]);
+    quads.template operator()<3>(lim[2], lim[3]);
+  } else {
+    quads.template operator()<0>(0, lim[3]);
   }
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -404,8 +426,10 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   auto q_row = [&](int x, int i) {
     return a.q + static_cast<int64_t>(tile_q0(x) + i) * a.ldq + static_cast<int64_t>(tile_head(x)) * d;
   };
-  // Row i of tile x: qi + 128 as u8 (dp bytes) into `row`, and sq_i.
-  auto quantise_row = [&](int x, int i, uint8_t* row) {
+  // Row i of tile x: qi + 128 as u8 (dp bytes) into `row`, and sq_i. This function's lambdas are
+  // always_inline: GCC 12 left this one and start_tiles out of line once the function grew (the
+  // diagonal block's steps), and Q's quantisation then took ~60% longer.
+  auto quantise_row = [&](int x, int i, uint8_t* row) __attribute__((always_inline)) {
     float* sq = tile_sq(x);
     if (tile_q0(x) + i >= t_end) {
       std::memset(row, 0x80, dp);
@@ -434,7 +458,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   // quantised 16 at a time into the tile's q_rows and then turned into Q4's layout (query i's 4
   // dims d4 at word d4 * 64 + i) by 16 x 16 word transposes: written word by word, the layout
   // took ~8% of the group's own time at T = 1024 (Qwen3 shape, 1 thread).
-  auto start_tiles = [&]() {
+  auto start_tiles = [&]() __attribute__((always_inline)) {
     constexpr int kAhead = 4;
     const size_t rows_bytes = static_cast<size_t>(16) * dp;
     for (int i0 = 0; i0 < kQ; i0 += 16) {
@@ -463,7 +487,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   // kernel at T = 1024, ~2% at 4096, Qwen3 and OLMoE shapes, 2 threads; docs/PERFORMANCE.md).
   constexpr int64_t kStreamBytes = int64_t{8} << 20;
   const bool stream_out = static_cast<int64_t>(a.n_tokens - a.q_begin) * a.ldo * 4 >= kStreamBytes && a.ldo % 16 == 0;
-  auto finish_tile = [&](int x) {
+  auto finish_tile = [&](int x) __attribute__((always_inline)) {
     const int q0 = tile_q0(x);
     const int nq = std::min(kQ, t_end - q0);
     float* ot = tile_ot(x);
@@ -494,7 +518,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
     const int64_t need = (next_rows * lines_per_row + kPrefetchLines - 1) / kPrefetchLines;
     prefetch_from = std::max<int64_t>(0, steps - need - 1);
   }
-  auto prefetch_next = [&]() {
+  auto prefetch_next = [&]() __attribute__((always_inline)) {
     if (next == nullptr || step++ < prefetch_from) return;
     for (int lines = 0; lines < kPrefetchLines && next_row < next_rows; ++next_row, lines += lines_per_row) {
       const char* r = reinterpret_cast<const char*>(a.q + (next->t_begin + next_row) * a.ldq +
@@ -520,9 +544,24 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       __m512 sq[kVecs];
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) sq[c] = _mm512_loadu_ps(tile_sq(x) + c * 16);
-      ForTiles<kQkKeys>(nk, [&]<int R>(int j) {
-        QkTile<R>(ki + static_cast<size_t>(j) * dp, dp, corr + j, sk + j, q4, sq, st + j * kQ);
-      });
+      // The diagonal block (kb = q0, all 64 keys): query vector c sees key kb + j only if j <= 16 c
+      // + 15, so the keys 16 s .. 16 s + 15 need the vectors from s on; the vectors below keep
+      // whatever ST held, and the causal mask sets their scores to -inf. With fewer vectors a
+      // call takes more keys, so that it still holds 12-16 accumulators (fewer wait on their own
+      // latency). The same for P.V below, by key quad (lim).
+      auto qk = [&]<int R, int C0>(int j0, int j1) __attribute__((always_inline)) {
+        for (int j = j0; j < j1; j += R)
+          QkTile<R, C0>(ki + static_cast<size_t>(j) * dp, dp, corr + j, sk + j, q4, sq, st + j * kQ);
+      };
+      if (kb == q0 && nk == kLowpKeys) {
+        static_assert(kVecs == 4 && kLowpKeys == 64);
+        qk.template operator()<4, 0>(0, 16);
+        qk.template operator()<4, 1>(16, 32);
+        qk.template operator()<8, 2>(32, 48);
+        qk.template operator()<16, 3>(48, 64);
+      } else {
+        ForTiles<kQkKeys>(nk, [&]<int R>(int j) { qk.template operator()<R, 0>(j, j + R); });
+      }
       clock.Mark(kPhaseQk);
       // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i.
       for (int j = std::max(0, q0 - kb + 1); j < nk; ++j)
@@ -584,11 +623,19 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         g[c] = _mm512_mul_ps(_mm512_mul_ps(cb[c], mu), _mm512_set1_ps(1.0f / 255.0f));
       }
       clock.Mark(kPhaseSoftmax);
+      // lim[c]: the key quads that query vector c sees (the last visible key q0 + 16 c + 15).
+      // Rounding toward zero can only take a quad more, whose P is 0. Past lim[c] P is not
+      // computed (its e would be 0: adding it leaves the sum as it is).
       const int nq4 = (nk + 3) / 4;
+      int lim[kVecs];
       ESTREAM_UNROLL
-      for (int c = 0; c < kVecs; ++c)
-        sum[c] = full ? PQuads<true>(st + c * 16, nk, bx[c], _mm512_setzero_ps(), pw, p4 + c * 16)
-                      : PQuads<false>(st + c * 16, nk, bx[c], inv[c], sv, p4 + c * 16);
+      for (int c = 0; c < kVecs; ++c) lim[c] = std::clamp((q0 + 16 * c + 15 - kb) / 4 + 1, 0, nq4);
+      ESTREAM_UNROLL
+      for (int c = 0; c < kVecs; ++c) {
+        const int nk_c = std::min(nk, 4 * lim[c]);
+        sum[c] = full ? PQuads<true>(st + c * 16, nk_c, bx[c], _mm512_setzero_ps(), pw, p4 + c * 16)
+                      : PQuads<false>(st + c * 16, nk_c, bx[c], inv[c], sv, p4 + c * 16);
+      }
       const bool first = kb == 0, last = kb + kLowpKeys >= q1;
       __m512 inv_l[kVecs];  // 1 / l, needed (and computed) in the tile's last key block only
       ESTREAM_UNROLL
@@ -599,9 +646,11 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       }
       clock.Mark(kPhaseP);
       float* ot = tile_ot(x);
+      const bool diag = lim[0] < lim[kVecs - 1];
       auto pv = [&]<PvMode kMode, bool kLast>() {
         ForTiles<kPvDims>(d, [&]<int R>(int c0) {
-          PvTile<R, kMode, kLast>(vb + c0, d, p4, nq4, alpha, g, inv_l, ot + c0 * kQ);
+          if (diag) PvTile<R, kMode, kLast, true>(vb + c0, d, p4, lim, alpha, g, inv_l, ot + c0 * kQ);
+          else PvTile<R, kMode, kLast, false>(vb + c0, d, p4, lim, alpha, g, inv_l, ot + c0 * kQ);
         });
       };
       auto pv_mode = [&]<bool kLast>() {
