@@ -6,9 +6,10 @@
 // stderr, off) or EnablePhaseTimers(true) was called; off, a PhaseClock is one predictable branch
 // per phase boundary (measured: no change in the kernel's time). On, each boundary reads the
 // time-stamp counter (x86 rdtsc; elsewhere the steady clock in ns), and each PhaseClock adds its
-// per-phase sums to process-wide atomic totals when it goes out of scope. `ops_bench`'s BM_Attention reports the shares as counters (pct_<phase>) when
-// the timers are on. The reads are not ordered with the work around them, so a boundary is exact
-// to some hundred cycles, and they add ~5% to a call.
+// per-phase sums to process-wide atomic totals when it goes out of scope. `ops_bench`'s
+// BM_Attention reports the shares as counters (pct_<phase>) when the timers are on. The reads are
+// not ordered with the work around them, so a boundary is exact to some hundred cycles, and they
+// add ~5% to a call.
 // Thread safety: PhaseClock is per thread; the totals are atomics.
 #pragma once
 
