@@ -179,7 +179,7 @@ std::vector<float> RefRows(const Problem& p, int t_begin, int t_end, LowpPv pv) 
   const int blocks = (t_end + kLowpKeys - 1) / kLowpKeys;
   const int rep = p.s.n_head / p.s.n_head_kv;
   for (int h = 0; h < p.s.n_head_kv; ++h) {
-    for (int b = 0; b < blocks; ++b) kt.attention_convert_bf16(a, h, b, kv.get());
+    kt.attention_convert_bf16(a, h, 0, blocks, kv.get());
     kt.attention_block_bf16(a, kv.get(), h * rep, (h + 1) * rep, t_begin, t_end);
   }
   return out;
@@ -372,7 +372,8 @@ void CheckUnevenDirectCalls(const KernelTable& kt, const Problem& p, Want want, 
   const AttentionArgs a = p.Args(out.data());
   const int blocks = (s.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
   for (int h = 0; h < s.n_head_kv; ++h)
-    for (int b = 0; b < blocks; ++b) kt.attention_convert_bf16(a, h, b, kv.get() + h * (bytes / 2));
+    for (const auto& [b0, b1] : {std::pair{0, blocks / 2}, std::pair{blocks / 2, blocks}})  // ranges as threads get them
+      kt.attention_convert_bf16(a, h, b0, b1, kv.get() + h * (bytes / 2));
   const int rep = s.n_head / s.n_head_kv;
   for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {
     std::fill(out.begin(), out.end(), kNaN);

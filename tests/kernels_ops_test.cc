@@ -507,7 +507,7 @@ TEST(AttentionAmx, MatchesFp64WithinBf16Bound) {
       const size_t head_elems = kt->attention_kv_bytes_bf16(s.head_dim, s.n_tokens) / sizeof(uint16_t);
       AlignedPtr<uint16_t> kv16 = AllocAligned<uint16_t>(head_elems * s.n_head_kv);
       for (int kv = 0; kv < s.n_head_kv; ++kv)
-        for (int b = 0; b < kv_blocks; ++b) kt->attention_convert_bf16(a, kv, b, kv16.get() + kv * head_elems);
+        for (int b = 0; b < kv_blocks; ++b) kt->attention_convert_bf16(a, kv, b, b + 1, kv16.get() + kv * head_elems);
       for (int h = 0; h < s.n_head; h += heads)
         for (int t0 = 0; t0 < s.n_tokens; t0 += rows)
           kt->attention_block_bf16(a, kv16.get() + (h / rep) * head_elems, h, h + heads, t0,

@@ -129,6 +129,9 @@ void AttentionLowpConvertKvRef(const AttentionArgs& a, int kv_head, int block, u
 void AttentionLowpConvertKvRefInt8(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
 #if defined(__x86_64__)
 void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
+// Blocks [block_begin, block_end) of the head (KernelTable::attention_convert_bf16): mu once.
+void AttentionLowpConvertKvBlocksAvx512(const AttentionArgs& a, int kv_head, int block_begin, int block_end,
+                                        uint16_t* kv);
 void AttentionLowpConvertKvAvx2(const AttentionArgs& a, int kv_head, int block, uint16_t* kv);
 #endif
 
@@ -163,7 +166,7 @@ size_t AttentionLowpScratchBytesAvx2(int head_dim, int tiles);
 void FillAttentionLowpRef(KernelTable* t, LowpPv pv);
 // What the three Fill functions share: the format's constants (kLowpKeys, kLowpRows, the exact
 // first key block, AttentionLowpKvBytes) and the kernel's own conversion, block and scratch size.
-void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, uint16_t*),
+void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, int, uint16_t*),
                       void (*block)(const AttentionArgs&, const uint16_t*, int, int, int, int),
                       size_t (*scratch_bytes)(int, int));
 #if defined(__x86_64__)

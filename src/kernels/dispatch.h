@@ -31,6 +31,13 @@ constexpr int GemmQuantSlot(QuantType t) {
   return -1;
 }
 
+// KernelTable::attention_convert_bf16 from a function that converts one key block: the blocks of
+// the range in turn.
+template <void (*kConvertBlock)(const AttentionArgs& a, int kv_head, int block, uint16_t* kv16)>
+void ConvertKvBlocks(const AttentionArgs& a, int kv_head, int block_begin, int block_end, uint16_t* kv16) {
+  for (int b = block_begin; b < block_end; ++b) kConvertBlock(a, kv_head, b, kv16);
+}
+
 struct KernelTable {
   Isa isa = Isa::kScalar;
 
@@ -66,11 +73,14 @@ struct KernelTable {
   // The bf16 path (AMX-BF16 where the host has it and ESTREAM_ATTN_BF16 is not "0"; else on
   // AVX-512 the int8/bf16 kernel of attention_lowp.h unless ESTREAM_ATTN_LOWP is "0"; on AArch64
   // with FEAT_BF16 the BFDOT kernel unless either switch is "0"; all null elsewhere), used for AttentionArgs::allow_bf16: low-precision operands, fp32 accumulation. K and V
-  // are converted once per AttentionPrefill call: attention_convert_bf16 writes key block `block`
-  // (attention_kv_block_bf16 keys) of kv head `kv_head` into kv16, that head's buffer of
-  // attention_kv_bytes_bf16(head_dim, n_tokens) bytes; attention_block_bf16 then has the contract
-  // of attention_block, reading K and V from the buffer of the heads' kv head.
-  void (*attention_convert_bf16)(const AttentionArgs& a, int kv_head, int block, uint16_t* kv16) = nullptr;
+  // are converted once per AttentionPrefill call: attention_convert_bf16 writes key blocks
+  // [block_begin, block_end) (attention_kv_block_bf16 keys each) of kv head `kv_head` into kv16,
+  // that head's buffer of attention_kv_bytes_bf16(head_dim, n_tokens) bytes (a range, so that what
+  // the blocks of a head share is computed once per call: ConvertKvBlocks makes one of a function
+  // of one block); attention_block_bf16 then has the contract of attention_block, reading K and V
+  // from the buffer of the heads' kv head.
+  void (*attention_convert_bf16)(const AttentionArgs& a, int kv_head, int block_begin, int block_end,
+                                 uint16_t* kv16) = nullptr;
   size_t (*attention_kv_bytes_bf16)(int head_dim, int n_tokens) = nullptr;
   int attention_kv_block_bf16 = 0;
   void (*attention_block_bf16)(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end,

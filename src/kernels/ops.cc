@@ -126,12 +126,19 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
     PhaseClock clock;  // ESTREAM_PHASE_TIMERS (phase_timer.h); the block kernel times its own phases
     for (int h0 = 0; h0 < a.n_head_kv; h0 += p.phase_heads) {
       const int nh = std::min(p.phase_heads, a.n_head_kv - h0);
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < static_cast<int64_t>(nh) * kv_blocks; ++i) {
-        const int h = static_cast<int>(i / kv_blocks);
-        kt.attention_convert_bf16(a, h0 + h, static_cast<int>(i % kv_blocks), kv + h * head_elems);
+      // The (head, block) pairs in equal contiguous shares (as a static schedule), each thread's
+      // share as one block range per head: what a head's blocks share is computed once a range.
+      {
+        const int64_t n = static_cast<int64_t>(nh) * kv_blocks, nt = omp_get_num_threads(), id = omp_get_thread_num();
+        for (int64_t i = n * id / nt, end = n * (id + 1) / nt; i < end;) {
+          const int h = static_cast<int>(i / kv_blocks), b0 = static_cast<int>(i % kv_blocks);
+          const int b1 = static_cast<int>(std::min<int64_t>(kv_blocks, b0 + (end - i)));
+          kt.attention_convert_bf16(a, h0 + h, b0, b1, kv + h * head_elems);
+          i += b1 - b0;
+        }
         clock.Mark(kPhaseConvert);
       }
+#pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < p.per_kv * nh; ++i) {
         clock.Mark(kPhaseOther);

@@ -213,7 +213,7 @@ void BlockNeonBf16(const AttentionArgs& a, const uint16_t* kv, int head_begin, i
 }  // namespace
 
 void FillNeonBf16Attention(KernelTable* t) {
-  t->attention_convert_bf16 = ConvertKvNeonBf16;
+  t->attention_convert_bf16 = ConvertKvBlocks<ConvertKvNeonBf16>;
   t->attention_kv_bytes_bf16 = KvBytesNeonBf16;
   t->attention_kv_block_bf16 = kKeys;
   t->attention_block_bf16 = BlockNeonBf16;

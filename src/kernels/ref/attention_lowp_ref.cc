@@ -280,7 +280,7 @@ void AttentionBlockLowpRefInt8(const AttentionArgs& a, const uint16_t* kv, int h
   BlockRef(a, kv, head_begin, head_end, t_begin, t_end, LowpPv::kInt8);
 }
 
-void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, uint16_t*),
+void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int, int, int, uint16_t*),
                       void (*block)(const AttentionArgs&, const uint16_t*, int, int, int, int),
                       size_t (*scratch_bytes)(int, int)) {
   t->attention_convert_bf16 = convert;
@@ -293,8 +293,8 @@ void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int,
 }
 
 void FillAttentionLowpRef(KernelTable* t, LowpPv pv) {
-  if (pv == LowpPv::kInt8) SetAttentionLowp(t, AttentionLowpConvertKvRefInt8, AttentionBlockLowpRefInt8, nullptr);
-  else SetAttentionLowp(t, AttentionLowpConvertKvRef, AttentionBlockLowpRef, nullptr);
+  if (pv == LowpPv::kInt8) SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvRefInt8>, AttentionBlockLowpRefInt8, nullptr);
+  else SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvRef>, AttentionBlockLowpRef, nullptr);
 }
 
 }  // namespace estream::kernels

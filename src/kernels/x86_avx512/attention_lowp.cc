@@ -44,8 +44,57 @@ constexpr float kLog2eF = 1.44269504088896340736f;
 constexpr int kVecs = kLowpRows / 16;  // 4 query vectors per tile
 constexpr int kQkKeys = 4;             // keys per QK register tile (6 made GCC 12 spill)
 constexpr int kPvDims = 6;             // head dims per PV register tile
+constexpr int kGroupTiles = 8;         // tiles per group (AttentionBlockLowpAvx512)
 
 inline __mmask16 Tail16(int rest) { return rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1); }
+
+// Every lane = the largest lane of x: the per-row maxima of the quantisations stay in a vector
+// (no extract, scalar compare and broadcast on the row's critical path).
+inline __m512 BroadcastMax(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4E));
+  x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
+  x = _mm512_max_ps(x, _mm512_permute_ps(x, 0x4E));
+  return _mm512_max_ps(x, _mm512_permute_ps(x, 0xB1));
+}
+
+// 127 / am where am > 0, else 0 (am's lanes all equal), and am / 127: a row's int8 scale and
+// its inverse, the reference's divisions.
+inline __m512 Inv127(__m512 am) {
+  return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(am, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(127.0f), am);
+}
+inline float Scale127(__m512 am) { return _mm512_cvtss_f32(_mm512_div_ps(am, _mm512_set1_ps(127.0f))); }
+
+// The int32 lanes of x0 .. x3 (values in [-127, 127]) as 64 bytes, x0's 16 first: two saturating
+// packs put, in each 128-bit lane L, dims 4L .. 4L + 3 of x0, x1, x2, x3 side by side, and a dword
+// permutation restores the order (one 64-byte store instead of four vpmovdb and stores).
+inline __m512i PackBytes4(__m512i x0, __m512i x1, __m512i x2, __m512i x3) {
+  const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(x0, x1), _mm512_packs_epi32(x2, x3));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), b);
+}
+
+// Bytes [0, n) of b to dst (n <= 64 is the row's remainder; whole 64-byte stores where it allows).
+inline void StoreBytes(void* dst, __m512i b, int n) {
+  if (n >= 64) _mm512_storeu_si512(dst, b);
+  else _mm512_mask_storeu_epi8(dst, (__mmask64{1} << n) - 1, b);
+}
+
+// A row of `chunks` x 16 values quantised (x[c] * inv rounded to nearest even, as int8, xor
+// `bias`) into dst's first n bytes (n <= 16 chunks: the row's dp), four chunks per store; returns
+// the int32 sums of the quantised values by lane. Lanes beyond the row's values must hold 0 in x.
+inline __m512i QuantiseBytes(const __m512* x, int chunks, __m512 inv, __m512i bias, int8_t* dst, int n) {
+  __m512i sum = _mm512_setzero_si512();
+  ESTREAM_UNROLL
+  for (int c0 = 0; c0 < chunks; c0 += 4) {
+    __m512i xi[4];
+    ESTREAM_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      xi[k] = c0 + k < chunks ? _mm512_cvtps_epi32(_mm512_mul_ps(x[c0 + k], inv)) : _mm512_setzero_si512();
+      sum = _mm512_add_epi32(sum, xi[k]);
+    }
+    StoreBytes(dst + 16 * c0, _mm512_xor_si512(PackBytes4(xi[0], xi[1], xi[2], xi[3]), bias), n - 16 * c0);
+  }
+  return sum;
+}
 
 // 2^x for x <= 0 or -inf (below 2^-125 exactly 0) as the fp32 kernel's (ops_avx512.cc) but with a
 // degree-4 polynomial: P is rounded to 8 bits after it, and the softmax is a quarter of the
@@ -289,22 +338,20 @@ inline __m512 PQuads(const float* st, int nk, __m512 bx, __m512 inv, const float
   return sum;
 }
 
-}  // namespace
-
-void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
+// AttentionLowpConvertKvBlocksAvx512 with kChunks = (head_dim + 15) / 16 as a constant (loops
+// unrolled, a key's row in registers), or 0 for any head_dim.
+template <int kChunks>
+void ConvertKvBlocks(const AttentionArgs& a, int kv_head, int block_begin, int block_end, uint16_t* kv) {
   const LowpLayout L(a.head_dim);
   const int d = a.head_dim, T = a.n_tokens;
-  uint8_t* blk = reinterpret_cast<uint8_t*>(kv) + static_cast<size_t>(block) * L.block_bytes;
-  int8_t* ki = reinterpret_cast<int8_t*>(blk);
-  int32_t* corr = reinterpret_cast<int32_t*>(blk + L.corr);
-  float* sk = reinterpret_cast<float*>(blk + L.sk);
-  uint32_t* vb = reinterpret_cast<uint32_t*>(blk + L.vb);
   const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
   const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
   constexpr int kMaxChunks = 512 / 16;  // head_dim <= 512
   constexpr int kAhead = 32;  // keys
-  const int chunks = (d + 15) / 16;
+  const int chunks = kChunks > 0 ? kChunks : (d + 15) / 16;
   ESTREAM_CHECK(chunks <= kMaxChunks, "low-precision attention: head_dim above 512");
+  // mu, once for the range: per block it re-read the first 64 keys' rows (~17% of the
+  // conversion, OLMoE shape, T = 1024; docs/PERFORMANCE.md).
   __m512 mu[kMaxChunks];
   for (int c = 0; c < chunks; ++c) mu[c] = _mm512_setzero_ps();
   const int ns = std::min(kLowpKeys, T);
@@ -315,78 +362,96 @@ void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block
   }
   const __m512 nsv = _mm512_set1_ps(static_cast<float>(ns));
   for (int c = 0; c < chunks; ++c) mu[c] = _mm512_div_ps(mu[c], nsv);
-  // Key by key: K quantised, and V's scale; after every 4 keys their V quad, while the rows are
-  // in L1. Rows are a.ldk / a.ldv floats apart (all heads of a token together: a page or more),
-  // which the hardware prefetchers do not follow, so both rows go to L2 kAhead keys ahead (into
-  // the next block near the end: a thread converts consecutive blocks of a head). To L2, not L1:
-  // rows a multiple of 4 KiB apart share L1 sets, and 64 rows in flight would evict each other.
-  // Without it the loads were 75% of the conversion and the conversion 27% of the kernel
-  // (OLMoE shape, T = 1024, 1 thread; docs/PERFORMANCE.md).
-  float* sv = reinterpret_cast<float*>(blk + L.sv);
-  const int nk = std::clamp(T - block * kLowpKeys, 0, kLowpKeys);
-  for (int p = 0; p < kLowpKeys / 4; ++p) {
-    __m512 vinv[4];
-    for (int k = 0; k < 4; ++k) {
-      const int j = 4 * p + k, key = block * kLowpKeys + j;
-      int8_t* row = ki + static_cast<size_t>(j) * L.dp;
-      vinv[k] = _mm512_setzero_ps();
-      if (key >= T) {
-        std::memset(row, 0, L.dp);
-        corr[j] = 0;
-        sk[j] = 0.0f;
-        sv[j] = 0.0f;
-        continue;
-      }
-      const float* kr = k_head + static_cast<int64_t>(key) * a.ldk;
-      const float* vr = v_head + static_cast<int64_t>(key) * a.ldv;
-      if (key + kAhead < T)
-        for (int c = 0; c < d; c += 16) {
-          _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * a.ldk + c), _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(vr + kAhead * a.ldv + c), _MM_HINT_T1);
+  for (int block = block_begin; block < block_end; ++block) {
+    uint8_t* blk = reinterpret_cast<uint8_t*>(kv) + static_cast<size_t>(block) * L.block_bytes;
+    int8_t* ki = reinterpret_cast<int8_t*>(blk);
+    int32_t* corr = reinterpret_cast<int32_t*>(blk + L.corr);
+    float* sk = reinterpret_cast<float*>(blk + L.sk);
+    uint32_t* vb = reinterpret_cast<uint32_t*>(blk + L.vb);
+    // Key by key: K quantised, and V's scale; after every 4 keys their V quad, while the rows are
+    // in L1. Rows are a.ldk / a.ldv floats apart (all heads of a token together: a page or more),
+    // which the hardware prefetchers do not follow, so both rows go to L2 kAhead keys ahead (into
+    // the next block near the end: a thread converts consecutive blocks of a head). To L2, not L1:
+    // rows a multiple of 4 KiB apart share L1 sets, and 64 rows in flight would evict each other.
+    // Without it the loads were 75% of the conversion and the conversion 27% of the kernel
+    // (OLMoE shape, T = 1024, 1 thread; docs/PERFORMANCE.md).
+    float* sv = reinterpret_cast<float*>(blk + L.sv);
+    const int nk = std::clamp(T - block * kLowpKeys, 0, kLowpKeys);
+    for (int p = 0; p < kLowpKeys / 4; ++p) {
+      __m512 vinv[4];
+      for (int k = 0; k < 4; ++k) {
+        const int j = 4 * p + k, key = block * kLowpKeys + j;
+        int8_t* row = ki + static_cast<size_t>(j) * L.dp;
+        vinv[k] = _mm512_setzero_ps();
+        if (key >= T) {
+          std::memset(row, 0, L.dp);
+          corr[j] = 0;
+          sk[j] = 0.0f;
+          sv[j] = 0.0f;
+          continue;
         }
-      __m512 kc[kMaxChunks];
-      __m512 amax = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
+        const float* kr = k_head + static_cast<int64_t>(key) * a.ldk;
+        const float* vr = v_head + static_cast<int64_t>(key) * a.ldv;
+        if (key + kAhead < T)
+          ESTREAM_UNROLL
+          for (int c = 0; c < chunks; ++c) {
+            _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * a.ldk + 16 * c), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(vr + kAhead * a.ldv + 16 * c), _MM_HINT_T1);
+          }
+        __m512 kc[kMaxChunks];
+        __m512 amax = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
+        ESTREAM_UNROLL
+        for (int c = 0; c < chunks; ++c) {
+          const __mmask16 m = Tail16(d - 16 * c);
+          kc[c] = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, kr + 16 * c), mu[c]);
+          amax = _mm512_max_ps(amax, _mm512_abs_ps(kc[c]));
+          vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, vr + 16 * c)));
+        }
+        const __m512 am = BroadcastMax(amax);
+        const __m512i sum = QuantiseBytes(kc, chunks, Inv127(am), _mm512_setzero_si512(), row, L.dp);
+        corr[j] = 128 * _mm512_reduce_add_epi32(sum);
+        sk[j] = Scale127(am);
+        // V as s8 per key: sv = max |v| / 127 over its dims (LowpLayout).
+        const __m512 vm = BroadcastMax(vmax);
+        vinv[k] = Inv127(vm);
+        sv[j] = Scale127(vm);
+      }
+      // The quad's V, 4 keys per word (keys beyond the sequence 0).
+      const int kk = std::clamp(nk - 4 * p, 0, 4);
+      const float* v0 = v_head + static_cast<int64_t>(block * kLowpKeys + 4 * p) * a.ldv;
+      // Two saturating packs put, in each 128-bit lane, key k's 4 dims at bytes 4k .. 4k + 3, and a
+      // byte shuffle turns that 4 x 4 around (dim i's key k at byte 4i + k), as PQuads does for P.
+      const __m512i quad_order =
+          _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
       for (int c = 0; c < chunks; ++c) {
         const __mmask16 m = Tail16(d - 16 * c);
-        kc[c] = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, kr + 16 * c), mu[c]);
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(kc[c]));
-        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, vr + 16 * c)));
+        __m512i x[4];
+        ESTREAM_UNROLL
+        for (int k = 0; k < 4; ++k)
+          x[k] = k < kk ? _mm512_cvtps_epi32(_mm512_mul_ps(
+                              _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(k) * a.ldv + 16 * c), vinv[k]))
+                        : _mm512_setzero_si512();
+        const __m512i w = _mm512_shuffle_epi8(
+            _mm512_packs_epi16(_mm512_packs_epi32(x[0], x[1]), _mm512_packs_epi32(x[2], x[3])), quad_order);
+        uint32_t* dst = vb + static_cast<size_t>(p) * d + 16 * c;
+        if (16 * c + 16 <= d) _mm512_storeu_si512(dst, w);  // masked stores only in the last, partial chunk
+        else _mm512_mask_storeu_epi32(dst, m, w);
       }
-      const float am = _mm512_reduce_max_ps(amax);
-      const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
-      __m512i sum = _mm512_setzero_si512();
-      for (int c = 0; c < chunks; ++c) {
-        const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(kc[c], inv));
-        sum = _mm512_add_epi32(sum, x);
-        const int rest = L.dp - 16 * c;
-        const __m128i x8 = _mm512_cvtepi32_epi8(x);
-        if (rest >= 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * c), x8);
-        else _mm_mask_storeu_epi8(row + 16 * c, static_cast<__mmask16>((1u << rest) - 1), x8);
-      }
-      corr[j] = 128 * _mm512_reduce_add_epi32(sum);
-      sk[j] = am / 127.0f;
-      // V as s8 per key: sv = max |v| / 127 over its dims (LowpLayout).
-      const float vm = _mm512_reduce_max_ps(vmax);
-      vinv[k] = _mm512_set1_ps(vm > 0.0f ? 127.0f / vm : 0.0f);
-      sv[j] = vm / 127.0f;
     }
-    // The quad's V, 4 keys per word (keys beyond the sequence 0).
-    const int kk = std::clamp(nk - 4 * p, 0, 4);
-    const float* v0 = v_head + static_cast<int64_t>(block * kLowpKeys + 4 * p) * a.ldv;
-    for (int c = 0; c < chunks; ++c) {
-      const __mmask16 m = Tail16(d - 16 * c);
-      __m512i w = _mm512_setzero_si512();
-      for (int k = 0; k < kk; ++k) {
-        const __m512 v = _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(k) * a.ldv + 16 * c);
-        const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(v, vinv[k]));
-        w = _mm512_or_si512(w, _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0xFF)), 8 * k));
-      }
-      uint32_t* dst = vb + static_cast<size_t>(p) * d + 16 * c;
-      if (16 * c + 16 <= d) _mm512_storeu_si512(dst, w);  // masked stores only in the last, partial chunk
-      else _mm512_mask_storeu_epi32(dst, m, w);
-    }
+    for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
   }
-  for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
+}
+
+}  // namespace
+
+void AttentionLowpConvertKvBlocksAvx512(const AttentionArgs& a, int kv_head, int block_begin, int block_end,
+                                        uint16_t* kv) {
+  if (a.head_dim > 112 && a.head_dim <= 128) ConvertKvBlocks<8>(a, kv_head, block_begin, block_end, kv);
+  else ConvertKvBlocks<0>(a, kv_head, block_begin, block_end, kv);
+}
+
+void AttentionLowpConvertKvAvx512(const AttentionArgs& a, int kv_head, int block, uint16_t* kv) {
+  AttentionLowpConvertKvBlocksAvx512(a, kv_head, block, block + 1, kv);
 }
 
 size_t AttentionLowpScratchBytes(int head_dim, int tiles) { return LowpScratch::Bytes(head_dim, tiles); }
@@ -414,8 +479,16 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   uint32_t* p4 = scratch.p4.get();
   const float q_scale = a.scale * kLog2eF;
   const size_t q4_bytes = static_cast<size_t>(dp) * kQ;
-  auto tile_head = [&](int x) { return head_begin + x % n_heads; };
-  auto tile_q0 = [&](int x) { return t_begin + (row_tiles - 1 - x / n_heads) * kQ; };
+  // Tile x: head head_begin + x % n_heads, rows from q0s[x] (the last rows first); looked up, not
+  // divided, on every Q row and step.
+  ESTREAM_CHECK(n_tiles <= kGroupTiles, "low-precision attention: group of more than 8 tiles");
+  int heads[kGroupTiles], q0s[kGroupTiles];
+  for (int x = 0; x < n_tiles; ++x) {
+    heads[x] = head_begin + x % n_heads;
+    q0s[x] = t_begin + (row_tiles - 1 - x / n_heads) * kQ;
+  }
+  auto tile_head = [&](int x) { return heads[x]; };
+  auto tile_q0 = [&](int x) { return q0s[x]; };
   auto tile_q4 = [&](int x) { return scratch.q4.get() + x * q4_bytes; };
   auto tile_sq = [&](int x) { return scratch.state.get() + static_cast<size_t>(3 * x) * kQ; };
   auto tile_m = [&](int x) { return tile_sq(x) + kQ; };
@@ -429,27 +502,28 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   // Row i of tile x: qi + 128 as u8 (dp bytes) into `row`, and sq_i. This function's lambdas are
   // always_inline: GCC 12 left this one and start_tiles out of line once the function grew (the
   // diagonal block's steps), and Q's quantisation then took ~60% longer.
-  auto quantise_row = [&](int x, int i, uint8_t* row) __attribute__((always_inline)) {
+  // kChunks: chunks as a constant (the head_dim 128 of the models: loops unrolled, Q's row in
+  // registers), or 0 for any.
+  auto quantise_row = [&]<int kChunks>(int x, int i, uint8_t* row) __attribute__((always_inline)) {
     float* sq = tile_sq(x);
     if (tile_q0(x) + i >= t_end) {
       std::memset(row, 0x80, dp);
       sq[i] = 0.0f;
       return;
     }
+    const int nc = kChunks > 0 ? kChunks : chunks;
     const float* q = q_row(x, i);
     __m512 qs[512 / 16];
     __m512 amax = _mm512_setzero_ps();
-    for (int c = 0; c < chunks; ++c) {
+    ESTREAM_UNROLL
+    for (int c = 0; c < nc; ++c) {
       qs[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(Tail16(d - 16 * c), q + 16 * c), _mm512_set1_ps(q_scale));
       amax = _mm512_max_ps(amax, _mm512_abs_ps(qs[c]));
     }
-    const float am = _mm512_reduce_max_ps(amax);
-    const __m512 inv = _mm512_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
-    for (int c = 0; c < chunks; ++c) {
-      const __m512i x8 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(qs[c], inv)), _mm512_set1_epi32(128));
-      _mm_mask_storeu_epi8(row + 16 * c, Tail16(dp - 16 * c), _mm512_cvtepi32_epi8(x8));
-    }
-    sq[i] = am / 127.0f;
+    const __m512 am = BroadcastMax(amax);
+    // qi + 128 as u8: the s8 bytes with the sign bit flipped.
+    QuantiseBytes(qs, nc, Inv127(am), _mm512_set1_epi8(static_cast<char>(0x80)), reinterpret_cast<int8_t*>(row), dp);
+    sq[i] = Scale127(am);
   };
   // Every tile's Q quantised before the first key block, row by row across the tiles (a GQA
   // group's heads of one row are adjacent in memory), the rows kAhead further on prefetched: the
@@ -468,7 +542,9 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
             const float* qa = q_row(x, i + kAhead);
             for (int c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(qa + c), _MM_HINT_T0);
           }
-          quantise_row(x, i, scratch.q_rows.get() + x * rows_bytes + static_cast<size_t>(i - i0) * dp);
+          uint8_t* row = scratch.q_rows.get() + x * rows_bytes + static_cast<size_t>(i - i0) * dp;
+          if (chunks == 8) quantise_row.template operator()<8>(x, i, row);
+          else quantise_row.template operator()<0>(x, i, row);
         }
       }
       for (int x = 0; x < n_tiles; ++x)
@@ -674,11 +750,10 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
 void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int head_begin, int head_end, int t_begin,
                               int t_end) {
   constexpr int kQ = kLowpRows;
-  // At most kMaxTiles tiles walk the key blocks together, so that their O (d x 64 fp32 each) stays
-  // in L2; larger calls (the bf16 path's items hold up to 32 tiles) run as several such groups.
-  constexpr int kMaxTiles = 8;
-  const int hs = std::min(head_end - head_begin, kMaxTiles);
-  const int rs = std::max(1, kMaxTiles / hs) * kQ;
+  // At most kGroupTiles tiles walk the key blocks together, so that their O (d x 64 fp32 each)
+  // stays in L2; larger calls (the bf16 path's items hold up to 32 tiles) run as several groups.
+  const int hs = std::min(head_end - head_begin, kGroupTiles);
+  const int rs = std::max(1, kGroupTiles / hs) * kQ;
   LowpGroup groups[2];
   int n = 0;
   for (int h = head_begin; h < head_end; h += hs)
@@ -692,7 +767,7 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
 }
 
 void FillAttentionLowpAvx512(KernelTable* t) {
-  SetAttentionLowp(t, AttentionLowpConvertKvAvx512, AttentionBlockLowpAvx512, AttentionLowpScratchBytes);
+  SetAttentionLowp(t, AttentionLowpConvertKvBlocksAvx512, AttentionBlockLowpAvx512, AttentionLowpScratchBytes);
 }
 
 }  // namespace estream::kernels

@@ -144,7 +144,7 @@ void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
   t->attention_block = AttentionBlockAvx512;
   t->attention_rows = Avx512Traits::kLanes * Avx512Traits::kVecs;
   t->attention_scratch_bytes = AttentionScratchBytesX86<Avx512Traits>;
-  t->attention_convert_bf16 = use_amx ? AttentionAmxConvertKv : nullptr;
+  t->attention_convert_bf16 = use_amx ? ConvertKvBlocks<AttentionAmxConvertKv> : nullptr;
   t->attention_kv_bytes_bf16 = use_amx ? AttentionAmxKvBytes : nullptr;
   t->attention_kv_block_bf16 = use_amx ? kAmxAttnKeys : 0;
   t->attention_block_bf16 = use_amx ? AttentionBlockAmx : nullptr;
