@@ -358,6 +358,7 @@ std::vector<Shape> AwkwardShapes() {
     shapes.push_back({t, 8, 1, 192});   // GQA 8, deepseek-sized heads
   }
   for (int d : {40, 72, 100}) shapes.push_back({97, 4, 2, d});
+  shapes.push_back({130, 16, 16, 64});  // 16 kv heads: whole kv heads per thread (AttentionPrefillWith)
   return shapes;
 }
 
@@ -607,6 +608,24 @@ TEST(AttentionLowp, LongSequence) {
       Check(p, out, t, t + 1, [&](int h, int) { return want[h][k].o; },
             [&](int h, int) { return want[h][k].Tol(path.pv); }, path.name + " long vs fp64");
       ++k;
+    }
+  }
+}
+
+// With 8 kv heads a thread or more, AttentionPrefillWith hands each thread whole kv heads (each
+// converted into the thread's own slot just before its items): the same bits as the schedule of
+// items after a shared conversion (4 threads: 16 kv heads < 32), with two items per kv head.
+TEST(AttentionLowp, WholeKvHeadsPerThreadGiveTheSameBits) {
+  SEED_TRACE();
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX2 here";
+  const Shape s{2100, 16, 16, 64};  // 2,100 rows: two items (2,048 + 52 rows) per kv head
+  const Problem p(s, 31, /*outliers=*/true);
+  for (const X86Path& path : X86Paths()) {
+    const std::vector<float> items = RunLowp(*path.kt, p, 4);
+    for (int threads : {1, 2}) {
+      const std::vector<float> whole = RunLowp(*path.kt, p, threads);
+      Check(p, whole, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, items, h, t); }, [](int, int) { return 0.0; },
+            path.name + " whole kv heads, " + std::to_string(threads) + " threads");
     }
   }
 }

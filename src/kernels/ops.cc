@@ -121,6 +121,40 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   }
   uint16_t* const kv = kv16.get();
   const int kv_blocks = (a.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
+  // One item: rows before attention_exact_rows_bf16 take the fp32 kernel, one head at a time (its
+  // scratch is sized for kMaxTilesPerItemF32 tiles; these rows are at most a few of them), the
+  // rest the bf16 entry on the converted K/V of the item's kv head (kvh).
+  auto run_item = [&](ItemRange r, const uint16_t* kvh, PhaseClock& clock) {
+    if (r.t_begin < kt.attention_exact_rows_bf16) {
+      const int exact_end = std::min(r.t_end, kt.attention_exact_rows_bf16);
+      for (int h = r.head_begin; h < r.head_end; ++h) kt.attention_block(a, h, h + 1, r.t_begin, exact_end);
+      r.t_begin = exact_end;
+      clock.Mark(kPhaseExactRows);
+    }
+    if (r.t_begin < r.t_end) kt.attention_block_bf16(a, kvh, r.head_begin, r.head_end, r.t_begin, r.t_end);
+    clock.Skip();
+  };
+  // Kv heads enough to balance the threads by themselves (8 a thread, as the items; the OLMoE
+  // shape's 16 on 1 or 2 threads): a thread takes a whole kv head, converts its K/V into the
+  // thread's own slot of the buffer (threads <= phase_heads slots) and runs the head's items
+  // at once. No barrier between the conversion and the tiles, and the converted blocks are still
+  // in L2 when the tiles read them (docs/PERFORMANCE.md, "seventeenth session").
+  if (a.n_head_kv >= 8 * threads && threads <= p.phase_heads) {
+#pragma omp parallel num_threads(threads)
+    {
+      PhaseClock clock;  // ESTREAM_PHASE_TIMERS (phase_timer.h); the block kernel times its own phases
+      uint16_t* const slot = kv + static_cast<size_t>(omp_get_thread_num()) * head_elems;
+#pragma omp for schedule(dynamic, 1)
+      for (int h = 0; h < a.n_head_kv; ++h) {
+        clock.Mark(kPhaseOther);
+        kt.attention_convert_bf16(a, h, 0, kv_blocks, slot);
+        clock.Mark(kPhaseConvert);
+        for (int64_t i = 0; i < p.per_kv; ++i) run_item(item_at(h * p.per_kv + i), slot, clock);
+      }
+      clock.Mark(kPhaseOther);
+    }
+    return;
+  }
 #pragma omp parallel num_threads(threads)
   {
     PhaseClock clock;  // ESTREAM_PHASE_TIMERS (phase_timer.h); the block kernel times its own phases
@@ -142,19 +176,8 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < p.per_kv * nh; ++i) {
         clock.Mark(kPhaseOther);
-        ItemRange r = item_at(h0 * p.per_kv + i);
-        // Rows before attention_exact_rows_bf16 take the fp32 kernel, one head at a time (its
-        // scratch is sized for kMaxTilesPerItemF32 tiles; these rows are at most a few of them).
-        if (r.t_begin < kt.attention_exact_rows_bf16) {
-          const int exact_end = std::min(r.t_end, kt.attention_exact_rows_bf16);
-          for (int h = r.head_begin; h < r.head_end; ++h) kt.attention_block(a, h, h + 1, r.t_begin, exact_end);
-          r.t_begin = exact_end;
-          clock.Mark(kPhaseExactRows);
-        }
-        if (r.t_begin < r.t_end)
-          kt.attention_block_bf16(a, kv + (r.kv_head - h0) * head_elems, r.head_begin, r.head_end, r.t_begin,
-                                  r.t_end);
-        clock.Skip();
+        const ItemRange r = item_at(h0 * p.per_kv + i);
+        run_item(r, kv + (r.kv_head - h0) * head_elems, clock);
       }
     }
     clock.Mark(kPhaseOther);
