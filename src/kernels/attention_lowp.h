@@ -22,7 +22,8 @@
 // the engine, the same at T = 1024 (docs/PERFORMANCE.md). Internal to src/kernels and its tests.
 //
 // Algorithm. K and V are converted once per AttentionPrefill call, per kv head and key block of
-// kLowpKeys = 64 keys (AttentionLowpConvertKv*, in parallel before the work items):
+// kLowpKeys = 64 keys (AttentionLowpConvertKv*; by ranges of blocks of a head, in parallel before
+// the work items, or by the thread that then runs the head's items: ops.cc):
 //   mu = mean of K over its first n_s = min(64, T) keys, the same vector for every key: softmax
 //        is invariant to the per-query constant q.mu, so scores of (k - mu) equal those of k;
 //        subtracting it removes the channel outliers common to all keys (offsets of tens in a few

@@ -41,7 +41,9 @@ constexpr int kMaxTilesPerItemBf16 = 32;
 // The bf16 path runs in phases of phase_heads kv heads: their K and V are converted to bf16 (in
 // parallel), then their items run. phase_heads is the fewest kv heads whose items reach the
 // 8 per thread (so the converted buffer stays small); items shrink only when all kv heads together
-// have too few. The fp32 path is one phase of every kv head.
+// have too few. Where the kv heads alone reach 8 per thread, there are no phases: each thread
+// takes whole kv heads, converting each into its own slot of the same buffer before its items.
+// The fp32 path is one phase of every kv head.
 struct AttentionPlan {
   int heads_per_item = 0;
   int head_chunks = 0;     // item chunks per kv head's query heads
