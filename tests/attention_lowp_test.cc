@@ -373,7 +373,8 @@ void CheckUnevenDirectCalls(const KernelTable& kt, const Problem& p, Want want, 
   const AttentionArgs a = p.Args(out.data());
   const int blocks = (s.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
   for (int h = 0; h < s.n_head_kv; ++h)
-    for (const auto& [b0, b1] : {std::pair{0, blocks / 2}, std::pair{blocks / 2, blocks}})  // ranges as threads get them
+    // In two ranges, as threads get them (the second starts mid-head).
+    for (const auto& [b0, b1] : {std::pair{0, blocks / 2}, std::pair{blocks / 2, blocks}})
       kt.attention_convert_bf16(a, h, b0, b1, kv.get() + h * (bytes / 2));
   const int rep = s.n_head / s.n_head_kv;
   for (const auto& [heads, rows] : {std::pair{1, 29}, std::pair{rep, 150}}) {

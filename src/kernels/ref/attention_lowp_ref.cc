@@ -293,8 +293,10 @@ void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int,
 }
 
 void FillAttentionLowpRef(KernelTable* t, LowpPv pv) {
-  if (pv == LowpPv::kInt8) SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvRefInt8>, AttentionBlockLowpRefInt8, nullptr);
-  else SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvRef>, AttentionBlockLowpRef, nullptr);
+  if (pv == LowpPv::kInt8)
+    SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvRefInt8>, AttentionBlockLowpRefInt8, nullptr);
+  else
+    SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvRef>, AttentionBlockLowpRef, nullptr);
 }
 
 }  // namespace estream::kernels

@@ -463,7 +463,8 @@ void AttentionBlockLowpAvx2Maddubs(const AttentionArgs& a, const uint16_t* kv, i
 }
 
 void FillAttentionLowpAvx2(KernelTable* t, bool use_avx_vnni) {
-  SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvAvx2>, use_avx_vnni ? AttentionBlockLowpAvx2 : AttentionBlockLowpAvx2Maddubs,
+  SetAttentionLowp(t, ConvertKvBlocks<AttentionLowpConvertKvAvx2>,
+                   use_avx_vnni ? AttentionBlockLowpAvx2 : AttentionBlockLowpAvx2Maddubs,
                    AttentionLowpScratchBytesAvx2);
 }
 

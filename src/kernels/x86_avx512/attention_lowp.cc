@@ -48,8 +48,7 @@ constexpr int kGroupTiles = 8;         // tiles per group (AttentionBlockLowpAvx
 
 inline __mmask16 Tail16(int rest) { return rest >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rest) - 1); }
 
-// Every lane = the largest lane of x: the per-row maxima of the quantisations stay in a vector
-// (no extract, scalar compare and broadcast on the row's critical path).
+// The largest lane of x, in every lane: a row's max |x| for its int8 scale (Inv127, Scale127).
 inline __m512 BroadcastMax(__m512 x) {
   x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4E));
   x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
