@@ -446,7 +446,7 @@ void ConvertKvBlocks(const AttentionArgs& a, int kv_head, int block_begin, int b
 
 void AttentionLowpConvertKvBlocksAvx512(const AttentionArgs& a, int kv_head, int block_begin, int block_end,
                                         uint16_t* kv) {
-  if (a.head_dim > 112 && a.head_dim <= 128) ConvertKvBlocks<8>(a, kv_head, block_begin, block_end, kv);
+  if ((a.head_dim + 15) / 16 == 8) ConvertKvBlocks<8>(a, kv_head, block_begin, block_end, kv);  // as quantise_row
   else ConvertKvBlocks<0>(a, kv_head, block_begin, block_end, kv);
 }
 
