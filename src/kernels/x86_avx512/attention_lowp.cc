@@ -353,14 +353,17 @@ void ConvertKvBlocks(const AttentionArgs& a, int kv_head, int block_begin, int b
   // mu, once for the range: per block it re-read the first 64 keys' rows (~17% of the
   // conversion, OLMoE shape, T = 1024; docs/PERFORMANCE.md).
   __m512 mu[kMaxChunks];
+  ESTREAM_UNROLL
   for (int c = 0; c < chunks; ++c) mu[c] = _mm512_setzero_ps();
   const int ns = std::min(kLowpKeys, T);
   for (int s = 0; s < ns; ++s) {
     const float* kr = k_head + static_cast<int64_t>(s) * a.ldk;
+    ESTREAM_UNROLL
     for (int c = 0; c < chunks; ++c)
       mu[c] = _mm512_add_ps(mu[c], _mm512_maskz_loadu_ps(Tail16(d - 16 * c), kr + 16 * c));
   }
   const __m512 nsv = _mm512_set1_ps(static_cast<float>(ns));
+  ESTREAM_UNROLL
   for (int c = 0; c < chunks; ++c) mu[c] = _mm512_div_ps(mu[c], nsv);
   for (int block = block_begin; block < block_end; ++block) {
     uint8_t* blk = reinterpret_cast<uint8_t*>(kv) + static_cast<size_t>(block) * L.block_bytes;
@@ -423,22 +426,31 @@ void ConvertKvBlocks(const AttentionArgs& a, int kv_head, int block_begin, int b
       // byte shuffle turns that 4 x 4 around (dim i's key k at byte 4i + k), as PQuads does for P.
       const __m512i quad_order =
           _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-      for (int c = 0; c < chunks; ++c) {
-        const __mmask16 m = Tail16(d - 16 * c);
-        __m512i x[4];
+      // kFull: all four keys in the sequence (every quad but the last, partial one).
+      auto quad = [&]<bool kFull>() __attribute__((always_inline)) {
         ESTREAM_UNROLL
-        for (int k = 0; k < 4; ++k)
-          x[k] = k < kk ? _mm512_cvtps_epi32(_mm512_mul_ps(
-                              _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(k) * a.ldv + 16 * c), vinv[k]))
-                        : _mm512_setzero_si512();
-        const __m512i w = _mm512_shuffle_epi8(
-            _mm512_packs_epi16(_mm512_packs_epi32(x[0], x[1]), _mm512_packs_epi32(x[2], x[3])), quad_order);
-        uint32_t* dst = vb + static_cast<size_t>(p) * d + 16 * c;
-        if (16 * c + 16 <= d) _mm512_storeu_si512(dst, w);  // masked stores only in the last, partial chunk
-        else _mm512_mask_storeu_epi32(dst, m, w);
-      }
+        for (int c = 0; c < chunks; ++c) {
+          const __mmask16 m = Tail16(d - 16 * c);
+          __m512i x[4];
+          ESTREAM_UNROLL
+          for (int k = 0; k < 4; ++k)
+            x[k] = kFull || k < kk ? _mm512_cvtps_epi32(_mm512_mul_ps(
+                                         _mm512_maskz_loadu_ps(m, v0 + static_cast<int64_t>(k) * a.ldv + 16 * c),
+                                         vinv[k]))
+                                   : _mm512_setzero_si512();
+          const __m512i w = _mm512_shuffle_epi8(
+              _mm512_packs_epi16(_mm512_packs_epi32(x[0], x[1]), _mm512_packs_epi32(x[2], x[3])), quad_order);
+          uint32_t* dst = vb + static_cast<size_t>(p) * d + 16 * c;
+          if (16 * c + 16 <= d) _mm512_storeu_si512(dst, w);  // masked stores only in the last, partial chunk
+          else _mm512_mask_storeu_epi32(dst, m, w);
+        }
+      };
+      if (kk == 4) quad.template operator()<true>();
+      else quad.template operator()<false>();
     }
-    for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = std::max(j > 0 ? sv[kLowpKeys + j - 1] : 0.0f, sv[j]);
+    // pm: the running maximum in a register (through memory, each key waited on the last store).
+    float pm = 0.0f;
+    for (int j = 0; j < kLowpKeys; ++j) sv[kLowpKeys + j] = pm = std::max(pm, sv[j]);
   }
 }
 
