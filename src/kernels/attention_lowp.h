@@ -46,7 +46,7 @@
 //   kInt8: the running max lags: m' = bx only where bx > m + kLowpRescale (then alpha = 2^(m - bx)),
 //          else m' = m and alpha = 1 exactly, so O is rescaled only where the max jumps (after
 //          the first block: rarely) and c <= 2^kLowpRescale;
-//          e = 2^(S - bx) (a degree-4 polynomial, LowpExp2Short), c = 2^(bx - m'),
+//          e = 2^(S - bx) (a degree-3 polynomial, LowpExp2Short), c = 2^(bx - m'),
 //          l = l alpha + c sum_j e_j (fp32, from the unrounded e), M_i = pm of row i's last
 //          visible key (the largest V scale it sees), P_ij = rne(e_ij sv_j 255 / M_i) in [0, 255]
 //          (u8: the key's V scale folded into P, so that the int32 sums need no per-key factor),
@@ -68,14 +68,14 @@
 // i.e. w_j a_j by at most min(w_j a_j, W_b A_b / 510) in V's units, against the exact l, so
 //   |out_i - exact_i| <= (2^(2 delta_i) - 1 + 1/254) max_j |v_j|
 //                        + sum_j min(w_j a_j, W_b A_b / 510) / sum_j w_j  (+ fp32 terms)
-// (the polynomial's relative 2.9e-6 acts on e in both l and P: the fp32 terms). The last term is
-// at most (64 / 510) max|v| when a block holds one heavy key among many light ones, and
-// ~ max|v| / (255 sqrt(12 n)) for n comparable weights. Worst case delta_i ~ d |q|max |kc|max scale
-// / 127; the rounding errors are independent and centred, so in practice delta is ~ sqrt(d)
-// times smaller. Measured against fp64 with q, k, v ~ N(0, 1), T = 512, head_dim 64 and 128
-// (AttentionLowp.ErrorAgainstFp64ForTheLog): kBf16 rms error 1.2e-3..1.3e-3, largest
-// 1.8e-2..3.3e-2; kInt8 rms 1.8e-3..1.9e-3, largest 2.2e-2..3.5e-2 (max|v| ~ 4.3-4.5), i.e. under
-// 1e-2 of max|v|: the class of the Q8 activations the engine's quantised layers already use (8
+// (the polynomial's relative 1.0e-4 on e and c moves each weight by at most 2.0e-4 of itself, far
+// under the 1/254). The last term is at most (64 / 510) max|v| when a block holds one heavy key
+// among many light ones, and ~ max|v| / (255 sqrt(12 n)) for n comparable weights. Worst case
+// delta_i ~ d |q|max |kc|max scale / 127; the rounding errors are independent and centred, so in
+// practice delta is ~ sqrt(d) times smaller. Measured against fp64 with q, k, v ~ N(0, 1), T =
+// 512, head_dim 64 and 128 (AttentionLowp.ErrorAgainstFp64ForTheLog): kBf16 rms error
+// 1.2e-3..1.3e-3, largest 1.8e-2..3.3e-2; kInt8 rms 1.8e-3..1.9e-3, largest 2.2e-2..3.5e-2
+// (max|v| ~ 4.3-5.3; the same with the degree-3 2^x), i.e. under 1e-2 of max|v|: the class of the Q8 activations the engine's quantised layers already use (8
 // bits per 32 values), which is why the engine only selects it for those layers.
 // Thread safety: the convert and block functions only write their own outputs and thread_local
 // scratch; calls on different threads are independent.
@@ -178,9 +178,9 @@ void FillAttentionLowpAvx2(KernelTable* t, bool use_avx_vnni);
 // The scalar 2^x of the kernels (x <= 0 or -inf; below 2^-125 exactly 0), the same operations as
 // the AVX2 kernel's Avx2Traits::Exp2, so that the reference's P equals the fast path's bit for bit.
 float LowpExp2(float x);
-// The same with a degree-4 polynomial (relative error <= 2.9e-6 against ~1e-7, and 2^0 = 1
-// exactly): the P.V in int8 path's, whose P is rounded to 8 bits after it; Exp2Short in
-// x86_avx512/ performs the same operations.
+// The same with a degree-3 polynomial (relative error <= 1.0e-4 against ~1e-7, and 2^0 = 1
+// exactly): the P.V in int8 path's, whose P is rounded to 8 bits after it (the error is 0.026 of
+// its last step at most); Exp2Short in x86_avx512/ performs the same operations.
 float LowpExp2Short(float x);
 
 }  // namespace estream::kernels

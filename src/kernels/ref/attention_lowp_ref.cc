@@ -80,7 +80,7 @@ float LowpExp2(float x) {
 }
 
 float LowpExp2Short(float x) {
-  static constexpr float kCoef[] = {9.582852945e-03f, 5.590642616e-02f, 2.402409911e-01f, 6.931241751e-01f, 1.0f};
+  static constexpr float kCoef[] = {5.500895903e-02f, 2.422113717e-01f, 6.932829618e-01f, 1.0f};
   return Exp2Horner(x, kCoef);
 }
 
