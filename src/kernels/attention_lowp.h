@@ -75,8 +75,9 @@
 // practice delta is ~ sqrt(d) times smaller. Measured against fp64 with q, k, v ~ N(0, 1), T =
 // 512, head_dim 64 and 128 (AttentionLowp.ErrorAgainstFp64ForTheLog): kBf16 rms error
 // 1.2e-3..1.3e-3, largest 1.8e-2..3.3e-2; kInt8 rms 1.8e-3..1.9e-3, largest 2.2e-2..3.5e-2
-// (max|v| ~ 4.3-5.3; the same with the degree-3 2^x), i.e. under 1e-2 of max|v|: the class of the Q8 activations the engine's quantised layers already use (8
-// bits per 32 values), which is why the engine only selects it for those layers.
+// (max|v| ~ 4.3-5.3; the same with the degree-3 2^x), i.e. under 1e-2 of max|v|: the class of
+// the Q8 activations the engine's quantised layers already use (8 bits per 32 values), which is
+// why the engine only selects it for those layers.
 // Thread safety: the convert and block functions only write their own outputs and thread_local
 // scratch; calls on different threads are independent.
 #pragma once

@@ -187,7 +187,8 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
     float amax = 0.0f;
     for (int c = 0; c < d; ++c) amax = std::max(amax, std::fabs(q[c] * q_scale));
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int c = 0; c < d; ++c) qi[static_cast<size_t>(i) * L.dp + c] = static_cast<int32_t>(std::nearbyint(q[c] * q_scale * inv));
+    for (int c = 0; c < d; ++c)
+      qi[static_cast<size_t>(i) * L.dp + c] = static_cast<int32_t>(std::nearbyint(q[c] * q_scale * inv));
     sq[i] = amax / 127.0f;
   }
   for (int kb = 0; kb < t1; kb += kLowpKeys) {

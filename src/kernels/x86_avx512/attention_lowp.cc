@@ -98,10 +98,10 @@ inline __m512i QuantiseBytes(const __m512* x, int chunks, __m512 inv, __m512i bi
 
 // 2^x for x <= 0 or -inf (below 2^-125 exactly 0) as the fp32 kernel's (ops_avx512.cc) but with a
 // degree-3 polynomial (relative error 1.0e-4; P is rounded to 8 bits after it): its FMAs share
-// vpdpbusd's pipes, and the fourth cost the P phase 10% (Qwen3 and OLMoE shapes, T = 1024).
-// LowpExp2Short in ref/ gives the same bits: the reference clamps x at
-// -126 first, which changes nothing here, where the lanes below -125 (-inf, NaN: the compare is
-// false) are zeroed by the mask whatever the polynomial made of them.
+// vpdpbusd's pipes, and a fourth cost the P phase 10% (Qwen3 and OLMoE shapes, T = 1024).
+// LowpExp2Short in ref/ gives the same bits: the reference clamps x at -126 first, which changes
+// nothing here, where the lanes below -125 (-inf, NaN: the compare is false) are zeroed by the
+// mask whatever the polynomial made of them.
 inline __m512 Exp2Short(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
