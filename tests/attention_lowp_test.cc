@@ -57,28 +57,29 @@ using kernels_test::kNaN;
 using kernels_test::kU;
 using kernels_test::TestSeed;
 
-// The tables as the engine fills them (`exact_rows`: the first kLowpKeys rows on the fp32 kernel)
-// or, for the tests of the kernel itself, with every row on the low-precision kernel.
-KernelTable LowpRefTable(bool exact_rows, LowpPv pv) {
+// The tables as the engine fills them (`first_rows`: the first kLowpKeys rows on key block 0
+// converted once more for them, KernelTable::attention_first_rows_bf16) or, for the tests of the
+// kernel itself, with every row on the shared conversion.
+KernelTable LowpRefTable(bool first_rows, LowpPv pv) {
   KernelTable k = KernelsFor(Isa::kScalar);
   FillAttentionLowpRef(&k, pv);
-  if (!exact_rows) k.attention_exact_rows_bf16 = 0;
+  if (!first_rows) k.attention_first_rows_bf16 = k.attention_first_split_bf16 = 0;
   return k;
 }
 #if defined(__x86_64__)
 // The AVX-512 one (REQUIRES HostIsa() == kAvx512: VNNI + BF16).
-KernelTable LowpAvx512Table(bool exact_rows) {
+KernelTable LowpAvx512Table(bool first_rows) {
   KernelTable k = KernelsFor(Isa::kAvx512);
   FillAvx512OpsWith(&k, /*use_amx=*/false);
   FillAttentionLowpAvx512(&k);
-  if (!exact_rows) k.attention_exact_rows_bf16 = 0;
+  if (!first_rows) k.attention_first_rows_bf16 = k.attention_first_split_bf16 = 0;
   return k;
 }
 // The AVX2 one, Q.K^T on vpdpbusd (REQUIRES AVX2 + AVX-VNNI) or on vpmaddubsw (REQUIRES AVX2).
-KernelTable LowpAvx2Table(bool exact_rows, bool vnni) {
+KernelTable LowpAvx2Table(bool first_rows, bool vnni) {
   KernelTable k = KernelsFor(Isa::kAvx2);
   FillAttentionLowpAvx2(&k, vnni);
-  if (!exact_rows) k.attention_exact_rows_bf16 = 0;
+  if (!first_rows) k.attention_first_rows_bf16 = k.attention_first_split_bf16 = 0;
   return k;
 }
 #endif
@@ -216,12 +217,13 @@ Fp64Row SoftmaxRowAndBound(const Problem& p, int h, int t, const std::vector<dou
 // max_{j<=t} |v_j|, with P.V in int8 (2^(2 delta) - 1 + 1/254 + 1e-5) max |v_j| + F,
 // F = sum_j min(w_j a_j, W_b A_b / 510) / sum_j w_j over the weights w_j = 2^(s^_j) of the
 // quantised scores, a_j = max |v_j|, W_b and A_b the largest w and a in the block b of key j
-// (keys up to t; attention_lowp.h).
-Fp64Row Fp64RowAndBound(const Problem& p, int h, int t) {
+// (keys up to t; attention_lowp.h). mean_keys: K smoothed by the mean of its first mean_keys keys
+// (AttentionArgs::lowp_mean_keys: 0 = kLowpKeys; 1 = key 0 alone, as the engine's first rows).
+Fp64Row Fp64RowAndBound(const Problem& p, int h, int t, int mean_keys = 0) {
   const int d = p.s.head_dim, kvh = p.KvHead(h), T = p.s.n_tokens;
   const float q_scale = p.scale * 1.44269504088896340736f;
   // mu exactly as the kernel (fp32 sums in sample order, one division).
-  const int ns = std::min(kLowpKeys, T);
+  const int ns = std::min(mean_keys > 0 ? mean_keys : kLowpKeys, T);
   std::vector<float> mu(d, 0.0f);
   for (int s = 0; s < ns; ++s)
     for (int c = 0; c < d; ++c) mu[c] += p.K(s, kvh)[c];
@@ -396,7 +398,9 @@ TEST(AttentionLowp, ConvertX86WritesTheReferenceBytes) {
                          Shape{200, 1, 1, 40}}) {
     for (bool outliers : {false, true}) {
       const Problem p(s, salt++, outliers);
-      const AttentionArgs a = p.Args(nullptr);
+      for (int mean_keys : {0, 1}) {  // the shared conversion; the first rows' block 0
+      AttentionArgs a = p.Args(nullptr);
+      a.lowp_mean_keys = mean_keys;
       const size_t bytes = AttentionLowpKvBytes(s.head_dim, s.n_tokens);
       std::vector<uint8_t> ref(bytes, 0xAB), fast(bytes, 0xCD);
       const int blocks = (s.n_tokens + kLowpKeys - 1) / kLowpKeys;
@@ -418,6 +422,7 @@ TEST(AttentionLowp, ConvertX86WritesTheReferenceBytes) {
           EXPECT_EQ(0, std::memcmp(ref.data() + o + L.vb, fast.data() + o + L.vb, v_bytes))
               << path.name << " " << Name(s) << " values, block " << b;
         }
+      }
       }
     }
   }
@@ -613,6 +618,40 @@ TEST(AttentionLowp, LongSequence) {
   }
 }
 
+// The engine's tables (the first kLowpKeys rows on key block 0 converted for them: K smoothed by
+// key 0 before kLowpFirstSplit, by the mean of keys [0, kLowpFirstSplit) from it on): every row
+// within the stated bound of fp64 (with that smoothing for those rows), with key outliers, T
+// within the first split, within the first block and beyond; the fast paths' rows equal the
+// reference's bit for bit.
+TEST(AttentionLowp, FirstRowsWithinStatedBound) {
+  SEED_TRACE();
+  omp_set_num_threads(2);
+  uint32_t salt = 1100;
+  for (const Shape& s : {Shape{11, 2, 1, 64}, Shape{37, 4, 2, 64}, Shape{150, 4, 1, 128}, Shape{100, 2, 2, 72}}) {
+    const Problem p(s, salt++, /*outliers=*/true);
+    std::vector<std::vector<Fp64Row>> want(s.n_tokens, std::vector<Fp64Row>(s.n_head));
+    for (int t = 0; t < s.n_tokens; ++t)
+      for (int h = 0; h < s.n_head; ++h) want[t][h] = Fp64RowAndBound(p, h, t, t < kLowpFirstSplit ? 1 : t < kLowpKeys ? kLowpFirstSplit : 0);
+    auto w = [&](int h, int t) { return want[t][h].o; };
+    for (LowpPv pv : {LowpPv::kBf16, LowpPv::kInt8}) {
+      const KernelTable ref_kt = LowpRefTable(true, pv);
+      const std::vector<float> ref = RunLowp(ref_kt, p);
+      Check(p, ref, 0, s.n_tokens, w, [&](int h, int t) { return want[t][h].Tol(pv); },
+            std::string(pv == LowpPv::kInt8 ? "int8" : "bf16") + " ref, first rows, vs fp64 " + Name(s));
+#if defined(__x86_64__)
+      std::vector<std::pair<std::string, KernelTable>> fast;
+      if (pv == LowpPv::kInt8 && HostIsa() == Isa::kAvx512) fast.emplace_back("avx512", LowpAvx512Table(true));
+      if (pv == LowpPv::kBf16 && HostCpuFeatures().avx_vnni) fast.emplace_back("avx2_vnni", LowpAvx2Table(true, true));
+      if (pv == LowpPv::kBf16 && IsaAtLeast(HostIsa(), Isa::kAvx2))
+        fast.emplace_back("avx2_maddubs", LowpAvx2Table(true, false));
+      for (const auto& [name, kt] : fast)
+        Check(p, RunLowp(kt, p), 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
+              [](int, int) { return 0.0; }, name + " first rows vs ref " + Name(s));
+#endif
+    }
+  }
+}
+
 // With 8 kv heads a thread or more, AttentionPrefillWith hands each thread whole kv heads (each
 // converted into the thread's own slot just before its items): the same bits as the schedule of
 // items after a shared conversion (4 threads: 16 kv heads < 32), with two items per kv head.
@@ -675,7 +714,7 @@ TEST(AttentionLowp, PhaseTimersCountWithoutChangingTheResult) {
 #if defined(__x86_64__)
   if (HostIsa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
   const Problem p(Shape{300, 8, 2, 128}, 23, /*outliers=*/true);
-  const KernelTable kt = LowpAvx512Table(/*exact_rows=*/true);
+  const KernelTable kt = LowpAvx512Table(/*first_rows=*/true);
   const bool was_on = PhaseTimersOn();  // ESTREAM_PHASE_TIMERS=1 may have switched them on
   EnablePhaseTimers(false);
   uint64_t ticks[kPhaseCount];
@@ -689,7 +728,7 @@ TEST(AttentionLowp, PhaseTimersCountWithoutChangingTheResult) {
   TakePhaseTicks(ticks);
   ASSERT_EQ(off.size(), on.size());
   EXPECT_EQ(std::memcmp(off.data(), on.data(), off.size() * sizeof(float)), 0);
-  for (int phase : {kPhaseConvert, kPhaseExactRows, kPhaseQuantiseQ, kPhaseQk, kPhaseSoftmax, kPhaseP, kPhasePv,
+  for (int phase : {kPhaseConvert, kPhaseFirstRows, kPhaseQuantiseQ, kPhaseQk, kPhaseSoftmax, kPhaseP, kPhasePv,
                     kPhaseOutput})
     EXPECT_GT(ticks[phase], 0u) << AttnPhaseName(phase);
   RunLowp(kt, p);
@@ -703,7 +742,9 @@ TEST(AttentionLowp, PhaseTimersCountWithoutChangingTheResult) {
 
 // Through AttentionPrefill, whatever follows a row cannot change it: the rows of a prefix equal
 // those of the whole sequence bit for bit, and so do rows computed from q_begin (a continuation
-// after its context); the first kLowpKeys rows are the fp32 kernel's. Ref table and the fast ones
+// after its context); the first kLowpKeys rows are those of direct calls on key block 0 converted
+// with K smoothed by key 0 (rows before kLowpFirstSplit) or by the mean of keys
+// [0, kLowpFirstSplit) (AttentionArgs::lowp_mean_keys). Ref table and the fast ones
 // of this host (AVX-512, AVX2 with and without AVX-VNNI, AArch64 bf16); T on both sides of the first key block,
 // GQA 2.
 TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
@@ -720,10 +761,20 @@ TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
       const Problem p({T, 4, 2, 64}, 30 + T, /*outliers=*/true);
       std::vector<float> whole = p.Poisoned();
       AttentionPrefillWith(kt, p.Args(whole.data()));
-      std::vector<float> fp32 = p.Poisoned();
-      AttentionArgs f = p.Args(fp32.data());
-      f.allow_bf16 = false;
-      AttentionPrefillWith(kt, f);
+      std::vector<float> first = p.Poisoned();
+      const int split = kt.attention_first_split_bf16, first_end = std::min(T, kt.attention_first_rows_bf16);
+      AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(kt.attention_kv_bytes_bf16(p.s.head_dim, kLowpKeys) / 2);
+      const int rep = p.s.n_head / p.s.n_head_kv;
+      for (const auto& [t0, t1, mean_keys] : {std::tuple{0, std::min(split, first_end), 1},
+                                              std::tuple{split, first_end, split}}) {
+        if (t0 >= t1) continue;
+        AttentionArgs c = p.Args(first.data());
+        c.lowp_mean_keys = mean_keys;
+        for (int h = 0; h < p.s.n_head_kv; ++h) {
+          kt.attention_convert_bf16(c, h, 0, 1, kv.get());
+          kt.attention_block_bf16(p.Args(first.data()), kv.get(), h * rep, (h + 1) * rep, t0, t1);
+        }
+      }
       for (int prefix : {1, 29, 64, 65, 130}) {
         if (prefix >= T) continue;
         std::vector<float> part = p.Poisoned();
@@ -742,8 +793,8 @@ TEST(AttentionLowp, RowsDependOnlyOnEarlierKeys) {
               ASSERT_EQ(0, std::memcmp(other, &whole[i], 4))
                   << "T=" << T << " prefix=" << prefix << " row " << t << " head " << h << " isa "
                   << static_cast<int>(kt.isa) << " seed " << TestSeed();
-              if (t < kt.attention_exact_rows_bf16) {
-                ASSERT_EQ(0, std::memcmp(&fp32[i], &whole[i], 4)) << "row " << t << " not fp32";
+              if (t < first_end) {
+                ASSERT_EQ(0, std::memcmp(&first[i], &whole[i], 4)) << "row " << t << " not on its own block 0";
               }
             }
       }
@@ -763,7 +814,7 @@ TEST(AttentionLowp, Wiring) {
   EXPECT_EQ(want, NeonBf16AttentionSelected());
   EXPECT_EQ(want, Kernels().attention_block_bf16 != nullptr);
   if (want) {
-    EXPECT_EQ(Kernels().attention_exact_rows_bf16, 0);
+    EXPECT_EQ(Kernels().attention_first_rows_bf16, 0);
     EXPECT_GE(AttentionKvBytes(128, 32, 4, 1024, 2), Kernels().attention_kv_bytes_bf16(128, 1024));
     const Problem p({70, 4, 2, 64}, 21);
     std::vector<float> fp32 = p.Poisoned(), not_allowed = p.Poisoned();

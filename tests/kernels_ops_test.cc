@@ -55,7 +55,8 @@ const KernelTable& Fp32Table(Isa isa) {
       k.attention_kv_block_bf16 = 0;
       k.attention_block_bf16 = nullptr;
       k.attention_rows_bf16 = 0;
-      k.attention_exact_rows_bf16 = 0;
+      k.attention_first_rows_bf16 = 0;
+      k.attention_first_split_bf16 = 0;
       k.attention_scratch_bytes_bf16 = nullptr;
       t.push_back(k);
     }

@@ -6,8 +6,10 @@
 // is "0", so it runs for AttentionArgs::allow_bf16 (layers whose Q/K/V/O projections are
 // quantised) exactly where the AMX kernel would. A row's result depends only on the keys it
 // attends to (keys 0..t): K is smoothed with the mean of the first kLowpKeys keys, V's scales are
-// per key, and the rows before kLowpKeys take the fp32 kernel
-// (KernelTable::attention_exact_rows_bf16), so a prompt's outputs do not depend on what follows it
+// per key, and the rows before kLowpKeys read key block 0 converted once more for them with K
+// smoothed by keys they all see (KernelTable::attention_first_rows_bf16: key 0 for rows before
+// kLowpFirstSplit, the mean of keys [0, kLowpFirstSplit) for the rest), so a prompt's outputs do
+// not depend on what follows it
 // and a shared-prefix continuation (AttentionArgs::q_begin > 0) gives what the same tokens give as
 // one sequence (tests/model_batch_test.cc). The scalar references of the two P.V forms
 // (quantisation included) are in ref/attention_lowp_ref.cc; x86_avx512/attention_lowp.cc and
@@ -28,7 +30,12 @@
 //        is invariant to the per-query constant q.mu, so scores of (k - mu) equal those of k;
 //        subtracting it removes the channel outliers common to all keys (offsets of tens in a few
 //        dims) before quantising ("smoothing" K). Only the first keys, so that rows from
-//        kLowpKeys on depend on no key after them (the rows before take the fp32 kernel);
+//        kLowpKeys on depend on no key after them. Rows before kLowpKeys read block 0 converted
+//        again (AttentionArgs::lowp_mean_keys) with mu = k_0 (rows before kLowpFirstSplit = 16)
+//        or the mean of keys [0, 16) (the rest): before, they took the fp32 kernel, whose
+//        64-query tiles made them ~4% of the call at T = 1024 (OLMoE shape; docs/PERFORMANCE.md,
+//        nineteenth session); with k_0 for all of them, the whole-model test's log-probs moved
+//        twice as far as with these two (tests/model_synth_test.cc, Golden.Top5);
 //   per key j: kc = k_j - mu, sk_j = max|kc| / 127, ki_j = rne(kc / sk_j) in [-127, 127] (int8),
 //        corr_j = 128 sum_d ki_j[d];
 //   V: kBf16 as bf16 (round to nearest even), key pairs interleaved; kInt8 per key j as K without
@@ -57,7 +64,8 @@
 // s_ij = scale log2(e) q_i.k_j be the exact score and s^_ij the kernel's. Rounding qs and kc to
 // the int8 grid moves each element by at most half a step, dq_i = sq_i / 2 and dk_j = sk_j / 2, so
 //   delta_ij = |s^_ij - (s_ij - q_i.mu)| <= dq_i ||kc_j||_1 + dk_j ||q^_i||_1  (+ fp32 rounding)
-// (the q_i.mu shift is common to all keys of query i and cancels). Scores off by at most
+// (the q_i.mu shift is common to all keys of query i and cancels; mu and kc_j = k_j - mu those of
+// the conversion that row i reads, the first rows' own for i < kLowpKeys). Scores off by at most
 // delta_i = max_j delta_ij (log2 units) change every normalised weight by a factor within
 // 2^(+-2 delta_i). kBf16: P and V rounded to bf16 add a relative 2^-8 each (P only in the
 // numerator), so
@@ -82,6 +90,7 @@
 // scratch; calls on different threads are independent.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -93,6 +102,10 @@ struct KernelTable;
 
 constexpr int kLowpKeys = 64;  // keys per converted block (KernelTable::attention_kv_block_bf16)
 constexpr int kLowpRows = 64;  // query rows per tile (KernelTable::attention_rows_bf16)
+// The first kLowpKeys query rows read key block 0 converted once more, with K smoothed by key 0
+// alone before this row and by the mean of the keys before it from it on
+// (KernelTable::attention_first_split_bf16).
+constexpr int kLowpFirstSplit = 16;
 // P.V in int8: how far (log2 units) a key block's max may exceed the running max before O and l
 // are rescaled to it; below it they keep their scale (alpha = 1) and the block's weights carry
 // a factor of up to 2^8, far inside fp32's range.
@@ -117,6 +130,11 @@ struct LowpLayout {
   size_t corr = 0, sk = 0, vb = 0, sv = 0, block_bytes = 0;
   explicit LowpLayout(int head_dim);
 };
+
+// Keys whose mean smooths K: min(n_tokens, AttentionArgs::lowp_mean_keys or kLowpKeys).
+inline int LowpMeanKeys(const AttentionArgs& a) {
+  return std::min(a.lowp_mean_keys > 0 ? a.lowp_mean_keys : kLowpKeys, a.n_tokens);
+}
 
 // False when ESTREAM_ATTN_LOWP is "0" (the fp32 kernel then runs instead). Computed once.
 bool AttentionLowpSelected();

@@ -86,10 +86,14 @@ struct KernelTable {
   void (*attention_block_bf16)(const AttentionArgs& a, const uint16_t* kv16, int head_begin, int head_end,
                                int t_begin, int t_end) = nullptr;
   int attention_rows_bf16 = 0;
-  // Query rows [0, n) of every call take attention_block (fp32) even where the bf16 entries run:
-  // the low-precision kernel smooths K with the mean of the first n keys, so a row before them
-  // would depend on keys after it, and a prompt's result on what follows it (attention_lowp.h).
-  int attention_exact_rows_bf16 = 0;
+  // The low-precision kernel smooths K with the mean of the first f = attention_first_rows_bf16
+  // keys, so a row before them would depend on keys after it, and a prompt's result on what
+  // follows it (attention_lowp.h). Rows before f read key block 0 converted once more for them,
+  // with K smoothed by keys that each of them sees: rows [0, s = attention_first_split_bf16) by
+  // key 0 alone, rows [s, f) by the mean of keys [0, s) (AttentionArgs::lowp_mean_keys;
+  // 1 <= s <= f). Both 0: no such rows (kernels without smoothing).
+  int attention_first_rows_bf16 = 0;
+  int attention_first_split_bf16 = 0;
   // Bytes of per-thread scratch the entries above keep (grown once, thread_local) after calls of
   // at most `tiles` (head, row tile) tiles with heads of head_dim; null: none beyond O(T) rows.
   size_t (*attention_scratch_bytes)(int head_dim, int tiles) = nullptr;

@@ -118,6 +118,11 @@ struct AttentionArgs {
   // the caller's first query row. The engine's tree attention (shared-prefix candidates) passes
   // the context's and one continuation's keys (n_tokens of them) with q_begin = context length.
   int q_begin = 0;
+  // Internal to the low-precision kernels (attention_lowp.h); callers leave it 0. Their K/V
+  // conversion smooths K by the mean of its first min(lowp_mean_keys, n_tokens) keys (0:
+  // kLowpKeys); AttentionPrefill converts key block 0 once more with 1 (key 0 alone) for the first
+  // kLowpKeys query rows, which may depend on no key after them.
+  int lowp_mean_keys = 0;
 };
 void AttentionPrefill(const AttentionArgs& args);
 

@@ -123,15 +123,33 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   }
   uint16_t* const kv = kv16.get();
   const int kv_blocks = (a.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
-  // One item: rows before attention_exact_rows_bf16 take the fp32 kernel, one head at a time (its
-  // scratch is sized for kMaxTilesPerItemF32 tiles; these rows are at most a few of them), the
-  // rest the bf16 entry on the converted K/V of the item's kv head (kvh).
+  // One item: the bf16 entry on the converted K/V of the item's kv head (kvh), except that the
+  // first rows read key block 0 converted once more for them (KernelTable::
+  // attention_first_rows_bf16), into the thread's one-block buffer, with only the keys they see.
   auto run_item = [&](ItemRange r, const uint16_t* kvh, PhaseClock& clock) {
-    if (r.t_begin < kt.attention_exact_rows_bf16) {
-      const int exact_end = std::min(r.t_end, kt.attention_exact_rows_bf16);
-      for (int h = r.head_begin; h < r.head_end; ++h) kt.attention_block(a, h, h + 1, r.t_begin, exact_end);
-      r.t_begin = exact_end;
-      clock.Mark(kPhaseExactRows);
+    const int split = kt.attention_first_split_bf16;
+    const struct {
+      int end, mean_keys;
+    } firsts[] = {{split, 1}, {kt.attention_first_rows_bf16, split}};
+    for (const auto& g : firsts) {
+      const int end = std::min(r.t_end, g.end);
+      if (r.t_begin >= end) continue;
+      thread_local AlignedPtr<uint16_t> block0;
+      thread_local size_t block0_bytes = 0;
+      const size_t bytes = kt.attention_kv_bytes_bf16(a.head_dim, kt.attention_kv_block_bf16);
+      if (bytes > block0_bytes) {
+        block0.reset();
+        block0 = AllocAligned<uint16_t>(bytes / sizeof(uint16_t));
+        ESTREAM_CHECK(block0 != nullptr, "AttentionPrefill: out of memory for the first rows' key block");
+        block0_bytes = bytes;
+      }
+      AttentionArgs f = a;
+      f.n_tokens = std::min(a.n_tokens, g.end);
+      f.lowp_mean_keys = g.mean_keys;
+      kt.attention_convert_bf16(f, r.kv_head, 0, 1, block0.get());
+      clock.Mark(kPhaseFirstRows);
+      kt.attention_block_bf16(a, block0.get(), r.head_begin, r.head_end, r.t_begin, end);
+      r.t_begin = end;
     }
     if (r.t_begin < r.t_end) kt.attention_block_bf16(a, kvh, r.head_begin, r.head_end, r.t_begin, r.t_end);
     clock.Skip();
@@ -207,6 +225,9 @@ size_t AttentionScratchBytes(int head_dim) {
     bytes = std::max(bytes, kt.attention_scratch_bytes(head_dim, kMaxTilesPerItemF32));
   if (kt.attention_scratch_bytes_bf16 != nullptr)
     bytes = std::max(bytes, kt.attention_scratch_bytes_bf16(head_dim, kMaxTilesPerItemBf16));
+  // The first rows' key block 0 (AttentionPrefillWith's run_item), beside the bf16 scratch.
+  if (kt.attention_first_rows_bf16 > 0)
+    bytes += kt.attention_kv_bytes_bf16(head_dim, kt.attention_kv_block_bf16);
   return bytes;
 }
 

@@ -24,7 +24,7 @@ std::atomic<uint64_t> g_totals[kPhaseCount];
 }  // namespace
 
 const char* AttnPhaseName(int phase) {
-  static constexpr const char* kNames[kPhaseCount] = {"convert", "exact_rows", "quantise_q", "prefetch", "qk",
+  static constexpr const char* kNames[kPhaseCount] = {"convert", "first_rows", "quantise_q", "prefetch", "qk",
                                                       "softmax", "p",          "pv",         "output",   "other"};
   return phase >= 0 && phase < kPhaseCount ? kNames[phase] : "?";
 }

@@ -23,7 +23,7 @@ namespace estream::kernels {
 
 enum AttnPhase : int {
   kPhaseConvert,    // K/V converted to the kernel's blocks
-  kPhaseExactRows,  // the fp32 kernel's first rows
+  kPhaseFirstRows,  // key block 0 converted again for the first rows (their tiles: the phases below)
   kPhaseQuantiseQ,  // a group's Q rows quantised into its tiles' layout
   kPhasePrefetch,   // the next group's Q prefetched
   kPhaseQk,         // Q.K^T tiles

@@ -7,7 +7,7 @@
 // ESTREAM_ATTN_BF16 nor ESTREAM_ATTN_LOWP is "0" (NeonBf16AttentionSelected).
 //
 // Algorithm (plain bf16, no smoothing: a row depends only on keys 0..t, so no exact fp32 rows are
-// needed, attention_exact_rows_bf16 = 0, as for AMX):
+// needed, attention_first_rows_bf16 = 0, as for AMX):
 //   convert, per kv head and block of kKeys = 64 keys: kb = bf16(K) [64][d8] (d8 = head_dim
 //     rounded up to 8, zero padded; keys past T zero), vb = bf16(V) as key pairs [32][d4] uint32
 //     (d4 = head_dim rounded up to 4; V[2p][c] low half, V[2p + 1][c] high half). Round to nearest
@@ -218,7 +218,8 @@ void FillNeonBf16Attention(KernelTable* t) {
   t->attention_kv_block_bf16 = kKeys;
   t->attention_block_bf16 = BlockNeonBf16;
   t->attention_rows_bf16 = kRows;
-  t->attention_exact_rows_bf16 = 0;
+  t->attention_first_rows_bf16 = 0;
+  t->attention_first_split_bf16 = 0;
   t->attention_scratch_bytes_bf16 = ScratchBytesNeonBf16;
 }
 

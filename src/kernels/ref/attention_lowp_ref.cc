@@ -96,7 +96,7 @@ static void ConvertKvRef(const AttentionArgs& a, int kv_head, int block, uint16_
   const float* k_head = a.k + static_cast<int64_t>(kv_head) * d;
   const float* v_head = a.v + static_cast<int64_t>(kv_head) * d;
   // mu: fp32 sums in sample order, then one division.
-  const int ns = std::min(kLowpKeys, T);
+  const int ns = LowpMeanKeys(a);
   std::vector<float> mu(d, 0.0f);
   for (int s = 0; s < ns; ++s) {
     const float* kr = k_head + static_cast<int64_t>(s) * a.ldk;
@@ -289,7 +289,8 @@ void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int,
   t->attention_kv_block_bf16 = kLowpKeys;
   t->attention_block_bf16 = block;
   t->attention_rows_bf16 = kLowpRows;
-  t->attention_exact_rows_bf16 = kLowpKeys;
+  t->attention_first_rows_bf16 = kLowpKeys;
+  t->attention_first_split_bf16 = kLowpFirstSplit;
   t->attention_scratch_bytes_bf16 = scratch_bytes;
 }
 

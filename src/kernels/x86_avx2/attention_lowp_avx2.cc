@@ -235,7 +235,7 @@ void AttentionLowpConvertKvAvx2(const AttentionArgs& a, int kv_head, int block, 
   ESTREAM_CHECK(chunks <= kMaxChunks, "low-precision attention: head_dim above 512");
   __m256 mu[kMaxChunks];
   for (int c = 0; c < chunks; ++c) mu[c] = _mm256_setzero_ps();
-  const int ns = std::min(kLowpKeys, T);
+  const int ns = LowpMeanKeys(a);
   for (int s = 0; s < ns; ++s) {
     const float* kr = k_head + static_cast<int64_t>(s) * a.ldk;
     for (int c = 0; c < chunks; ++c) mu[c] = _mm256_add_ps(mu[c], LoadRow(kr + 8 * c, d - 8 * c));

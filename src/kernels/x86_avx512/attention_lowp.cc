@@ -355,7 +355,7 @@ void ConvertKvBlocks(const AttentionArgs& a, int kv_head, int block_begin, int b
   __m512 mu[kMaxChunks];
   ESTREAM_UNROLL
   for (int c = 0; c < chunks; ++c) mu[c] = _mm512_setzero_ps();
-  const int ns = std::min(kLowpKeys, T);
+  const int ns = LowpMeanKeys(a);
   for (int s = 0; s < ns; ++s) {
     const float* kr = k_head + static_cast<int64_t>(s) * a.ldk;
     ESTREAM_UNROLL

@@ -149,7 +149,8 @@ void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
   t->attention_kv_block_bf16 = use_amx ? kAmxAttnKeys : 0;
   t->attention_block_bf16 = use_amx ? AttentionBlockAmx : nullptr;
   t->attention_rows_bf16 = use_amx ? kAmxAttnRows : 0;
-  t->attention_exact_rows_bf16 = 0;
+  t->attention_first_rows_bf16 = 0;
+  t->attention_first_split_bf16 = 0;
   t->attention_scratch_bytes_bf16 = use_amx ? AttentionAmxScratchBytes : nullptr;
   FillRowOps<Avx512Traits>(t);
 }
