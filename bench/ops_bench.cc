@@ -194,10 +194,16 @@ void BM_Attention(benchmark::State& state) {
   const AlignedPtr<float> k = aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 2));
   const AlignedPtr<float> v = aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 3));
   const AlignedPtr<float> out = aligned(std::vector<float>(static_cast<size_t>(t) * n_head * d));
+  // The bf16 / low-precision variants write the output projection's Q8A rows, as the engine's
+  // quantised layers have them do (AttentionArgs::out_q8); the fp32 ones write fp32 rows (which
+  // such a layer would then quantise in a pass of its own, not timed here).
+  const AlignedPtr<BlockQ8A> out_q8 = AllocAligned<BlockQ8A>(static_cast<size_t>(t) * n_head * d / kQK8A);
+  const bool allow_bf16 = amx || lowp || lowp_avx2;
   const AttentionArgs a{.n_tokens = t, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = d,
                         .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.get(), .ldq = n_head * d,
                         .k = k.get(), .ldk = n_head_kv * d, .v = v.get(), .ldv = n_head_kv * d,
-                        .out = out.get(), .ldo = n_head * d, .allow_bf16 = amx || lowp || lowp_avx2};
+                        .out = out.get(), .ldo = n_head * d, .allow_bf16 = allow_bf16,
+                        .out_q8 = allow_bf16 ? out_q8.get() : nullptr, .ldo_q8 = n_head * d / kQK8A};
   KernelTable kt = KernelsFor(isa);
 #if defined(__x86_64__)
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);

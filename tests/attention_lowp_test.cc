@@ -45,6 +45,7 @@
 #include "kernels/ops_internal.h"
 #include "kernels/phase_timer.h"
 #include "kernels_test_util.h"
+#include "quant/quant.h"
 #include "test_quick.h"
 #if defined(__x86_64__)
 #include "kernels/x86_avx512/attention_amx.h"
@@ -648,6 +649,53 @@ TEST(AttentionLowp, FirstRowsWithinStatedBound) {
         Check(p, RunLowp(kt, p), 0, s.n_tokens, [&](int h, int t) { return RowOf(p, ref, h, t); },
               [](int, int) { return 0.0; }, name + " first rows vs ref " + Name(s));
 #endif
+    }
+  }
+}
+
+// AttentionArgs::out_q8: the Q8A rows equal QuantizeRowQ8A of the same table's fp32 rows bit for
+// bit, on the AVX-512 kernel (which quantises its O tiles itself) and on every other path
+// (quantised after: the AVX2 ones, the references, the fp32 kernel, a head_dim not a multiple of
+// 32), with a continuation's rows (q_begin > 0) and the blocks past each row's width untouched;
+// rows before q_begin are not written.
+TEST(AttentionLowp, Q8AOutputEqualsTheQuantisedRows) {
+  SEED_TRACE();
+  omp_set_num_threads(2);
+  std::vector<std::pair<std::string, KernelTable>> tables = {{"ref int8", LowpRefTable(true, LowpPv::kInt8)},
+                                                             {"ref bf16", LowpRefTable(true, LowpPv::kBf16)}};
+#if defined(__x86_64__)
+  if (HostIsa() == Isa::kAvx512) tables.emplace_back("avx512", LowpAvx512Table(true));
+  if (HostCpuFeatures().avx_vnni) tables.emplace_back("avx2_vnni", LowpAvx2Table(true, true));
+#endif
+  uint32_t salt = 1300;
+  for (const Shape& s : {Shape{37, 4, 2, 64}, Shape{150, 4, 1, 128}, Shape{300, 2, 2, 96}, Shape{70, 4, 2, 72},
+                         Shape{130, 2, 1, 128}}) {
+    const Problem p(s, salt++, /*outliers=*/true);
+    const int64_t width = static_cast<int64_t>(s.n_head) * s.head_dim, blocks = width / kQK8A, ld = blocks + 1;
+    for (const auto& [name, kt] : tables) {
+      for (bool allow : {true, false}) {
+        for (int q_begin : {0, 29}) {
+          std::vector<float> fp32 = p.Poisoned(), scratch = p.Poisoned();
+          AttentionArgs f = p.Args(fp32.data());
+          f.allow_bf16 = allow;
+          f.q_begin = q_begin;
+          AttentionPrefillWith(kt, f);
+          std::vector<BlockQ8A> got(static_cast<size_t>(s.n_tokens) * ld), want(got.size());
+          std::memset(got.data(), 0xA5, got.size() * sizeof(BlockQ8A));
+          std::memset(want.data(), 0xA5, want.size() * sizeof(BlockQ8A));
+          for (int t = q_begin; t < s.n_tokens; ++t)
+            QuantizeRowQ8A(fp32.data() + t * p.ldo, want.data() + t * ld, width);
+          AttentionArgs a = p.Args(scratch.data());
+          a.allow_bf16 = allow;
+          a.q_begin = q_begin;
+          a.out_q8 = got.data();
+          a.ldo_q8 = ld;
+          AttentionPrefillWith(kt, a);
+          for (int t = 0; t < s.n_tokens; ++t)
+            ASSERT_EQ(0, std::memcmp(&got[t * ld], &want[t * ld], ld * sizeof(BlockQ8A)))
+                << name << " " << Name(s) << " allow_bf16 " << allow << " q_begin " << q_begin << " row " << t;
+        }
+      }
     }
   }
 }

@@ -94,6 +94,9 @@ struct KernelTable {
   // 1 <= s <= f). Both 0: no such rows (kernels without smoothing).
   int attention_first_rows_bf16 = 0;
   int attention_first_split_bf16 = 0;
+  // attention_block_bf16 writes AttentionArgs::out_q8 itself where it is set (head_dim a multiple
+  // of 32); otherwise AttentionPrefill quantises the fp32 rows after the kernels.
+  bool attention_q8_bf16 = false;
   // Bytes of per-thread scratch the entries above keep (grown once, thread_local) after calls of
   // at most `tiles` (head, row tile) tiles with heads of head_dim; null: none beyond O(T) rows.
   size_t (*attention_scratch_bytes)(int head_dim, int tiles) = nullptr;

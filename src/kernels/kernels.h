@@ -118,6 +118,13 @@ struct AttentionArgs {
   // the caller's first query row. The engine's tree attention (shared-prefix candidates) passes
   // the context's and one continuation's keys (n_tokens of them) with q_begin = context length.
   int q_begin = 0;
+  // Where set (the engine's layers whose output projection is quantised), AttentionPrefill writes
+  // rows [q_begin, n_tokens) of the output as that projection's Q8A input instead: row t at
+  // out_q8 + t * ldo_q8 (blocks), what QuantizeRowQ8A makes of the row's n_head * head_dim fp32
+  // values (a multiple of 32). out's rows are then scratch, left unwritten by the AVX-512
+  // low-precision kernel, which quantises its O tiles itself (KernelTable::attention_q8_bf16).
+  BlockQ8A* out_q8 = nullptr;
+  int64_t ldo_q8 = 0;
   // Internal to the low-precision kernels (attention_lowp.h); callers leave it 0. Their K/V
   // conversion smooths K by the mean of its first min(lowp_mean_keys, n_tokens) keys (0:
   // kLowpKeys); AttentionPrefill converts key block 0 once more with 1 (key 0 alone) for the first

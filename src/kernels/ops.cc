@@ -84,6 +84,20 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   if (a.n_tokens == a.q_begin) return;
   const int n_rows = a.n_tokens - a.q_begin;  // query rows [q_begin, n_tokens)
   const bool bf16 = a.allow_bf16 && kt.attention_block_bf16 != nullptr;
+  if (a.out_q8 != nullptr) {
+    const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
+    ESTREAM_CHECK(width % kQK8A == 0 && a.ldo_q8 >= width / kQK8A,
+                  "AttentionPrefill: out_q8 needs rows of a multiple of 32 values and ldo_q8 >= their blocks");
+    if (!bf16 || !kt.attention_q8_bf16 || a.head_dim % kQK8A != 0) {
+      AttentionArgs f = a;
+      f.out_q8 = nullptr;
+      AttentionPrefillWith(kt, f);
+#pragma omp parallel for schedule(static) if (n_rows * width >= kMinParallelElements)
+      for (int t = a.q_begin; t < a.n_tokens; ++t)
+        kt.quantize_q8a(a.out + t * a.ldo, a.out_q8 + t * a.ldo_q8, width);
+      return;
+    }
+  }
   const int threads_wanted = omp_get_max_threads();
   const AttentionPlan p = PlanAttention(bf16, bf16 ? kt.attention_rows_bf16 : kt.attention_rows, n_rows,
                                         a.n_head, a.n_head_kv, threads_wanted);

@@ -30,9 +30,9 @@ bool AnyQuantized(std::initializer_list<const kernels::WeightView*> ws) {
 }
 
 // The q/k norm (QkNorm) and RoPE of q and k, one pass over each row (row t at its sequence's
-// position), then AttendSequences.
+// position), then AttendSequences; with out_q8, the output as the output projection's Q8A rows.
 void NormRopeAndAttend(const Model& model, const LayerWeights& L, int64_t T, std::span<const SeqSpan> seqs,
-                       bool allow_bf16, Workspace* ws) {
+                       bool allow_bf16, BlockQ8A* out_q8, Workspace* ws) {
   const ModelConfig& c = model.config();
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
   std::vector<int32_t>& pos = ws->positions;
@@ -59,6 +59,8 @@ void NormRopeAndAttend(const Model& model, const LayerWeights& L, int64_t T, std
   a.ldv = kvd;
   a.out = ws->att.get();
   a.ldo = qd;
+  a.out_q8 = out_q8;
+  a.ldo_q8 = qd / kQK8A;
   a.allow_bf16 = allow_bf16;
   AttendSequences(a, seqs, ws);
 }
@@ -78,6 +80,7 @@ void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpa
       a.k = whole.k + s.row * kvd;
       a.v = whole.v + s.row * kvd;
       a.out = whole.out + s.row * qd;
+      if (whole.out_q8 != nullptr) a.out_q8 = whole.out_q8 + s.row * whole.ldo_q8;
     } else {
       // Keys 0..ctx_len-1: the context's; ctx_len..: this continuation's. The continuation's rows
       // follow the context's, so q/out moved back by ctx_len rows stay inside the buffers.
@@ -94,6 +97,7 @@ void AttendSequences(const kernels::AttentionArgs& whole, std::span<const SeqSpa
       a.k = tk;
       a.v = tv;
       a.out = whole.out + (s.row - s.ctx_len) * qd;
+      if (whole.out_q8 != nullptr) a.out_q8 = whole.out_q8 + (s.row - s.ctx_len) * whole.ldo_q8;
     }
     kernels::AttentionPrefill(a);
   }
@@ -122,9 +126,11 @@ Status Workspace::Reserve(const Model& model, int64_t n_tokens, int n_threads) {
   // The chunk buffers also serve the dense FFNs (ffn.h), which may be wider than an expert.
   const int64_t ffw = std::max<int64_t>({ff, c.n_ff, c.n_ff_shexp});
   Workspace w;
-  const bool ok = Grow(&w.x, T * d) && Grow(&w.acc, T * d) && Grow(&w.xn, T * d) && Grow(&w.xq, T * (d / kQK8A)) &&
-                  Grow(&w.q, T * c.q_dim()) && Grow(&w.k, T * c.kv_dim()) && Grow(&w.v, T * c.kv_dim()) &&
-                  Grow(&w.att, T * c.q_dim()) && Grow(&w.router_logits, T * c.n_expert) &&
+  // xq: xn's Q8A rows, and the attention's for the output projection (AttentionBlock).
+  const int64_t xq_width = std::max<int64_t>(d, c.q_dim());
+  const bool ok = Grow(&w.x, T * d) && Grow(&w.acc, T * d) && Grow(&w.xn, T * d) &&
+                  Grow(&w.xq, T * (xq_width / kQK8A)) && Grow(&w.q, T * c.q_dim()) && Grow(&w.k, T * c.kv_dim()) &&
+                  Grow(&w.v, T * c.kv_dim()) && Grow(&w.att, T * c.q_dim()) && Grow(&w.router_logits, T * c.n_expert) &&
                   Grow(&w.route_expert, T * k) && Grow(&w.route_weight, T * k) && Grow(&w.route_token, T * k) &&
                   Grow(&w.route_w, T * k) && Grow(&w.gx, C * d) && Grow(&w.gxq, C * (d / kQK8A)) &&
                   Grow(&w.gate, C * ffw) && Grow(&w.up, C * ffw) && Grow(&w.hq, C * (ffw / kQK8A)) &&
@@ -183,10 +189,14 @@ void AttentionBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws,
   const bool allow_bf16 =
       IsQuantized(L.wq.type) && IsQuantized(L.wk.type) && IsQuantized(L.wv.type) && IsQuantized(L.wo.type);
   const SeqSpan whole{.row = 0, .len = T};
-  NormRopeAndAttend(model, L, T, seqs.empty() ? std::span<const SeqSpan>(&whole, 1) : seqs, allow_bf16, ws);
+  // A quantised output projection reads the attention's rows as Q8A, which the attention writes
+  // itself (kernels.h, AttentionArgs::out_q8) into xq: the Q/K/V projections have read it, and
+  // Reserve sizes it for q_dim as well.
+  BlockQ8A* att_q = IsQuantized(L.wo.type) ? ws->xq.get() : nullptr;
+  NormRopeAndAttend(model, L, T, seqs.empty() ? std::span<const SeqSpan>(&whole, 1) : seqs, allow_bf16, att_q, ws);
 
   // Output projection with the residual add in its epilogue: x += att W_o^T.
-  AddTime(&ws->attention_time.projections, [&] { LinearAdd(L.wo, ws->att.get(), qd, nullptr, T, ws->x.get(), d); });
+  AddTime(&ws->attention_time.projections, [&] { LinearAdd(L.wo, ws->att.get(), qd, att_q, T, ws->x.get(), d); });
 }
 
 void RouteBlock(const Model& model, int il, int64_t n_tokens, Workspace* ws) {

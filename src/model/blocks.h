@@ -48,11 +48,11 @@ class Workspace {
   AlignedPtr<double> acc;           // [T x d] fp64 sum of one MoE layer: x + its experts' outputs
                                     // (moe::BeginExpertSum / EndExpertSum, expert_op.h)
   AlignedPtr<float> xn;             // [T x d] normed input of a sub-block / projection output
-  AlignedPtr<BlockQ8A> xq;          // [T x d/32] Q8A of xn
+  AlignedPtr<BlockQ8A> xq;          // [T x max(d, q_dim)/32] Q8A of xn; the attention's (blocks.cc)
   AlignedPtr<float> q;              // [T x q_dim]
   AlignedPtr<float> k;              // [T x kv_dim]
   AlignedPtr<float> v;              // [T x kv_dim]
-  AlignedPtr<float> att;            // [T x q_dim] attention output; also Q8A scratch (see blocks.cc)
+  AlignedPtr<float> att;            // [T x q_dim] attention output
   AlignedPtr<float> router_logits;  // [T x n_expert]
   AlignedPtr<int32_t> route_expert; // [T x n_expert_used] chosen experts per token
   AlignedPtr<float> route_weight;   // [T x n_expert_used] their weights

@@ -42,7 +42,8 @@ uint64_t ActivationBytes(const ModelConfig& c, int64_t n_tokens, int n_threads, 
   const uint64_t C = std::min<uint64_t>(kExpertChunkRows, T);
   const uint64_t q8 = sizeof(BlockQ8A);
   // Workspace::Reserve (blocks.cc), every buffer (x and xn fp32, acc fp64, ...):
-  uint64_t b = T * d * 4 * 2 + T * d * 8 + T * (d / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
+  const uint64_t xq_width = std::max<uint64_t>(d, static_cast<uint64_t>(c.q_dim()));  // xn's and the attention's
+  uint64_t b = T * d * 4 * 2 + T * d * 8 + T * (xq_width / 32) * q8 + T * c.q_dim() * 4 * 2 + T * c.kv_dim() * 4 * 2 +
                T * c.n_expert * 4 + T * k * 4 * 4 + C * d * 4 + C * (d / 32) * q8 + C * ff * 4 * 2 +
                C * (ff / 32) * q8 + T * c.kv_dim() * 4 * 2;  // tree_k, tree_v (shared-prefix candidates)
   // Dense FFNs wider than an expert (ffn.h) widen the chunk buffers; the MLA scratch (mla.h).

@@ -220,6 +220,7 @@ void FillNeonBf16Attention(KernelTable* t) {
   t->attention_rows_bf16 = kRows;
   t->attention_first_rows_bf16 = 0;
   t->attention_first_split_bf16 = 0;
+  t->attention_q8_bf16 = false;
   t->attention_scratch_bytes_bf16 = ScratchBytesNeonBf16;
 }
 

@@ -291,6 +291,7 @@ void SetAttentionLowp(KernelTable* t, void (*convert)(const AttentionArgs&, int,
   t->attention_rows_bf16 = kLowpRows;
   t->attention_first_rows_bf16 = kLowpKeys;
   t->attention_first_split_bf16 = kLowpFirstSplit;
+  t->attention_q8_bf16 = false;  // FillAttentionLowpAvx512 sets it
   t->attention_scratch_bytes_bf16 = scratch_bytes;
 }
 

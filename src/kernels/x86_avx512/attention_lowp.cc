@@ -113,6 +113,59 @@ inline __m512 Exp2Short(__m512 x) {
   return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
+// One Q8A block (32 values) of each of n <= 16 queries, from the 32 dims' rows of OT (dim r at
+// src + r * lds, query i in lane i), into dst[i * ldd]: QuantizeRowQ8A's bits (the same max, the
+// same two divisions, products rounded to nearest even), with the block's max, scale and sums as
+// per-lane vector operations instead of reductions across a row. The bytes: every 4 dims packed
+// into one word per query (packs, then a byte shuffle within each 128-bit lane), then the 8 words
+// of a query gathered by a 16 x 8 word transpose.
+inline void QuantiseQ8ABlock16(const float* src, int64_t lds, int n, BlockQ8A* dst, int64_t ldd) {
+  __m512 amax = _mm512_setzero_ps();
+  ESTREAM_UNROLL
+  for (int r = 0; r < kQK8A; ++r) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(src + r * lds)));
+  const __m512 c127 = _mm512_set1_ps(127.0f);
+  const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_OQ), c127, amax);
+  // Per 128-bit lane, packs leave bytes [dim 4m + k of queries 0..3] at 4 k + j: to 4 j + k.
+  const __m512i order = _mm512_set4_epi32(0x0F0B0703, 0x0E0A0602, 0x0D090501, 0x0C080400);
+  __m512i w[8], sum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  ESTREAM_UNROLL
+  for (int m = 0; m < 8; ++m) {
+    __m512i q[4];
+    ESTREAM_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      q[k] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + (4 * m + k) * lds), inv));
+      sum[m / 4] = _mm512_add_epi32(sum[m / 4], q[k]);
+    }
+    w[m] = _mm512_shuffle_epi8(
+        _mm512_packs_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3])), order);
+  }
+  // Query 4 L + j (128-bit lane L): words 0-3 in lane L of u[j], words 4-7 in lane L of u[4 + j].
+  alignas(64) uint32_t u[8][16];
+  ESTREAM_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const __m512i* wh = w + 4 * h;
+    const __m512i t0 = _mm512_unpacklo_epi32(wh[0], wh[1]), t1 = _mm512_unpackhi_epi32(wh[0], wh[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(wh[2], wh[3]), t3 = _mm512_unpackhi_epi32(wh[2], wh[3]);
+    _mm512_store_si512(u[4 * h + 0], _mm512_unpacklo_epi64(t0, t2));
+    _mm512_store_si512(u[4 * h + 1], _mm512_unpackhi_epi64(t0, t2));
+    _mm512_store_si512(u[4 * h + 2], _mm512_unpacklo_epi64(t1, t3));
+    _mm512_store_si512(u[4 * h + 3], _mm512_unpackhi_epi64(t1, t3));
+  }
+  alignas(64) float scale[16];
+  alignas(64) uint32_t sums[16];
+  _mm512_store_ps(scale, _mm512_div_ps(amax, c127));
+  _mm512_store_si512(sums, _mm512_or_si512(_mm512_and_si512(sum[0], _mm512_set1_epi32(0xFFFF)),
+                                           _mm512_slli_epi32(sum[1], 16)));
+  for (int i = 0; i < n; ++i) {
+    BlockQ8A* y = dst + i * ldd;
+    const int lane = 4 * (i / 4), j = i % 4;
+    std::memcpy(&y->d, &scale[i], 4);
+    std::memcpy(y->sum, &sums[i], 4);
+    std::memcpy(y->qs, &u[j][lane], 16);
+    std::memcpy(y->qs + 16, &u[4 + j][lane], 16);
+  }
+}
+
 // 16 x 16 transpose for TransposeBlock (attention_x86_impl.h), as in ops_avx512.cc but without
 // the scale (always 1 here: the last PvTile already divided O by l). kStream: each output row's
 // 64 bytes as one non-temporal store where the rows are 64-byte aligned (finish_tile says when).
@@ -582,6 +635,13 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
     const int q0 = tile_q0(x);
     const int nq = std::min(kQ, t_end - q0);
     float* ot = tile_ot(x);
+    if (a.out_q8 != nullptr) {  // AttentionArgs::out_q8 (head_dim a multiple of 32: ops.cc)
+      BlockQ8A* rows = a.out_q8 + static_cast<int64_t>(q0) * a.ldo_q8 + static_cast<int64_t>(tile_head(x)) * (d / 32);
+      for (int c0 = 0; c0 < nq; c0 += 16)
+        for (int b = 0; b < d / 32; ++b)
+          QuantiseQ8ABlock16(ot + b * 32 * kQ + c0, kQ, std::min(16, nq - c0), rows + c0 * a.ldo_q8 + b, a.ldo_q8);
+      return;
+    }
     float* out_rows = a.out + static_cast<int64_t>(q0) * a.ldo + static_cast<int64_t>(tile_head(x)) * d;
     const bool stream = stream_out && reinterpret_cast<uintptr_t>(out_rows) % 64 == 0;
     for (int c0 = 0; c0 < nq; c0 += 16) {
@@ -785,6 +845,7 @@ void AttentionBlockLowpAvx512(const AttentionArgs& a, const uint16_t* kv, int he
 
 void FillAttentionLowpAvx512(KernelTable* t) {
   SetAttentionLowp(t, AttentionLowpConvertKvBlocksAvx512, AttentionBlockLowpAvx512, AttentionLowpScratchBytes);
+  t->attention_q8_bf16 = true;
 }
 
 }  // namespace estream::kernels

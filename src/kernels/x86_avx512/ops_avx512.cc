@@ -151,6 +151,7 @@ void FillAvx512OpsWith(KernelTable* t, bool use_amx) {
   t->attention_rows_bf16 = use_amx ? kAmxAttnRows : 0;
   t->attention_first_rows_bf16 = 0;
   t->attention_first_split_bf16 = 0;
+  t->attention_q8_bf16 = false;
   t->attention_scratch_bytes_bf16 = use_amx ? AttentionAmxScratchBytes : nullptr;
   FillRowOps<Avx512Traits>(t);
 }
