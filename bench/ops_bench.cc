@@ -197,7 +197,9 @@ void BM_Attention(benchmark::State& state) {
   // The bf16 / low-precision variants write the output projection's Q8A rows, as the engine's
   // quantised layers have them do (AttentionArgs::out_q8); the fp32 ones write fp32 rows (which
   // such a layer would then quantise in a pass of its own, not timed here).
-  const AlignedPtr<BlockQ8A> out_q8 = AllocAligned<BlockQ8A>(static_cast<size_t>(t) * n_head * d / kQK8A);
+  const size_t q8_blocks = static_cast<size_t>(t) * n_head * d / kQK8A;
+  const AlignedPtr<BlockQ8A> out_q8 = AllocAligned<BlockQ8A>(q8_blocks);
+  std::memset(out_q8.get(), 0, q8_blocks * sizeof(BlockQ8A));  // its pages mapped before the timing, as out's
   const bool allow_bf16 = amx || lowp || lowp_avx2;
   const AttentionArgs a{.n_tokens = t, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = d,
                         .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.get(), .ldq = n_head * d,
