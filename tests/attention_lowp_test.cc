@@ -632,7 +632,8 @@ TEST(AttentionLowp, FirstRowsWithinStatedBound) {
     const Problem p(s, salt++, /*outliers=*/true);
     std::vector<std::vector<Fp64Row>> want(s.n_tokens, std::vector<Fp64Row>(s.n_head));
     for (int t = 0; t < s.n_tokens; ++t)
-      for (int h = 0; h < s.n_head; ++h) want[t][h] = Fp64RowAndBound(p, h, t, t < kLowpFirstSplit ? 1 : t < kLowpKeys ? kLowpFirstSplit : 0);
+      for (int h = 0; h < s.n_head; ++h)
+        want[t][h] = Fp64RowAndBound(p, h, t, t < kLowpFirstSplit ? 1 : t < kLowpKeys ? kLowpFirstSplit : 0);
     auto w = [&](int h, int t) { return want[t][h].o; };
     for (LowpPv pv : {LowpPv::kBf16, LowpPv::kInt8}) {
       const KernelTable ref_kt = LowpRefTable(true, pv);

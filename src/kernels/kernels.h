@@ -127,8 +127,8 @@ struct AttentionArgs {
   int64_t ldo_q8 = 0;
   // Internal to the low-precision kernels (attention_lowp.h); callers leave it 0. Their K/V
   // conversion smooths K by the mean of its first min(lowp_mean_keys, n_tokens) keys (0:
-  // kLowpKeys); AttentionPrefill converts key block 0 once more with 1 (key 0 alone) for the first
-  // kLowpKeys query rows, which may depend on no key after them.
+  // kLowpKeys); AttentionPrefill converts key block 0 again with fewer for the first query rows,
+  // which may depend on no key after them (KernelTable::attention_first_rows_bf16).
   int lowp_mean_keys = 0;
 };
 void AttentionPrefill(const AttentionArgs& args);
