@@ -23,6 +23,24 @@ namespace {
 // few microseconds, more than normalising a handful of rows.
 constexpr int64_t kMinParallelElements = 1 << 15;
 
+// A thread's buffer of converted K/V, grown to the largest request and kept (thread_local users).
+class GrownBuffer {
+ public:
+  uint16_t* Get(size_t elems) {
+    if (elems > capacity_) {
+      data_.reset();
+      data_ = AllocAligned<uint16_t>(elems);
+      ESTREAM_CHECK(data_ != nullptr, "AttentionPrefill: out of memory for the converted K/V");
+      capacity_ = elems;
+    }
+    return data_.get();
+  }
+
+ private:
+  AlignedPtr<uint16_t> data_;
+  size_t capacity_ = 0;
+};
+
 // Attention work items hold at most this many (head, row tile) tiles. The AMX-BF16 kernel's items
 // are larger: when it converted each key block of K and V per item, 32 tiles measured 1.26-1.3x
 // faster than 8 at T = 4096 (64 no faster); with K and V converted once per call (below), 8, 16 and
@@ -128,14 +146,8 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   // The converted K/V of one phase belongs to the calling thread and grows to the largest call.
   const size_t head_elems = kt.attention_kv_bytes_bf16(a.head_dim, a.n_tokens) / sizeof(uint16_t);
   const size_t elems = head_elems * static_cast<size_t>(p.phase_heads);
-  thread_local AlignedPtr<uint16_t> kv16;
-  thread_local size_t kv16_capacity = 0;
-  if (elems > kv16_capacity) {
-    kv16.reset();
-    kv16 = AllocAligned<uint16_t>(elems);
-    kv16_capacity = elems;
-  }
-  uint16_t* const kv = kv16.get();
+  thread_local GrownBuffer kv16;
+  uint16_t* const kv = kv16.Get(elems);
   const int kv_blocks = (a.n_tokens + kt.attention_kv_block_bf16 - 1) / kt.attention_kv_block_bf16;
   // One item: the bf16 entry on the converted K/V of the item's kv head (kvh), except that the
   // first rows read key block 0 converted once more for them (KernelTable::
@@ -148,21 +160,14 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
     for (const auto& g : firsts) {
       const int end = std::min(r.t_end, g.end);
       if (r.t_begin >= end) continue;
-      thread_local AlignedPtr<uint16_t> block0;
-      thread_local size_t block0_bytes = 0;
-      const size_t bytes = kt.attention_kv_bytes_bf16(a.head_dim, kt.attention_kv_block_bf16);
-      if (bytes > block0_bytes) {
-        block0.reset();
-        block0 = AllocAligned<uint16_t>(bytes / sizeof(uint16_t));
-        ESTREAM_CHECK(block0 != nullptr, "AttentionPrefill: out of memory for the first rows' key block");
-        block0_bytes = bytes;
-      }
+      thread_local GrownBuffer block0;
+      uint16_t* const blk = block0.Get(kt.attention_kv_bytes_bf16(a.head_dim, kt.attention_kv_block_bf16) / 2);
       AttentionArgs f = a;
       f.n_tokens = std::min(a.n_tokens, g.end);
       f.lowp_mean_keys = g.mean_keys;
-      kt.attention_convert_bf16(f, r.kv_head, 0, 1, block0.get());
+      kt.attention_convert_bf16(f, r.kv_head, 0, 1, blk);
       clock.Mark(kPhaseFirstRows);
-      kt.attention_block_bf16(a, block0.get(), r.head_begin, r.head_end, r.t_begin, end);
+      kt.attention_block_bf16(a, blk, r.head_begin, r.head_end, r.t_begin, end);
       r.t_begin = end;
     }
     if (r.t_begin < r.t_end) kt.attention_block_bf16(a, kvh, r.head_begin, r.head_end, r.t_begin, r.t_end);
