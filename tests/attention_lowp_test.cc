@@ -719,6 +719,26 @@ TEST(AttentionLowp, WholeKvHeadsPerThreadGiveTheSameBits) {
   }
 }
 
+// Where the converted-K/V buffer has a slot per thread beside the threads' own, the last `threads`
+// kv heads are shared: their owner converts and publishes one, and every thread out of heads runs
+// its rows in items of 4 tiles. The same bits as the items schedule, on 2 and 3 threads (3 on
+// this 2-core machine: a thread may find a head still being converted), run after run, GQA 2.
+TEST(AttentionLowp, SharedLastKvHeadsGiveTheSameBits) {
+  SEED_TRACE();
+  if (X86Paths().empty()) GTEST_SKIP() << "no AVX2 here";
+  const Shape s{700, 48, 24, 64};  // 700 rows: three shared items (256, 256, 188 rows) per kv head
+  const Problem p(s, 37, /*outliers=*/true);
+  for (const X86Path& path : X86Paths()) {
+    const std::vector<float> items = RunLowp(*path.kt, p, 4);
+    for (int threads : {2, 3})
+      for (int run = 0; run < 4; ++run) {
+        const std::vector<float> shared = RunLowp(*path.kt, p, threads);
+        Check(p, shared, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, items, h, t); },
+              [](int, int) { return 0.0; }, path.name + " shared last kv heads, " + std::to_string(threads) + " threads");
+      }
+  }
+}
+
 // An output of 8 MiB or more with 64-byte aligned rows is written with non-temporal stores (the
 // AVX-512 kernel's finish_tile): the same bits as the plain stores of an unaligned output, every
 // row, and the row padding untouched.

@@ -4,9 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "base/check.h"
@@ -178,17 +181,71 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   // thread's own slot of the buffer (threads <= phase_heads slots) and runs the head's items
   // at once. No barrier between the conversion and the tiles, and the converted blocks are still
   // in L2 when the tiles read them (docs/PERFORMANCE.md, "seventeenth session").
+  // The last `threads` kv heads are shared where the buffer has a slot for each beside the
+  // threads' own (phase_heads >= 2 threads): the thread that takes one converts it into its slot,
+  // publishes it, and runs its rows in items of kTailTiles tiles, as does every thread that has
+  // run out of heads; whole heads left the threads up to a head apart at the end (the wait was
+  // 3-4% of the call, OLMoE shape, T = 1024, 2 threads; docs/PERFORMANCE.md, twentieth session).
   if (a.n_head_kv >= 8 * threads && threads <= p.phase_heads) {
+    constexpr int kTailTiles = 4;
+    const int shared = threads > 1 && p.phase_heads >= 2 * threads ? threads : 0;
+    const int first_shared = a.n_head_kv - shared;
+    const int tail_rows = kTailTiles * kt.attention_rows_bf16;
+    const int tail_blocks = (n_rows + tail_rows - 1) / tail_rows;
+    const int tail_items = tail_blocks * p.head_chunks;
+    struct Tail {
+      std::atomic<bool> ready{false};
+      std::atomic<int> next{0};
+    };
+    const std::unique_ptr<Tail[]> tail(new Tail[std::max(shared, 1)]);
+    std::atomic<int> next_head{0};
+    // Items of shared head t (the last rows first) until none is left.
+    auto run_tail = [&](int t, PhaseClock& clock) {
+      const int h = first_shared + t;
+      const uint16_t* slot = kv + static_cast<size_t>(threads + t) * head_elems;
+      for (int i; (i = tail[t].next.fetch_add(1, std::memory_order_relaxed)) < tail_items;) {
+        ItemRange r;
+        r.kv_head = h;
+        r.head_begin = h * rep + (i % p.head_chunks) * p.heads_per_item;
+        r.head_end = std::min(r.head_begin + p.heads_per_item, (h + 1) * rep);
+        r.t_begin = a.q_begin + (tail_blocks - 1 - i / p.head_chunks) * tail_rows;
+        r.t_end = std::min(a.n_tokens, r.t_begin + tail_rows);
+        run_item(r, slot, clock);
+        clock.Mark(kPhaseOther);
+      }
+    };
 #pragma omp parallel num_threads(threads)
     {
       PhaseClock clock;  // ESTREAM_PHASE_TIMERS (phase_timer.h); the block kernel times its own phases
-      uint16_t* const slot = kv + static_cast<size_t>(omp_get_thread_num()) * head_elems;
-#pragma omp for schedule(dynamic, 1)
-      for (int h = 0; h < a.n_head_kv; ++h) {
+      uint16_t* const own = kv + static_cast<size_t>(omp_get_thread_num()) * head_elems;
+      for (int h; (h = next_head.fetch_add(1, std::memory_order_relaxed)) < a.n_head_kv;) {
         clock.Mark(kPhaseOther);
-        kt.attention_convert_bf16(a, h, 0, kv_blocks, slot);
+        if (h < first_shared) {
+          kt.attention_convert_bf16(a, h, 0, kv_blocks, own);
+          clock.Mark(kPhaseConvert);
+          for (int64_t i = 0; i < p.per_kv; ++i) run_item(item_at(h * p.per_kv + i), own, clock);
+          continue;
+        }
+        const int t = h - first_shared;
+        kt.attention_convert_bf16(a, h, 0, kv_blocks, kv + static_cast<size_t>(threads + t) * head_elems);
         clock.Mark(kPhaseConvert);
-        for (int64_t i = 0; i < p.per_kv; ++i) run_item(item_at(h * p.per_kv + i), slot, clock);
+        tail[t].ready.store(true, std::memory_order_release);
+        run_tail(t, clock);
+      }
+      // Out of heads: every shared head's items left, once its owner (who has taken it: every
+      // head is taken by now) has published its conversion.
+      for (bool left = shared > 0; left;) {
+        left = false;
+        bool ran = false;
+        for (int t = 0; t < shared; ++t) {
+          if (tail[t].next.load(std::memory_order_relaxed) >= tail_items) continue;
+          left = true;
+          if (tail[t].ready.load(std::memory_order_acquire)) {
+            run_tail(t, clock);
+            ran = true;
+          }
+        }
+        if (left && !ran) std::this_thread::yield();  // the owners still converting (more threads than cores)
       }
       clock.Mark(kPhaseOther);
     }
