@@ -217,8 +217,8 @@ Fp64Row SoftmaxRowAndBound(const Problem& p, int h, int t, const std::vector<dou
 // rounded to the int8 grid as in ref/), then with P.V in bf16 (2^(2 delta) - 1 + 2^-7 + 1e-5)
 // max_{j<=t} |v_j|, with P.V in int8 (2^(2 delta) - 1 + 1/254 + 1e-5) max |v_j| + F,
 // F = sum_j min(w_j a_j, W_b A_b / 510) / sum_j w_j over the weights w_j = 2^(s^_j) of the
-// quantised scores, a_j = max |v_j|, W_b and A_b the largest w and a in the block b of key j
-// (keys up to t; attention_lowp.h). mean_keys: K smoothed by the mean of its first mean_keys keys
+// quantised scores, a_j = max |v_j|, W_b and A_b the largest w and a in the span b of key j
+// (kLowpSpanKeys keys; keys up to t; attention_lowp.h). mean_keys: K smoothed by the mean of its first mean_keys keys
 // (AttentionArgs::lowp_mean_keys: 0 = kLowpKeys; 1 = key 0 alone, as the engine's first rows).
 Fp64Row Fp64RowAndBound(const Problem& p, int h, int t, int mean_keys = 0) {
   const int d = p.s.head_dim, kvh = p.KvHead(h), T = p.s.n_tokens;
@@ -261,8 +261,8 @@ Fp64Row Fp64RowAndBound(const Problem& p, int h, int t, int mean_keys = 0) {
   Fp64Row r = SoftmaxRowAndBound(p, h, t, s, m, delta, vmax);
   const double shmax = *std::max_element(sh.begin(), sh.end());
   double lost = 0, total = 0;
-  for (int b = 0; b <= t; b += kLowpKeys) {
-    const int e = std::min(t + 1, b + kLowpKeys);
+  for (int b = 0; b <= t; b += kLowpSpanKeys) {
+    const int e = std::min(t + 1, b + kLowpSpanKeys);
     double w_max = 0, a_max = 0;
     for (int j = b; j < e; ++j) {
       w_max = std::max(w_max, std::exp2(sh[j] - shmax));

@@ -44,19 +44,22 @@
 // Per tile of kLowpRows = 64 queries of one head (queries in the vector lanes, as the fp32 x86
 // kernel): qs = q scale log2(e); per query sq_i = max|qs| / 127, qi = rne(qs / sq_i) stored as
 // u8 qi + 128 (vpdpbusd multiplies u8 by s8; the + 128 is removed exactly by corr_j). Then per
-// key block:
+// key block (kBf16) or per span of kLowpSpanKeys = 128 keys, two blocks, at multiples of 128
+// (kInt8: O's update, a conversion and FMA per output, once per two blocks: the kernel 1-3%
+// faster on every shape and length, docs/PERFORMANCE.md, twentieth session):
 //   S[j][i] = float(sum_d (qi + 128) ki_j - corr_j) * (sq_i sk_j)        (log2 units; int32 exact)
-//   causal mask; bx_i = the block's largest S of row i, then
+//   causal mask; bx_i = the block's (span's) largest S of row i, then
 //   kBf16: running max m -> m' = max(m, bx), alpha = 2^(m - m'),
 //          P = 2^(S - m') (fp32, the fp32 kernel's degree-7 polynomial), l = l alpha + sum P,
 //          O = O alpha + bf16(P) . bf16(V)       (exact products, fp32 sums);
 //   kInt8: the running max lags: m' = bx only where bx > m + kLowpRescale (then alpha = 2^(m - bx)),
 //          else m' = m and alpha = 1 exactly, so O is rescaled only where the max jumps (after
-//          the first block: rarely) and c <= 2^kLowpRescale;
+//          the first span: rarely) and c <= 2^kLowpRescale;
 //          e = 2^(S - bx) (a degree-3 polynomial, LowpExp2Short), c = 2^(bx - m'),
-//          l = l alpha + c sum_j e_j (fp32, from the unrounded e), M_i = pm of row i's last
-//          visible key (the largest V scale it sees), P_ij = rne(e_ij sv_j 255 / M_i) in [0, 255]
-//          (u8: the key's V scale folded into P, so that the int32 sums need no per-key factor),
+//          l = l alpha + c sum_j e_j (fp32, from the unrounded e), M_i = the largest V scale
+//          row i sees in the span (its blocks' pm at its last visible keys), P_ij = rne(e_ij sv_j
+//          255 / M_i) in [0, 255] (u8: the key's V scale folded into P, so that the int32 sums
+//          need no per-key factor),
 //          O = O alpha + float(sum_j P_ij vi_j) (c M_i / 255)      (vpdpbusd: int32 exact);
 //   out = O / l.
 //
@@ -70,20 +73,21 @@
 // 2^(+-2 delta_i). kBf16: P and V rounded to bf16 add a relative 2^-8 each (P only in the
 // numerator), so
 //   |out_i - exact_i| <= (2^(2 delta_i) - 1 + 2^-7) max_j |v_j|  + the fp32 terms of the fp32 kernel.
-// kInt8: with w_j = 2^(s^_ij) the weights of the kernel's scores, a_j = max|v_j|, and per block b
+// kInt8: with w_j = 2^(s^_ij) the weights of the kernel's scores, a_j = max|v_j|, and per span b
 // W_b, A_b the largest w_j and a_j of its keys up to i: vi_j is off by at most a_j / 254 per
 // element, and each u_j = e_j sv_j by at most min(u_j, M / 510) (rounded to 0 below half a step),
 // i.e. w_j a_j by at most min(w_j a_j, W_b A_b / 510) in V's units, against the exact l, so
 //   |out_i - exact_i| <= (2^(2 delta_i) - 1 + 1/254) max_j |v_j|
 //                        + sum_j min(w_j a_j, W_b A_b / 510) / sum_j w_j  (+ fp32 terms)
 // (the polynomial's relative 1.0e-4 on e and c moves each weight by at most 2.0e-4 of itself, far
-// under the 1/254). The last term is at most (64 / 510) max|v| when a block holds one heavy key
+// under the 1/254). The last term is at most (128 / 510) max|v| when a span holds one heavy key
 // among many light ones, and ~ max|v| / (255 sqrt(12 n)) for n comparable weights. Worst case
 // delta_i ~ d |q|max |kc|max scale / 127; the rounding errors are independent and centred, so in
 // practice delta is ~ sqrt(d) times smaller. Measured against fp64 with q, k, v ~ N(0, 1), T =
 // 512, head_dim 64 and 128 (AttentionLowp.ErrorAgainstFp64ForTheLog): kBf16 rms error
-// 1.2e-3..1.3e-3, largest 1.8e-2..3.3e-2; kInt8 rms 1.8e-3..1.9e-3, largest 2.2e-2..3.5e-2
-// (max|v| ~ 4.3-5.3; the same with the degree-3 2^x), i.e. under 1e-2 of max|v|: the class of
+// 1.2e-3..1.3e-3, largest 1.8e-2..3.3e-2; kInt8 rms 1.9e-3..2.0e-3, largest 1.9e-2..2.8e-2
+// (max|v| ~ 4.3-4.9; with spans of one block 1.8e-3..1.95e-3 on the same data, the largest the
+// same; the degree-3 2^x changed neither), i.e. under 1e-2 of max|v|: the class of
 // the Q8 activations the engine's quantised layers already use (8 bits per 32 values), which is
 // why the engine only selects it for those layers.
 // Thread safety: the convert and block functions only write their own outputs and thread_local
@@ -102,6 +106,9 @@ struct KernelTable;
 
 constexpr int kLowpKeys = 64;  // keys per converted block (KernelTable::attention_kv_block_bf16)
 constexpr int kLowpRows = 64;  // query rows per tile (KernelTable::attention_rows_bf16)
+// P.V in int8: keys per softmax span (two key blocks): a row's scores are exponentiated against
+// the span's maximum, its P rounded against the span's largest V scale, and O updated once a span.
+constexpr int kLowpSpanKeys = 2 * kLowpKeys;
 // The first kLowpKeys query rows read key block 0 converted once more, with K smoothed by key 0
 // alone before this row and by the mean of the keys before it from it on
 // (KernelTable::attention_first_split_bf16).

@@ -168,19 +168,22 @@ void AttentionLowpConvertKvRefInt8(const AttentionArgs& a, int kv_head, int bloc
 // One tile of up to kLowpRows queries of one head, rows [t0, t1), the operations of the fast
 // kernels per query lane. P.V as `pv` says:
 //   kBf16: P = 2^(S - m) rounded to bf16, O = O alpha + sum_j P_j V_j (the AVX2 kernel's order);
-//   kInt8: with bx the block's largest score (per query) and c = 2^(bx - m), e_j = 2^(S_j - bx),
-//          l = l alpha + c sum_j e_j; the key's V scale folded into P: with M = pm of the query's
-//          last visible key of the block (the largest sv it sees), P_j = rne(e_j (sv_j 255 / M))
-//          as u8, and per dim O = float(sum_j P_j V^_j) g + O alpha with g = c M / 255 (one FMA;
-//          the first block O = the product alone): the AVX-512 kernel's operations bit for bit.
+//   kInt8: per span of kLowpSpanKeys keys (two blocks), with bx the span's largest score (per
+//          query) and c = 2^(bx - m), e_j = 2^(S_j - bx), l = l alpha + c sum_j e_j; the key's V
+//          scale folded into P: with M the largest sv the query sees in the span (its blocks' pm
+//          at its last visible keys), P_j = rne(e_j (sv_j 255 / M)) as u8, and per dim O =
+//          float(sum_j P_j V^_j) g + O alpha with g = c M / 255 (one FMA; the first span O = the
+//          product alone): the AVX-512 kernel's operations bit for bit.
 static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, int t0, int t1, LowpPv pv) {
   const LowpLayout L(a.head_dim);
   const int d = a.head_dim, nq = t1 - t0;
   const float q_scale = a.scale * kLog2e;
   std::vector<int32_t> qi(static_cast<size_t>(nq) * L.dp, 0);
   std::vector<float> sq(nq), m(nq, -std::numeric_limits<float>::infinity()), l(nq, 0.0f);
-  std::vector<float> o(static_cast<size_t>(nq) * d, 0.0f), s(kLowpKeys), p(kLowpKeys);
-  std::vector<int32_t> pi(kLowpKeys);
+  // Keys per step: a span of two key blocks for P.V in int8 (attention_lowp.h), a block for bf16.
+  const int step = pv == LowpPv::kInt8 ? kLowpSpanKeys : kLowpKeys;
+  std::vector<float> o(static_cast<size_t>(nq) * d, 0.0f), s(step), p(step);
+  std::vector<int32_t> pi(step);
   float (*exp2)(float) = pv == LowpPv::kInt8 ? LowpExp2Short : LowpExp2;
   for (int i = 0; i < nq; ++i) {
     const float* q = a.q + static_cast<int64_t>(t0 + i) * a.ldq + static_cast<int64_t>(head) * d;
@@ -191,48 +194,58 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
       qi[static_cast<size_t>(i) * L.dp + c] = static_cast<int32_t>(std::nearbyint(q[c] * q_scale * inv));
     sq[i] = amax / 127.0f;
   }
-  for (int kb = 0; kb < t1; kb += kLowpKeys) {
-    const uint8_t* blk = reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(kb / kLowpKeys) * L.block_bytes;
-    const int8_t* ki = reinterpret_cast<const int8_t*>(blk);
-    const int32_t* corr = reinterpret_cast<const int32_t*>(blk + L.corr);
-    const float* sk = reinterpret_cast<const float*>(blk + L.sk);
-    const uint32_t* vb = reinterpret_cast<const uint32_t*>(blk + L.vb);
-    const float* sv = reinterpret_cast<const float*>(blk + L.sv);
-    const int nk = std::min(kLowpKeys, t1 - kb);
+  // The converted block of a key (its index there: key % kLowpKeys).
+  auto block_of = [&](int key) {
+    return reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(key / kLowpKeys) * L.block_bytes;
+  };
+  for (int kb = 0; kb < t1; kb += step) {
+    const int nk = std::min(step, t1 - kb);
     for (int i = 0; i < nq; ++i) {
       float bx = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < nk; ++j) {
+        const uint8_t* blk = block_of(kb + j);
+        const int jj = (kb + j) % kLowpKeys;
+        const int8_t* ki = reinterpret_cast<const int8_t*>(blk) + static_cast<size_t>(jj) * L.dp;
+        const int32_t corr = reinterpret_cast<const int32_t*>(blk + L.corr)[jj];
+        const float sk = reinterpret_cast<const float*>(blk + L.sk)[jj];
         int32_t acc = 0;
-        for (int c = 0; c < L.dp; ++c)
-          acc += (qi[static_cast<size_t>(i) * L.dp + c] + 128) * ki[static_cast<size_t>(j) * L.dp + c];
-        s[j] = static_cast<float>(acc - corr[j]) * (sq[i] * sk[j]);
+        for (int c = 0; c < L.dp; ++c) acc += (qi[static_cast<size_t>(i) * L.dp + c] + 128) * ki[c];
+        s[j] = static_cast<float>(acc - corr) * (sq[i] * sk);
         if (kb + j > t0 + i) s[j] = -std::numeric_limits<float>::infinity();
         bx = std::max(bx, s[j]);
       }
       float* oi = o.data() + static_cast<size_t>(i) * d;
       if (pv == LowpPv::kInt8) {
-        // The running max moves only when the block's exceeds it by more than kLowpRescale
+        // The running max moves only when the span's exceeds it by more than kLowpRescale
         // (attention_lowp.h); alpha is then exactly 1 and O keeps its scale.
         const bool rescale = bx > m[i] + kLowpRescale;
         const float alpha = rescale ? exp2(m[i] - bx) : 1.0f;
         if (rescale) m[i] = bx;
         const float cb = exp2(bx - m[i]);
+        // M: the largest V scale of the keys of the span the row sees (the blocks' running maxima).
         const int last = std::min(nk - 1, t0 + i - kb);
-        const float mu = last >= 0 ? sv[kLowpKeys + last] : 0.0f;
+        float mu = 0.0f;
+        for (int b = kb; b <= kb + last; b += kLowpKeys) {
+          const int jj = std::min(kb + last - b, kLowpKeys - 1);
+          mu = std::max(mu, reinterpret_cast<const float*>(block_of(b) + L.sv)[kLowpKeys + jj]);
+        }
         const float inv = mu > 0.0f ? 255.0f / mu : 0.0f;
         float sum = 0.0f;
         for (int j = 0; j < nk; ++j) {
           const float e = exp2(s[j] - bx);
           sum += e;
-          pi[j] = static_cast<int32_t>(std::nearbyint(e * (sv[j] * inv)));
+          const float svj = reinterpret_cast<const float*>(block_of(kb + j) + L.sv)[(kb + j) % kLowpKeys];
+          pi[j] = static_cast<int32_t>(std::nearbyint(e * (svj * inv)));
         }
         l[i] = std::fma(l[i], alpha, cb * sum);
         const float g = (cb * mu) * (1.0f / 255.0f);
         for (int c = 0; c < d; ++c) {
           int32_t acc = 0;
           for (int j = 0; j < nk; ++j) {
-            const uint32_t w = vb[static_cast<size_t>(j / 4) * d + c];
-            acc += pi[j] * static_cast<int8_t>((w >> (8 * (j % 4))) & 0xFFu);
+            const int jj = (kb + j) % kLowpKeys;
+            const uint32_t* vb = reinterpret_cast<const uint32_t*>(block_of(kb + j) + L.vb);
+            const uint32_t w = vb[static_cast<size_t>(jj / 4) * d + c];
+            acc += pi[j] * static_cast<int8_t>((w >> (8 * (jj % 4))) & 0xFFu);
           }
           oi[c] = kb == 0 ? static_cast<float>(acc) * g : std::fma(static_cast<float>(acc), g, oi[c] * alpha);
         }
@@ -249,6 +262,7 @@ static void LowpTileRef(const AttentionArgs& a, const uint16_t* kv, int head, in
       l[i] = std::fma(l[i], alpha, sum);
       for (int c = 0; c < d; ++c) {
         float acc = oi[c] * alpha;
+        const uint32_t* vb = reinterpret_cast<const uint32_t*>(block_of(kb) + L.vb);
         for (int pp = 0; pp < (nk + 1) / 2; ++pp) {
           const uint32_t w = vb[static_cast<size_t>(pp) * d + c];
           const float p_lo = Bf16ToFloat(Bf16Bits(p[2 * pp]));

@@ -1,17 +1,19 @@
 // AVX-512 VNNI low-precision attention (kernels/attention_lowp.h): Q.K^T and P.V both with
 // vpdpbusd on 8-bit operands, fp32 online softmax. Same loop structure as the fp32 x86 kernel
 // (attention_x86_impl.h): queries in the vector lanes (16 per vector, 4 vectors = 64 per tile),
-// every tile of a group (at most 8 tiles of a call) walks the key blocks in lockstep so that each
-// converted block is read from memory once per group. Per group: every tile's Q quantised first
-// (row by row across the tiles, prefetched ahead; the next group's Q rows are prefetched to L2
-// during this group's last steps), then per key block and tile the QK step, the online softmax
-// with P quantised to u8, and the PV step (the first block's starting from O = 0, the last one's
-// storing O / l), then O transposed into the output.
+// every tile of a group (at most 8 tiles of a call) walks the key spans (kLowpSpanKeys = 128
+// keys, two converted blocks) in lockstep so that each converted block is read from memory once
+// per group. Per group: every tile's Q quantised first (row by row across the tiles, prefetched
+// ahead; the next group's Q rows are prefetched to L2 during this group's last steps), then per
+// span and tile the QK steps of its blocks, the online softmax with P quantised to u8, and the PV
+// step over the span's keys (the first span's starting from O = 0, the last one's storing O / l),
+// then O transposed into the output.
 //   QK step, per 4 keys x 4 query vectors: 16 int32 accumulators; per 4 head dims one vpdpbusd
 //     each, Q as u8 (qi + 128, 4 dims per lane) and the key's 4 int8 dims broadcast (QkTile).
 //   PV step, per 6 head dims x 4 query vectors: 24 int32 accumulators; per 4 keys one vpdpbusd
 //     each, P (times the key's V scale) as u8 (keys 4p .. 4p + 3 per lane) and V's s8 quad of
-//     the dim broadcast; one conversion and FMA per output and key block (PvTile).
+//     the dim broadcast; one conversion and FMA per output and span (PvTile; once per key
+//     block, before the spans, the kernel took 1-3% longer on every shape and length).
 //   The diagonal block (the tile's last, keys kb = q0 ..): query vector c sees only keys up to
 //     16 c + 15, so both steps skip the (key, query vector) pairs after that, ~37% of the block's
 //     products (with 64 x 64 blocks 11% of the products at T = 1024, 3% at 4096); the sums are
@@ -233,7 +235,7 @@ struct LowpScratch {
     const size_t dp = (static_cast<size_t>(d) + 3) / 4 * 4;
     return static_cast<size_t>(tiles) *
                ((kLowpRows + 16) * dp + sizeof(float) * (3 * kLowpRows + static_cast<size_t>(d) * kLowpRows)) +
-           sizeof(float) * kLowpKeys * kLowpRows + sizeof(uint32_t) * (kLowpKeys / 4) * kLowpRows;
+           sizeof(float) * kLowpSpanKeys * kLowpRows + sizeof(uint32_t) * (kLowpSpanKeys / 4) * kLowpRows;
   }
   void Reserve(int d, int tiles) {
     if (d <= cap_d && tiles <= cap_tiles) return;
@@ -245,13 +247,13 @@ struct LowpScratch {
     state = AllocAligned<float>(static_cast<size_t>(3) * kLowpRows * cap_tiles);
     ot = AllocAligned<float>(static_cast<size_t>(cap_d) * kLowpRows * cap_tiles);
     if (st == nullptr) {
-      st = AllocAligned<float>(static_cast<size_t>(kLowpKeys) * kLowpRows);
-      p4 = AllocAligned<uint32_t>(static_cast<size_t>(kLowpKeys / 4) * kLowpRows);
+      st = AllocAligned<float>(static_cast<size_t>(kLowpSpanKeys) * kLowpRows);
+      p4 = AllocAligned<uint32_t>(static_cast<size_t>(kLowpSpanKeys / 4) * kLowpRows);
     }
   }
 };
 
-// ST rows j .. j + R of the block against the tile's 64 queries. Not inlined, and vpdpbusd as
+// ST rows j .. j + R of a block against the tile's 64 queries. Not inlined, and vpdpbusd as
 // inline asm with the accumulator tied ("+v"): GCC 12 emits the intrinsic with an untied
 // accumulator and, inlined into the block's loop, copied each accumulator through another register
 // (about two vmovdqa per vpdpbusd) and spilled one; as asm inside the inlined loop it kept all 16
@@ -291,37 +293,43 @@ __attribute__((noinline)) void QkTile(const int8_t* ki, int dp, const int32_t* c
   }
 }
 
-// How PvTile combines a key block's product with OT: kFirst, the tile's first key block: the
+// How PvTile combines a span's product with OT: kFirst, the tile's first span: the
 // product alone (OT not read: the scratch is never cleared); kAdd: OT + product (no lane of the
 // tile rescales: alpha is 1 in all of them, and O * 1 = O exactly); kRescale: OT alpha + product.
 enum class PvMode { kFirst, kAdd, kRescale };
 
-// OT rows c0 .. c0 + R (head dims) = OT alpha + float(sum over the key quads of P4 . VQ) g:
-// P4 u8 (4 keys per lane), VQ the s8 quad of the dim broadcast; per 4 keys one vpdpbusd per
+// OT rows c0 .. c0 + R (head dims) = OT alpha + float(sum over the span's key quads of P4 . VQ) g:
+// P4 u8 (4 keys per lane), VQ the s8 quad of the dim broadcast (block A's quads in vq_a, block
+// B's in vq_b; null where the span has one block); per 4 keys one vpdpbusd per
 // accumulator (inline asm, out of line, for the reason given at QkTile). Query vector c takes the
 // quads below lim[c] (non-decreasing in c): past it, every key comes after the vector's queries
 // and its P is 0, so that the skipped products add nothing and the sums are the same. kDiag: lim
-// may differ by vector (the diagonal block), else every vector takes lim[kVecs - 1] quads in one
-// loop (a separate instantiation: the loop in four parts cost the other blocks ~3%). kMode: as
-// PvMode says; kLast: the tile's last block, the result stored times inv_l (1 / l): the
+// may differ by vector (the span of the diagonal), else every vector takes lim[kVecs - 1] quads in
+// one loop (a separate instantiation: the loop in four parts cost the other blocks ~3%). kMode: as
+// PvMode says; kLast: the tile's last span, the result stored times inv_l (1 / l): the
 // normalisation without a pass of its own.
 template <int R, PvMode kMode, bool kLast, bool kDiag>
-__attribute__((noinline)) void PvTile(const uint32_t* vq, int d, const uint32_t* p4, const int* lim,
-                                      const __m512* alpha, const __m512* g, const __m512* inv_l, float* ot) {
+__attribute__((noinline)) void PvTile(const uint32_t* vq_a, const uint32_t* vq_b, int d, const uint32_t* p4,
+                                      const int* lim, const __m512* alpha, const __m512* g, const __m512* inv_l,
+                                      float* ot) {
   __m512i acc[R][kVecs];
   ESTREAM_UNROLL
   for (int r = 0; r < R; ++r)
     ESTREAM_UNROLL
     for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_setzero_si512();
-  // Quads [lim[C0 - 1], lim[C0]) for the vectors C0 and above.
+  // Quads [p_begin, p_end) of the span for the vectors C0 and above, V's quad p from block A's
+  // (vq_a) below kBlockQuads and from block B's (vq_b) after (one select per quad: a second loop
+  // in a nested lambda put GCC 12's accumulators on the stack).
+  constexpr int kBlockQuads = kLowpKeys / 4;
   auto quads = [&]<int C0>(int p_begin, int p_end) __attribute__((always_inline)) {
     for (int p = p_begin; p < p_end; ++p) {
+      const uint32_t* vq = p < kBlockQuads ? vq_a + p * d : vq_b + (p - kBlockQuads) * d;
       __m512i pv[kVecs];
       ESTREAM_UNROLL
       for (int c = C0; c < kVecs; ++c) pv[c] = _mm512_loadu_si512(p4 + p * kLowpRows + c * 16);
       ESTREAM_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m512i vv = _mm512_set1_epi32(static_cast<int>(vq[p * d + r]));
+        const __m512i vv = _mm512_set1_epi32(static_cast<int>(vq[r]));
         ESTREAM_UNROLL
         for (int c = C0; c < kVecs; ++c) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc[r][c]) : "v"(pv[c]), "v"(vv));
       }
@@ -653,8 +661,12 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
 
   const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  alignas(64) float pw[kLowpKeys];  // sv_j 255 / M of block pw_block's full tiles
-  int pw_block = -1;
+  // Per span (kLowpSpanKeys keys: key blocks A and B): pw = sv_j 255 / M of its full tiles (M the
+  // span's largest V scale), span_sv / span_pm its V scales and their running maxima over the span
+  // (for the tiles that see part of it); built once per span and group, when a tile needs them.
+  alignas(64) float pw[kLowpSpanKeys], span_sv[kLowpSpanKeys], span_pm[kLowpSpanKeys];
+  int pw_span = -1, arrays_span = -1;
+  float pw_pm = 0.0f;  // M of span pw_span
   PhaseClock clock;  // ESTREAM_PHASE_TIMERS (kernels/phase_timer.h)
   start_tiles();
   clock.Mark(kPhaseQuantiseQ);
@@ -667,7 +679,7 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
   const int64_t next_rows = next ? next->t_end - next->t_begin : 0;
   const int lines_per_row = static_cast<int>((next_row_bytes + 63) / 64);
   if (next != nullptr) {
-    for (int x = 0; x < n_tiles; ++x) steps += (std::min(t_end, tile_q0(x) + kQ) + kLowpKeys - 1) / kLowpKeys;
+    for (int x = 0; x < n_tiles; ++x) steps += (std::min(t_end, tile_q0(x) + kQ) + kLowpSpanKeys - 1) / kLowpSpanKeys;
     const int64_t need = (next_rows * lines_per_row + kPrefetchLines - 1) / kPrefetchLines;
     prefetch_from = std::max<int64_t>(0, steps - need - 1);
   }
@@ -679,41 +691,58 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       for (int64_t o = 0; o < next_row_bytes; o += 64) _mm_prefetch(r + o, _MM_HINT_T1);
     }
   };
-  for (int kb = 0; kb < t_end; kb += kLowpKeys) {
-    const uint8_t* blk = reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(kb / kLowpKeys) * L.block_bytes;
-    const int8_t* ki = reinterpret_cast<const int8_t*>(blk);
-    const int32_t* corr = reinterpret_cast<const int32_t*>(blk + L.corr);
-    const float* sk = reinterpret_cast<const float*>(blk + L.sk);
-    const uint32_t* vb = reinterpret_cast<const uint32_t*>(blk + L.vb);
-    const float* sv = reinterpret_cast<const float*>(blk + L.sv);
+  for (int kb = 0; kb < t_end; kb += kLowpSpanKeys) {
+    // The span's key blocks: A (keys kb ..) and, where a row of the group sees key kb + 64, B.
+    struct Block {
+      const int8_t* ki;
+      const int32_t* corr;
+      const float *sk, *sv;
+      const uint32_t* vb;
+    } blocks[2] = {};
+    const int n_blocks = kb + kLowpKeys < t_end ? 2 : 1;
+    for (int b = 0; b < n_blocks; ++b) {
+      const uint8_t* blk =
+          reinterpret_cast<const uint8_t*>(kv) + static_cast<size_t>(kb / kLowpKeys + b) * L.block_bytes;
+      blocks[b] = {reinterpret_cast<const int8_t*>(blk), reinterpret_cast<const int32_t*>(blk + L.corr),
+                   reinterpret_cast<const float*>(blk + L.sk), reinterpret_cast<const float*>(blk + L.sv),
+                   reinterpret_cast<const uint32_t*>(blk + L.vb)};
+    }
     for (int x = 0; x < n_tiles; ++x) {
       const int q0 = tile_q0(x);
       const int q1 = std::min(t_end, q0 + kQ);
       if (kb >= q1) continue;
-      const int nk = std::min(kLowpKeys, q1 - kb);
+      const int nk = std::min(kLowpSpanKeys, q1 - kb);
       prefetch_next();
       clock.Mark(kPhasePrefetch);
       const uint8_t* q4 = tile_q4(x);
       __m512 sq[kVecs];
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) sq[c] = _mm512_loadu_ps(tile_sq(x) + c * 16);
-      // The diagonal block (kb = q0, all 64 keys): query vector c sees key kb + j only if j <= 16 c
-      // + 15, so the keys 16 s .. 16 s + 15 need the vectors from s on; the vectors below keep
-      // whatever ST held, and the causal mask sets their scores to -inf. With fewer vectors a
-      // call takes more keys, so that it still holds 12-16 accumulators (fewer wait on their own
-      // latency). The same for P.V below, by key quad (lim).
-      auto qk = [&]<int R, int C0>(int j0, int j1) __attribute__((always_inline)) {
-        for (int j = j0; j < j1; j += R)
-          QkTile<R, C0>(ki + static_cast<size_t>(j) * dp, dp, corr + j, sk + j, q4, sq, st + j * kQ);
-      };
-      if (kb == q0 && nk == kLowpKeys) {
-        static_assert(kVecs == 4 && kLowpKeys == 64);
-        qk.template operator()<4, 0>(0, 16);
-        qk.template operator()<4, 1>(16, 32);
-        qk.template operator()<8, 2>(32, 48);
-        qk.template operator()<16, 3>(48, 64);
-      } else {
-        ForTiles<kQkKeys>(nk, [&]<int R>(int j) { qk.template operator()<R, 0>(j, j + R); });
+      // Q.K^T block by block into ST's rows of the span. The diagonal block (kbb = q0, all 64
+      // keys): query vector c sees key kbb + j only if j <= 16 c + 15, so the keys 16 s .. 16 s + 15
+      // need the vectors from s on; the vectors below keep whatever ST held, and the causal mask
+      // sets their scores to -inf. With fewer vectors a call takes more keys, so that it still
+      // holds 12-16 accumulators (fewer wait on their own latency). The same for P.V below, by key
+      // quad (lim).
+      for (int b = 0; b < n_blocks; ++b) {
+        const int kbb = kb + b * kLowpKeys;
+        const int nkb = std::min(kLowpKeys, q1 - kbb);
+        if (nkb <= 0) break;
+        const Block& k = blocks[b];
+        float* stb = st + static_cast<size_t>(b) * kLowpKeys * kQ;
+        auto qk = [&]<int R, int C0>(int j0, int j1) __attribute__((always_inline)) {
+          for (int j = j0; j < j1; j += R)
+            QkTile<R, C0>(k.ki + static_cast<size_t>(j) * dp, dp, k.corr + j, k.sk + j, q4, sq, stb + j * kQ);
+        };
+        if (kbb == q0 && nkb == kLowpKeys) {
+          static_assert(kVecs == 4 && kLowpKeys == 64);
+          qk.template operator()<4, 0>(0, 16);
+          qk.template operator()<4, 1>(16, 32);
+          qk.template operator()<8, 2>(32, 48);
+          qk.template operator()<16, 3>(48, 64);
+        } else {
+          ForTiles<kQkKeys>(nkb, [&]<int R>(int j) { qk.template operator()<R, 0>(j, j + R); });
+        }
       }
       clock.Mark(kPhaseQk);
       // Causal mask: key kb + j is visible to query q0 + i iff kb + j <= q0 + i.
@@ -725,12 +754,12 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
                                                           _mm512_set1_epi32(kb + j - q0));
           _mm512_storeu_ps(s, _mm512_mask_mov_ps(_mm512_loadu_ps(s), below, neg_inf));
         }
-      // Online softmax against the block's own maximum bx (per query): e = 2^(S - bx), c = 2^(bx
+      // Online softmax against the span's own maximum bx (per query): e = 2^(S - bx), c = 2^(bx
       // - m) its scale in units of the running max m, l grows by c sum e; m moves to bx only
       // where bx > m + kLowpRescale (alpha = 1 elsewhere: then, in all 64 lanes, the PV step adds
       // to OT without the product by alpha); the key's V scale is folded into P: with M the
-      // largest sv the query sees in the block (pm of its last visible key), P = rne(e (sv 255 /
-      // M)) as u8 and g = c M / 255.
+      // largest sv the query sees in the span (span_pm of its last visible key), P = rne(e (sv 255
+      // / M)) as u8 and g = c M / 255.
       __m512 m[kVecs], bx[kVecs], alpha[kVecs], cb[kVecs], sum[kVecs], g[kVecs], inv[kVecs];
       __mmask16 rescale_any = 0;
       ESTREAM_UNROLL
@@ -741,16 +770,35 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       for (int j = 0; j < nk; ++j)
         ESTREAM_UNROLL
         for (int c = 0; c < kVecs; ++c) bx[c] = _mm512_max_ps(bx[c], _mm512_loadu_ps(st + j * kQ + c * 16));
-      // Where every row sees the whole block (all but the diagonal blocks), M is the block's
-      // largest V scale in every lane, and sv_j 255 / M is one number per key (pw, computed once
-      // per block and group): no per-lane gather, division or product.
-      const bool full = kb + kLowpKeys <= q0 + 1;
-      const float pm = sv[2 * kLowpKeys - 1];  // the block's largest V scale
-      if (full && pw_block != kb) {
+      // Where every row sees the whole span (both blocks: all but the spans of the diagonal), M is
+      // the span's largest V scale in every lane, and sv_j 255 / M is one number per key (pw,
+      // computed once per span and group): no per-lane gather, division or product.
+      const bool full = kb + kLowpSpanKeys <= q0 + 1;
+      if (full && pw_span != kb) {
+        // Block pm's last entries: the blocks' largest V scales.
+        const float pm = std::max(blocks[0].sv[2 * kLowpKeys - 1], blocks[1].sv[2 * kLowpKeys - 1]);
         const __m512 inv_pm = _mm512_set1_ps(pm > 0.0f ? 255.0f / pm : 0.0f);
         ESTREAM_UNROLL
-        for (int j = 0; j < kLowpKeys; j += 16) _mm512_store_ps(pw + j, _mm512_mul_ps(_mm512_loadu_ps(sv + j), inv_pm));
-        pw_block = kb;
+        for (int b = 0; b < 2; ++b)
+          ESTREAM_UNROLL
+          for (int j = 0; j < kLowpKeys; j += 16)
+            _mm512_store_ps(pw + b * kLowpKeys + j, _mm512_mul_ps(_mm512_loadu_ps(blocks[b].sv + j), inv_pm));
+        pw_span = kb;
+        pw_pm = pm;
+      }
+      if (!full && arrays_span != kb) {
+        // Block B's scales (0 without it), its running maxima continuing block A's.
+        const __m512 a_max = _mm512_set1_ps(blocks[0].sv[2 * kLowpKeys - 1]);
+        ESTREAM_UNROLL
+        for (int j = 0; j < kLowpKeys; j += 16) {
+          _mm512_store_ps(span_sv + j, _mm512_loadu_ps(blocks[0].sv + j));
+          _mm512_store_ps(span_pm + j, _mm512_loadu_ps(blocks[0].sv + kLowpKeys + j));
+          const bool b = n_blocks == 2;
+          _mm512_store_ps(span_sv + kLowpKeys + j, b ? _mm512_loadu_ps(blocks[1].sv + j) : _mm512_setzero_ps());
+          _mm512_store_ps(span_pm + kLowpKeys + j,
+                          b ? _mm512_max_ps(a_max, _mm512_loadu_ps(blocks[1].sv + kLowpKeys + j)) : a_max);
+        }
+        arrays_span = kb;
       }
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) {
@@ -763,13 +811,13 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
         sum[c] = _mm512_setzero_ps();
         __m512 mu;
         if (full) {
-          mu = _mm512_set1_ps(pm);
+          mu = _mm512_set1_ps(pw_pm);
         } else {
           // Lane i's last visible key: min(nk - 1, q0 + 16 c + i - kb); none when negative.
           const __m512i last = _mm512_min_epi32(_mm512_add_epi32(lane_ids, _mm512_set1_epi32(q0 + 16 * c - kb)),
                                                 _mm512_set1_epi32(nk - 1));
           const __mmask16 sees = _mm512_cmpge_epi32_mask(last, _mm512_setzero_si512());
-          mu = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), sees, last, sv + kLowpKeys, 4);
+          mu = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), sees, last, span_pm, 4);
           const __mmask16 pos = _mm512_cmp_ps_mask(mu, _mm512_setzero_ps(), _CMP_GT_OQ);
           inv[c] = _mm512_maskz_div_ps(pos, _mm512_set1_ps(255.0f), mu);
         }
@@ -787,9 +835,9 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       for (int c = 0; c < kVecs; ++c) {
         const int nk_c = std::min(nk, 4 * lim[c]);
         sum[c] = full ? PQuads<true>(st + c * 16, nk_c, bx[c], _mm512_setzero_ps(), pw, p4 + c * 16)
-                      : PQuads<false>(st + c * 16, nk_c, bx[c], inv[c], sv, p4 + c * 16);
+                      : PQuads<false>(st + c * 16, nk_c, bx[c], inv[c], span_sv, p4 + c * 16);
       }
-      const bool first = kb == 0, last = kb + kLowpKeys >= q1;
+      const bool first = kb == 0, last = kb + kLowpSpanKeys >= q1;
       __m512 inv_l[kVecs];  // 1 / l, needed (and computed) in the tile's last key block only
       ESTREAM_UNROLL
       for (int c = 0; c < kVecs; ++c) {
@@ -802,8 +850,9 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       const bool diag = lim[0] < lim[kVecs - 1];
       auto pv = [&]<PvMode kMode, bool kLast>() {
         ForTiles<kPvDims>(d, [&]<int R>(int c0) {
-          if (diag) PvTile<R, kMode, kLast, true>(vb + c0, d, p4, lim, alpha, g, inv_l, ot + c0 * kQ);
-          else PvTile<R, kMode, kLast, false>(vb + c0, d, p4, lim, alpha, g, inv_l, ot + c0 * kQ);
+          const uint32_t* vb_b = n_blocks == 2 ? blocks[1].vb + c0 : nullptr;
+          if (diag) PvTile<R, kMode, kLast, true>(blocks[0].vb + c0, vb_b, d, p4, lim, alpha, g, inv_l, ot + c0 * kQ);
+          else PvTile<R, kMode, kLast, false>(blocks[0].vb + c0, vb_b, d, p4, lim, alpha, g, inv_l, ot + c0 * kQ);
         });
       };
       auto pv_mode = [&]<bool kLast>() {
