@@ -218,8 +218,9 @@ Fp64Row SoftmaxRowAndBound(const Problem& p, int h, int t, const std::vector<dou
 // max_{j<=t} |v_j|, with P.V in int8 (2^(2 delta) - 1 + 1/254 + 1e-5) max |v_j| + F,
 // F = sum_j min(w_j a_j, W_b A_b / 510) / sum_j w_j over the weights w_j = 2^(s^_j) of the
 // quantised scores, a_j = max |v_j|, W_b and A_b the largest w and a in the span b of key j
-// (kLowpSpanKeys keys; keys up to t; attention_lowp.h). mean_keys: K smoothed by the mean of its first mean_keys keys
-// (AttentionArgs::lowp_mean_keys: 0 = kLowpKeys; 1 = key 0 alone, as the engine's first rows).
+// (kLowpSpanKeys keys; keys up to t; attention_lowp.h). mean_keys: K smoothed by the mean of its
+// first mean_keys keys (AttentionArgs::lowp_mean_keys: 0 = kLowpKeys; 1 = key 0 alone, as the
+// engine's first rows).
 Fp64Row Fp64RowAndBound(const Problem& p, int h, int t, int mean_keys = 0) {
   const int d = p.s.head_dim, kvh = p.KvHead(h), T = p.s.n_tokens;
   const float q_scale = p.scale * 1.44269504088896340736f;
@@ -733,8 +734,9 @@ TEST(AttentionLowp, SharedLastKvHeadsGiveTheSameBits) {
     for (int threads : {2, 3})
       for (int run = 0; run < 4; ++run) {
         const std::vector<float> shared = RunLowp(*path.kt, p, threads);
+        const std::string what = path.name + " shared last kv heads, " + std::to_string(threads) + " threads";
         Check(p, shared, 0, s.n_tokens, [&](int h, int t) { return RowOf(p, items, h, t); },
-              [](int, int) { return 0.0; }, path.name + " shared last kv heads, " + std::to_string(threads) + " threads");
+              [](int, int) { return 0.0; }, what);
       }
   }
 }
