@@ -126,16 +126,20 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
   struct ItemRange {
     int kv_head, head_begin, head_end, t_begin, t_end;
   };
-  auto item_at = [&](int64_t item) {
+  // Item in_kv of kv head kv_head when its rows go in items of rows_per_item (n_row_blocks of
+  // them), the last rows first; item_at: the plan's items, kv head by kv head.
+  auto item_of = [&](int kv_head, int64_t in_kv, int rows_per_item, int n_row_blocks) {
     ItemRange r;
-    r.kv_head = static_cast<int>(item / p.per_kv);
-    const int64_t in_kv = item % p.per_kv;
-    const int block = p.n_row_blocks - 1 - static_cast<int>(in_kv / p.head_chunks);
-    r.head_begin = r.kv_head * rep + static_cast<int>(in_kv % p.head_chunks) * p.heads_per_item;
-    r.head_end = std::min(r.head_begin + p.heads_per_item, (r.kv_head + 1) * rep);
-    r.t_begin = a.q_begin + block * p.rows_per_item;
-    r.t_end = std::min(a.n_tokens, r.t_begin + p.rows_per_item);
+    r.kv_head = kv_head;
+    const int block = n_row_blocks - 1 - static_cast<int>(in_kv / p.head_chunks);
+    r.head_begin = kv_head * rep + static_cast<int>(in_kv % p.head_chunks) * p.heads_per_item;
+    r.head_end = std::min(r.head_begin + p.heads_per_item, (kv_head + 1) * rep);
+    r.t_begin = a.q_begin + block * rows_per_item;
+    r.t_end = std::min(a.n_tokens, r.t_begin + rows_per_item);
     return r;
+  };
+  auto item_at = [&](int64_t item) {
+    return item_of(static_cast<int>(item / p.per_kv), item % p.per_kv, p.rows_per_item, p.n_row_blocks);
   };
   const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, p.per_kv * p.phase_heads));
   if (!bf16) {
@@ -199,18 +203,12 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
     };
     const std::unique_ptr<Tail[]> tail(new Tail[std::max(shared, 1)]);
     std::atomic<int> next_head{0};
+    // Shared head t's slot, after the threads' own.
+    auto tail_slot = [&](int t) { return kv + static_cast<size_t>(threads + t) * head_elems; };
     // Items of shared head t (the last rows first) until none is left.
     auto run_tail = [&](int t, PhaseClock& clock) {
-      const int h = first_shared + t;
-      const uint16_t* slot = kv + static_cast<size_t>(threads + t) * head_elems;
       for (int i; (i = tail[t].next.fetch_add(1, std::memory_order_relaxed)) < tail_items;) {
-        ItemRange r;
-        r.kv_head = h;
-        r.head_begin = h * rep + (i % p.head_chunks) * p.heads_per_item;
-        r.head_end = std::min(r.head_begin + p.heads_per_item, (h + 1) * rep);
-        r.t_begin = a.q_begin + (tail_blocks - 1 - i / p.head_chunks) * tail_rows;
-        r.t_end = std::min(a.n_tokens, r.t_begin + tail_rows);
-        run_item(r, slot, clock);
+        run_item(item_of(first_shared + t, i, tail_rows, tail_blocks), tail_slot(t), clock);
         clock.Mark(kPhaseOther);
       }
     };
@@ -227,7 +225,7 @@ void AttentionPrefillWith(const KernelTable& kt, const AttentionArgs& a) {
           continue;
         }
         const int t = h - first_shared;
-        kt.attention_convert_bf16(a, h, 0, kv_blocks, kv + static_cast<size_t>(threads + t) * head_elems);
+        kt.attention_convert_bf16(a, h, 0, kv_blocks, tail_slot(t));
         clock.Mark(kPhaseConvert);
         tail[t].ready.store(true, std::memory_order_release);
         run_tail(t, clock);

@@ -789,11 +789,11 @@ void LowpGroupAvx512(const AttentionArgs& a, const uint16_t* kv, const LowpGroup
       if (!full && arrays_span != kb) {
         // Block B's scales (0 without it), its running maxima continuing block A's.
         const __m512 a_max = _mm512_set1_ps(blocks[0].sv[2 * kLowpKeys - 1]);
+        const bool b = n_blocks == 2;
         ESTREAM_UNROLL
         for (int j = 0; j < kLowpKeys; j += 16) {
           _mm512_store_ps(span_sv + j, _mm512_loadu_ps(blocks[0].sv + j));
           _mm512_store_ps(span_pm + j, _mm512_loadu_ps(blocks[0].sv + kLowpKeys + j));
-          const bool b = n_blocks == 2;
           _mm512_store_ps(span_sv + kLowpKeys + j, b ? _mm512_loadu_ps(blocks[1].sv + j) : _mm512_setzero_ps());
           _mm512_store_ps(span_pm + kLowpKeys + j,
                           b ? _mm512_max_ps(a_max, _mm512_loadu_ps(blocks[1].sv + kLowpKeys + j)) : a_max);
