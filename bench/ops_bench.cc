@@ -160,7 +160,9 @@ double Int8PeakPerCoreGops() {
 
 // Args: T, n_head, n_head_kv, head_dim, threads, isa (x86-64: 0 scalar, 1 avx2 fp32, 2 avx512 fp32,
 // 3 avx512 with the AMX-BF16 attention, 4 avx512 with the int8/bf16 attention of attention_lowp.h,
-// 5 avx2 with the low-precision attention, Q.K^T on vpdpbusd (AVX-VNNI), 6 the same on vpmaddubsw;
+// 5 avx2 with the low-precision attention, Q.K^T on vpdpbusd (AVX-VNNI), 6 the same on vpmaddubsw,
+// 7 the avx512 fp32 kernel writing the Q8A rows as the engine's fp32 path does for a quantised layer
+// (the kernel's fp32 rows, then their quantisation in a pass of its own: ESTREAM_ATTN_LOWP=0);
 // AArch64: the Isa value, 0 scalar, 3 neon, 4 dotprod, 5 i8mm).
 void BM_Attention(benchmark::State& state) {
   const int t = static_cast<int>(state.range(0));
@@ -173,11 +175,12 @@ void BM_Attention(benchmark::State& state) {
   const bool lowp = state.range(5) == 4;
   const bool lowp_avx2 = state.range(5) == 5 || state.range(5) == 6;
   const bool maddubs = state.range(5) == 6;
-  const Isa isa = amx || lowp ? Isa::kAvx512 : lowp_avx2 ? Isa::kAvx2 : static_cast<Isa>(state.range(5));
+  const bool fp32_q8 = state.range(5) == 7;
+  const Isa isa = amx || lowp || fp32_q8 ? Isa::kAvx512 : lowp_avx2 ? Isa::kAvx2 : static_cast<Isa>(state.range(5));
   if (!IsaAtLeast(HostIsa(), isa) || (amx && !AttentionAmxUsable()) ||
       (state.range(5) == 5 && !HostCpuFeatures().avx_vnni)) {
 #else
-  const bool amx = false, lowp = false, lowp_avx2 = false;
+  const bool amx = false, lowp = false, lowp_avx2 = false, fp32_q8 = false;
   const Isa isa = static_cast<Isa>(state.range(5));
   if (!IsaAtLeast(HostIsa(), isa)) {
 #endif
@@ -196,7 +199,7 @@ void BM_Attention(benchmark::State& state) {
   const AlignedPtr<float> out = aligned(std::vector<float>(static_cast<size_t>(t) * n_head * d));
   // The bf16 / low-precision variants write the output projection's Q8A rows, as the engine's
   // quantised layers have them do (AttentionArgs::out_q8); the fp32 ones write fp32 rows (which
-  // such a layer would then quantise in a pass of its own, not timed here).
+  // such a layer then quantises in a pass of its own: timed in variant 7 only).
   const size_t q8_blocks = static_cast<size_t>(t) * n_head * d / kQK8A;
   const AlignedPtr<BlockQ8A> out_q8 = AllocAligned<BlockQ8A>(q8_blocks);
   std::memset(out_q8.get(), 0, q8_blocks * sizeof(BlockQ8A));  // its pages mapped before the timing, as out's
@@ -205,7 +208,7 @@ void BM_Attention(benchmark::State& state) {
                         .scale = 1.0f / std::sqrt(static_cast<float>(d)), .q = q.get(), .ldq = n_head * d,
                         .k = k.get(), .ldk = n_head_kv * d, .v = v.get(), .ldv = n_head_kv * d,
                         .out = out.get(), .ldo = n_head * d, .allow_bf16 = allow_bf16,
-                        .out_q8 = allow_bf16 ? out_q8.get() : nullptr, .ldo_q8 = n_head * d / kQK8A};
+                        .out_q8 = allow_bf16 || fp32_q8 ? out_q8.get() : nullptr, .ldo_q8 = n_head * d / kQK8A};
   KernelTable kt = KernelsFor(isa);
 #if defined(__x86_64__)
   if (isa == Isa::kAvx512) FillAvx512OpsWith(&kt, amx);
@@ -249,7 +252,7 @@ void BM_Attention(benchmark::State& state) {
 void AttentionShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"T", "heads", "kv", "d", "thr", "isa"});
 #if defined(__x86_64__)
-  for (int isa : {6, 5, 4, 3, 2, 1})
+  for (int isa : {7, 6, 5, 4, 3, 2, 1})
 #else
   for (int isa : {5, 3})
 #endif
@@ -264,6 +267,38 @@ void AttentionShapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Attention)->Apply(AttentionShapes)->UseRealTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
 
 #if defined(__x86_64__)
+// The AVX-512 low-precision attention's K/V conversion (AttentionLowpConvertKvBlocksAvx512) alone,
+// 1 thread: every kv head of a T-token prompt in turn, as the whole-head schedule converts them.
+// Args: T, kv heads (the row stride: kv heads x head_dim floats), head_dim. One kv head of T = 256
+// is ~256 KiB of K and V, in L2 from the second iteration on (the conversion's own work); 16 kv
+// heads of T = 1024 is 16 MiB, read from L3 or memory as in the kernel (OLMoE's shape). Counter:
+// ns per key (its K and V rows).
+void BM_AttentionLowpConvert(benchmark::State& state) {
+  if (!IsaAtLeast(HostIsa(), Isa::kAvx512)) {
+    state.SkipWithError("no AVX-512 on this host");
+    return;
+  }
+  const int t = static_cast<int>(state.range(0)), kv_heads = static_cast<int>(state.range(1));
+  const int d = static_cast<int>(state.range(2));
+  const std::vector<float> k = Random(static_cast<size_t>(t) * kv_heads * d, -1, 1, 2);
+  const std::vector<float> v = Random(static_cast<size_t>(t) * kv_heads * d, -1, 1, 3);
+  const AttentionArgs a{.n_tokens = t, .n_head = kv_heads, .n_head_kv = kv_heads, .head_dim = d,
+                        .k = k.data(), .ldk = static_cast<int64_t>(kv_heads) * d, .v = v.data(),
+                        .ldv = static_cast<int64_t>(kv_heads) * d};
+  const AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(AttentionLowpKvBytes(d, t) / sizeof(uint16_t));
+  const int blocks = (t + kLowpKeys - 1) / kLowpKeys;
+  double seconds = 0;
+  for (auto _ : state) {
+    const Timer timer;
+    for (int h = 0; h < kv_heads; ++h) AttentionLowpConvertKvBlocksAvx512(a, h, 0, blocks, kv.get());
+    benchmark::ClobberMemory();
+    seconds += timer.Seconds();
+  }
+  state.counters["ns_per_key"] = seconds * 1e9 / (static_cast<double>(t) * kv_heads * state.iterations());
+}
+BENCHMARK(BM_AttentionLowpConvert)->ArgNames({"T", "kv", "d"})->Args({256, 1, 128})->Args({1024, 16, 128})
+    ->Args({256, 1, 64})->Args({256, 1, 120})->Unit(benchmark::kMicrosecond);
+
 // The AMX-BF16 attention kernel's own steps for one 32-query tile and one full 64-key block, in L1,
 // 1 thread (AttentionAmxProbeSeconds): the ceiling of the kernel on a long prompt, where almost
 // every block is full. Each iteration times the two tile steps alone (Q.K^T and P.V), the online
