@@ -58,6 +58,14 @@ std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
   return v;
 }
 
+// A copy of x, 64-byte aligned as the engine's workspace buffers (model/blocks.cc) are: its rows of
+// head_dim floats then start on cache lines, as there.
+AlignedPtr<float> Aligned(const std::vector<float>& x) {
+  AlignedPtr<float> p = AllocAligned<float>(x.size());
+  std::copy(x.begin(), x.end(), p.get());
+  return p;
+}
+
 double ProcessCpuSeconds() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -187,16 +195,10 @@ void BM_Attention(benchmark::State& state) {
     state.SkipWithError("ISA not available on this host");
     return;
   }
-  // 64-byte aligned, as the engine's workspace buffers (model/blocks.cc) are.
-  auto aligned = [](const std::vector<float>& x) {
-    AlignedPtr<float> p = AllocAligned<float>(x.size());
-    std::copy(x.begin(), x.end(), p.get());
-    return p;
-  };
-  const AlignedPtr<float> q = aligned(Random(static_cast<size_t>(t) * n_head * d, -1, 1, 1));
-  const AlignedPtr<float> k = aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 2));
-  const AlignedPtr<float> v = aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 3));
-  const AlignedPtr<float> out = aligned(std::vector<float>(static_cast<size_t>(t) * n_head * d));
+  const AlignedPtr<float> q = Aligned(Random(static_cast<size_t>(t) * n_head * d, -1, 1, 1));
+  const AlignedPtr<float> k = Aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 2));
+  const AlignedPtr<float> v = Aligned(Random(static_cast<size_t>(t) * n_head_kv * d, -1, 1, 3));
+  const AlignedPtr<float> out = Aligned(std::vector<float>(static_cast<size_t>(t) * n_head * d));
   // The bf16 / low-precision variants write the output projection's Q8A rows, as the engine's
   // quantised layers have them do (AttentionArgs::out_q8); the fp32 ones write fp32 rows (which
   // such a layer then quantises in a pass of its own: timed in variant 7 only).
@@ -280,10 +282,10 @@ void BM_AttentionLowpConvert(benchmark::State& state) {
   }
   const int t = static_cast<int>(state.range(0)), kv_heads = static_cast<int>(state.range(1));
   const int d = static_cast<int>(state.range(2));
-  const std::vector<float> k = Random(static_cast<size_t>(t) * kv_heads * d, -1, 1, 2);
-  const std::vector<float> v = Random(static_cast<size_t>(t) * kv_heads * d, -1, 1, 3);
+  const AlignedPtr<float> k = Aligned(Random(static_cast<size_t>(t) * kv_heads * d, -1, 1, 2));
+  const AlignedPtr<float> v = Aligned(Random(static_cast<size_t>(t) * kv_heads * d, -1, 1, 3));
   const AttentionArgs a{.n_tokens = t, .n_head = kv_heads, .n_head_kv = kv_heads, .head_dim = d,
-                        .k = k.data(), .ldk = static_cast<int64_t>(kv_heads) * d, .v = v.data(),
+                        .k = k.get(), .ldk = static_cast<int64_t>(kv_heads) * d, .v = v.get(),
                         .ldv = static_cast<int64_t>(kv_heads) * d};
   const AlignedPtr<uint16_t> kv = AllocAligned<uint16_t>(AttentionLowpKvBytes(d, t) / sizeof(uint16_t));
   const int blocks = (t + kLowpKeys - 1) / kLowpKeys;
