@@ -14,7 +14,8 @@ prompt for estream is N tokens of real text (README.md and docs/GUIDE.md, tokeni
 model's vocabulary and repeated as needed) or the ids of `--tokens FILE`; llama-bench makes its
 own. Prints each hold's tokens/s (both engines' samples and medians) and the ratio of the
 medians, then the ratio of the pooled medians over every hold; `--json` prints one object instead.
-Progress (which hold and engine runs) goes to stderr. The ratio is estream's tokens/s over
+Progress (which hold and engine runs, and each hold's medians and ratio as it ends, so that an
+interrupted run keeps its finished holds) goes to stderr. The ratio is estream's tokens/s over
 llama-bench's. The tests run it against a stand-in llama-bench (tests/scripts/fake_llama_bench.py,
 ctest speed_vs_llamacpp_script); docs/PERFORMANCE.md quotes real runs ("ik_llama.cpp against
 estream" and the sessions after it).
@@ -136,6 +137,8 @@ def main():
                 hold[engine] = llama_hold(args, env) if engine == 'llama' else estream_hold(args, env, token_file)
             hold['ratio'] = statistics.median(hold['estream']) / statistics.median(hold['llama'])
             holds.append(hold)
+            print(f'hold {h + 1} of {args.holds}: llama-bench {statistics.median(hold["llama"]):.1f} tok/s, estream '
+                  f'{statistics.median(hold["estream"]):.1f} tok/s: {hold["ratio"]:.2f}x', file=sys.stderr, flush=True)
     finally:
         os.unlink(token_file)
 

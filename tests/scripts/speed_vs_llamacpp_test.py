@@ -5,7 +5,8 @@ the stand-in llama-bench (fake_llama_bench.py, which prints runs of 100, 101, ..
     speed_vs_llamacpp_test.py ESTREAM_BINARY MODEL.gguf TOKENS_FILE
 
 Checks the JSON (holds in alternating order, every sample taken, the estream warm-up dropped, the
-ratios from the medians) and that a failing llama-bench stops the script with one line naming it."""
+ratios from the medians), the progress lines (each hold's medians and ratio as it ends) and that
+a failing llama-bench stops the script with one line naming it."""
 import json
 import os
 import statistics
@@ -39,7 +40,11 @@ for h in d['holds']:
     check(abs(h['ratio'] - statistics.median(h['estream']) / 100.5) < 1e-9, 'hold ratio = ratio of the medians')
 pooled = statistics.median([x for h in d['holds'] for x in h['estream']])
 check(d['llama_median_ts'] == 100.5 and abs(d['ratio_pooled'] - pooled / 100.5) < 1e-9, 'pooled ratio')
-check(r.stderr.count('hold ') == 6, 'progress: one stderr line per hold and engine')
+check(r.stderr.count('hold ') == 9, 'progress: one stderr line per hold and engine, and one per finished hold')
+for i, h in enumerate(d['holds']):
+    line = (f'hold {i + 1} of 3: llama-bench 100.5 tok/s, estream {statistics.median(h["estream"]):.1f} tok/s: '
+            f'{h["ratio"]:.2f}x')
+    check(line in r.stderr, f'progress: hold {i + 1}\'s medians and ratio as it ends')
 
 text = run(FAKE)
 check(text.returncode == 0 and 'pooled: llama-bench 100.5 tok/s' in text.stdout, 'text output')
