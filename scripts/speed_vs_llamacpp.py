@@ -9,8 +9,8 @@ Runs the two engines one after the other in `--holds` holds, the order alternati
 holds 1, 3, ...; estream first in 2, 4, ...), so that a slow or fast stretch of a shared host
 falls on both. Per hold: `llama-bench -p N -n 0 -t T -r R -o json` (its own warm-up run first; the
 tokens/s of each of its R runs), and `estream prefill --sweep N,...,N --repeat 1 --json` with R + 1
-entries (the first dropped as the warm-up; the model loaded once), both all weights resident, both
-with OMP_WAIT_POLICY=passive unless the environment sets it (e.g. to active: OpenMP's spinning
+entries (the first dropped as the warm-up; the model loaded once), both with all weights resident
+and OMP_WAIT_POLICY=passive unless the environment sets it (e.g. to active: OpenMP's spinning
 waits; an unset variable does not give OpenMP's own default here). The
 prompt for estream is N tokens of real text (README.md and docs/GUIDE.md, tokenized with the
 model's vocabulary and repeated as needed) or the ids of `--tokens FILE`; llama-bench makes its
