@@ -29,7 +29,8 @@ Steps (every wait has a timeout):
      a new worker must take over and no request may fail;
   4. drain by hand (GUIDE): `set server estream/s2 state drain` on the admin socket: s2 gets no
      new request while the others all succeed; `state ready` again;
-  5. checks: a request that failed (any answer but 200, or none) was in flight at one of the two
+  5. checks: HAProxy's current worker reused no idle connection to an instance (its `reuse`
+     counts); a request that failed (any answer but 200, or none) was in flight at one of the two
      signals (sent before, answered after); the client retried each failed request and every
      request finally got 200; every answer equals server 1's direct answer for the same body
      (the fields "id" and "created" aside; floats within 1e-5 relative, exact equality
@@ -492,6 +493,12 @@ def main():
     log("drain: with s2 set to drain on the admin socket, 20 requests all went to s1; s2 ready again")
 
     # ---- 5. checks ----
+    # No request may go out on an idle connection to an instance (option http-server-close): one
+    # to an instance just killed is reset, and HAProxy 2.6 does not replay that request.
+    reused = {k: int(r.get("reuse") or 0) for k, r in haproxy_stats(stats).items()}
+    if any(reused.values()):
+        raise Failure("HAProxy reused idle connections to the instances %s: deploy/haproxy.cfg must open one "
+                      "per request (option http-server-close)" % reused)
     if load.errors:
         raise Failure("requests that never succeeded: " + "; ".join(load.errors[:5]))
     failed = [x for x in load.attempts if not x[2]]
