@@ -13,13 +13,14 @@ entries (the first dropped as the warm-up; the model loaded once), both with all
 and OMP_WAIT_POLICY=passive unless the environment sets it (e.g. to active: OpenMP's spinning
 waits; an unset variable does not give OpenMP's own default here). The prompt for estream is N
 tokens of real text (README.md and docs/GUIDE.md, tokenized with the model's vocabulary and
-repeated as needed) or the ids of `--tokens FILE`; llama-bench makes its own. Prints each hold's tokens/s (both engines' samples and medians) and the ratio of the
-medians, then the ratio of the pooled medians over every hold; `--json` prints one object instead.
-Progress (which hold and engine runs, and each hold's medians and ratio as it ends, so that an
-interrupted run keeps its finished holds) goes to stderr. The ratio is estream's tokens/s over
-llama-bench's. The tests run it against a stand-in llama-bench (tests/scripts/fake_llama_bench.py,
-ctest speed_vs_llamacpp_script); docs/PERFORMANCE.md quotes real runs ("ik_llama.cpp against
-estream" and the sessions after it).
+repeated as needed) or the ids of `--tokens FILE`; llama-bench makes its own. Prints each hold's
+tokens/s (both engines' samples and medians) and the ratio of the medians, then the ratio of the
+pooled medians over every hold; `--json` prints one object instead. Progress (which hold and
+engine runs, and each hold's medians and ratio as it ends, so that an interrupted run keeps its
+finished holds) goes to stderr. The ratio is estream's tokens/s over llama-bench's. The tests
+run it against a stand-in llama-bench (tests/scripts/fake_llama_bench.py, ctest
+speed_vs_llamacpp_script); docs/PERFORMANCE.md quotes real runs ("ik_llama.cpp against estream"
+and the sessions after it).
 """
 import argparse
 import json
